@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Lint, type-check the core, then run the tests. --slow runs the end-to-end tests marked slow
+# (the embedded model, minutes); --lint-only stops after the static checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+mode=${1:-fast}
+if [ "$mode" != "--slow" ]; then
+  $BIN/ruff check src tests bench
+  $BIN/ruff format --check src tests bench
+  $BIN/mypy src/grpokit/core
+  [ "$mode" = "--lint-only" ] && exit 0
+  $BIN/python -m pytest -q -p no:cacheprovider --doctest-modules src/grpokit tests
+else
+  $BIN/python -m pytest -q -p no:cacheprovider -m slow tests
+fi

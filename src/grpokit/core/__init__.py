@@ -1,0 +1,54 @@
+"""Pure torch math of GRPO: advantages, KL estimators, policy losses, log-probs, theory, stats.
+
+Nothing here reads files or config objects; every hyperparameter is a keyword argument.
+"""
+
+from __future__ import annotations
+
+from grpokit.core.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    REWARD_SCALES,
+    compute_advantages,
+    group_advantages,
+    reward_zero_std_mask,
+)
+from grpokit.core.kl import KL_ESTIMATORS, k1, k2, k3
+from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
+from grpokit.core.losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_AGGREGATIONS,
+    PolicyLossOutput,
+    masked_mean,
+    policy_loss,
+)
+from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval, zero_variance_share
+from grpokit.core.theory import FixedPoint, fixed_point, fixed_points, h, h_prime, iterate
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "REWARD_SCALES",
+    "FixedPoint",
+    "PolicyLossOutput",
+    "compute_advantages",
+    "entropy_from_logits",
+    "fixed_point",
+    "fixed_points",
+    "group_advantages",
+    "h",
+    "h_prime",
+    "iterate",
+    "k1",
+    "k2",
+    "k3",
+    "masked_mean",
+    "pass_at_k",
+    "paired_difference",
+    "policy_loss",
+    "reward_zero_std_mask",
+    "selective_log_softmax",
+    "wilson_interval",
+    "zero_variance_share",
+]

@@ -1,0 +1,98 @@
+"""Chunked log-probabilities and entropy against the naive full log-softmax."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
+
+
+def naive(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+
+
+def test_hand_computed() -> None:
+    # logits (0, ln 3): softmax (0.25, 0.75); log p = (ln 0.25, ln 0.75) = (-1.386294, -0.287682).
+    # Entropy -(0.25 ln 0.25 + 0.75 ln 0.75) = 0.346574 + 0.215762 = 0.562335.
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]], dtype=torch.float64)
+    ids = torch.tensor([[1, 0]])
+    torch.testing.assert_close(
+        selective_log_softmax(logits, ids),
+        torch.tensor([[-0.2876820724517809, -1.3862943611198906]], dtype=torch.float64),
+    )
+    torch.testing.assert_close(
+        entropy_from_logits(logits), torch.full((1, 2), 0.5623351446188083, dtype=torch.float64)
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 7, 1000])
+def test_equals_naive_and_gradient(chunk_size: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = (4 * torch.randn(3, 5, 11, generator=gen)).requires_grad_(True)
+    ids = torch.randint(0, 11, (3, 5), generator=gen)
+    got = selective_log_softmax(logits, ids, chunk_size=chunk_size)
+    want = naive(logits, ids)
+    torch.testing.assert_close(got, want)
+    weights = torch.randn(3, 5, generator=gen)
+    (g_got,) = torch.autograd.grad((got * weights).sum(), logits)
+    (g_want,) = torch.autograd.grad((want * weights).sum(), logits)
+    torch.testing.assert_close(g_got, g_want)
+    p = logits.detach().softmax(-1)
+    torch.testing.assert_close(
+        entropy_from_logits(logits, chunk_size=chunk_size), -(p * p.log()).sum(-1)
+    )
+
+
+def test_sliced_logits_and_empty_batch() -> None:
+    # logits[:, :-1] (the usual shift) is not contiguous; results must still match.
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 6, 9, generator=gen)
+    ids = torch.randint(0, 9, (3, 5), generator=gen)
+    sliced = logits[:, :-1]
+    assert not sliced.is_contiguous()
+    torch.testing.assert_close(selective_log_softmax(sliced, ids, chunk_size=2), naive(sliced, ids))
+    assert selective_log_softmax(sliced[:0], ids[:0]).shape == (0, 5)
+    assert entropy_from_logits(logits[:, :0]).shape == (3, 0)
+
+
+def test_gradcheck_float64() -> None:
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 6, (2, 3), generator=gen)
+    assert torch.autograd.gradcheck(
+        lambda x: selective_log_softmax(x, ids, chunk_size=4), (logits,)
+    )
+
+
+def test_low_precision_is_upcast() -> None:
+    gen = torch.Generator().manual_seed(3)
+    logits32 = 3 * torch.randn(4, 6, 50, generator=gen)
+    ids = torch.randint(0, 50, (4, 6), generator=gen)
+    got = selective_log_softmax(logits32.to(torch.bfloat16), ids)
+    assert got.dtype == torch.float32
+    # Same bf16 inputs computed naively in float32: identical up to float32 rounding.
+    torch.testing.assert_close(got, naive(logits32.to(torch.bfloat16).float(), ids))
+    assert entropy_from_logits(logits32.to(torch.bfloat16)).dtype == torch.float32
+
+
+def test_entropy_masked_vocabulary_and_no_grad() -> None:
+    # (0, 0, -inf): two equally likely tokens, entropy ln 2; the -inf entry adds 0, not NaN.
+    logits = torch.tensor([[[0.0, 0.0, -math.inf]]], requires_grad=True)
+    entropy = entropy_from_logits(logits)
+    torch.testing.assert_close(entropy, torch.tensor([[math.log(2.0)]]))
+    assert not entropy.requires_grad
+
+
+def test_bad_arguments() -> None:
+    logits = torch.zeros(2, 3, 5)
+    with pytest.raises(ValueError, match="token_ids shape"):
+        selective_log_softmax(logits, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer"):
+        selective_log_softmax(logits, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="chunk_size"):
+        selective_log_softmax(logits, torch.zeros(2, 3, dtype=torch.long), chunk_size=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        entropy_from_logits(logits, chunk_size=-1)

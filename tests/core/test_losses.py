@@ -1,0 +1,361 @@
+"""policy_loss: hand-computed values, REINFORCE limit, padding, micro-batches, gradcheck, errors."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+from grpokit.core.losses import LOSS_AGGREGATIONS, PolicyLossOutput, policy_loss
+
+F64 = torch.float64
+LOSS_TYPES = sorted(LOSS_AGGREGATIONS)
+
+
+def tensor(values: Any) -> torch.Tensor:
+    return torch.tensor(values, dtype=F64)
+
+
+def loss_and_grad(
+    logp: torch.Tensor, *args: Any, **kwargs: Any
+) -> tuple[PolicyLossOutput, torch.Tensor]:
+    leaf = logp.detach().clone().requires_grad_(True)
+    out = policy_loss(leaf, *args, **kwargs)
+    (grad,) = torch.autograd.grad(out.loss, leaf)
+    return out, grad
+
+
+def random_batch(b: int = 4, t: int = 6, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    logp = -3 * torch.rand(b, t, generator=gen, dtype=F64)
+    old = logp + 0.3 * torch.randn(b, t, generator=gen, dtype=F64)
+    ref = logp + 0.3 * torch.randn(b, t, generator=gen, dtype=F64)
+    lengths = torch.randint(1, t + 1, (b,), generator=gen)
+    mask = torch.arange(t)[None, :] < lengths[:, None]
+    adv = torch.randn(b, generator=gen, dtype=F64)
+    return {"logp": logp, "old": old, "ref": ref, "mask": mask, "adv": adv}
+
+
+def test_aggregations_hand_computed() -> None:
+    # ratio 1 everywhere (logp == old), A = (1, -1), mask rows (1, 1, 0) and (1, 0, 0).
+    # Per-token losses -A: row 0 (-1, -1), row 1 (1).
+    #   grpo: mean(-2/2, 1/1) = 0;  bnpo: (-2 + 1) / 3 = -1/3;  dapo with 6 tokens: -1/6;
+    #   dr_grpo with max_completion_length 4: -1 / (2 * 4) = -0.125.
+    logp = tensor([[-1.0, -2.0, -3.0], [-0.5, -0.1, -0.2]])
+    adv = tensor([1.0, -1.0])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    expected = {"grpo": 0.0, "bnpo": -1 / 3, "dapo": -1 / 6, "dr_grpo": -0.125}
+    for loss_type, value in expected.items():
+        out = policy_loss(
+            logp,
+            logp,
+            adv,
+            mask,
+            loss_type=loss_type,
+            num_active_tokens=6 if loss_type == "dapo" else None,
+            max_completion_length=4,
+        )
+        assert out.loss.item() == pytest.approx(value, abs=1e-12), loss_type
+    # dapo without num_active_tokens uses this batch's 3 tokens, like bnpo.
+    out = policy_loss(logp, logp, adv, mask, loss_type="dapo")
+    assert out.loss.item() == pytest.approx(-1 / 3)
+
+
+def test_clipping_hand_computed() -> None:
+    # Ratios row 0 (0.5, 1.5, 1.0) with A = -1, row 1 (0.5, 1.5, 1.1) with A = +1, eps 0.2.
+    # Row 0: 0.5 -> -min(-0.5, -0.8) = 0.8 (clipped low, gradient 0); 1.5 -> -min(-1.5, -1.2)
+    #   = 1.5 (unclipped, d/dlogp = ratio = 1.5); 1.0 -> 1.0 (d/dlogp = 1.0).
+    # Row 1: 0.5 -> -min(0.5, 0.8) = -0.5 (d/dlogp = -0.5); 1.5 -> -1.2 (clipped high,
+    #   gradient 0); 1.1 -> -1.1 (d/dlogp = -1.1).
+    # bnpo over 6 tokens: (0.8 + 1.5 + 1.0 - 0.5 - 1.2 - 1.1) / 6 = 0.5 / 6; gradients / 6.
+    # Clip metrics: low = {row 0 ratio 0.5} = 1/6, high = {row 1 ratio 1.5} = 1/6, region 2/6.
+    old = tensor([[-1.0, -2.0, -0.7], [-1.5, -0.3, -2.0]])
+    ratios = tensor([[0.5, 1.5, 1.0], [0.5, 1.5, 1.1]])
+    logp = old + ratios.log()
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    out, grad = loss_and_grad(logp, old, tensor([-1.0, 1.0]), mask, loss_type="bnpo")
+    assert out.loss.item() == pytest.approx(0.5 / 6)
+    torch.testing.assert_close(grad, tensor([[0.0, 1.5, 1.0], [-0.5, 0.0, -1.1]]) / 6)
+    assert float(out.clip_ratio_low) == pytest.approx(1 / 6)
+    assert float(out.clip_ratio_high) == pytest.approx(1 / 6)
+    assert float(out.clip_ratio_region) == pytest.approx(2 / 6)
+    assert out.kl is None
+    assert not out.clip_ratio_low.requires_grad
+
+    # Clip-higher: epsilon_high 0.6 leaves ratio 1.5 of row 1 unclipped: -1.5, d/dlogp = -1.5.
+    out, grad = loss_and_grad(
+        logp, old, tensor([-1.0, 1.0]), mask, loss_type="bnpo", epsilon_high=0.6
+    )
+    assert out.loss.item() == pytest.approx((0.8 + 1.5 + 1.0 - 0.5 - 1.5 - 1.1) / 6)
+    assert float(grad[1, 1]) == pytest.approx(-1.5 / 6)
+    assert float(out.clip_ratio_high) == 0.0
+
+
+def test_delta_caps_unclipped_ratio() -> None:
+    # A = -1, ratio 1.5, eps 0.2, delta 1.4: -min(-min(1.5, 1.4), -1.2) = 1.4, and the cap is
+    # flat, so the gradient is 0. Ratio 1.3 is under the cap: loss 1.3, d/dlogp = 1.3.
+    # grpo over one row of 2 tokens: (1.4 + 1.3) / 2 = 1.35; gradients (0, 0.65).
+    old = tensor([[-1.0, -2.0]])
+    logp = old + tensor([[1.5, 1.3]]).log()
+    mask = torch.ones(1, 2)
+    kwargs = {"loss_type": "grpo", "delta": 1.4}
+    out, grad = loss_and_grad(logp, old, tensor([-1.0]), mask, **kwargs)
+    assert out.loss.item() == pytest.approx(1.35)
+    torch.testing.assert_close(grad, tensor([[0.0, 0.65]]))
+    # Without delta the loss is (1.5 + 1.3) / 2.
+    out = policy_loss(logp, old, tensor([-1.0]), mask, loss_type="grpo")
+    assert out.loss.item() == pytest.approx(1.4)
+
+
+def test_sequence_level_hand_computed() -> None:
+    # Row 0: logp - old = (0.1, 0.3, pad) -> log s = 0.2, s = e^0.2 = 1.2214028, A = +1,
+    #   epsilon_high 0.3 leaves it unclipped: per-token -1.2214028, d/dlogp_t = -s per token.
+    # Row 1: logp - old = (-0.4, -0.6, -0.5) -> log s = -0.5, s = e^-0.5 = 0.6065307, A = -1,
+    #   clipped low (< 0.8): per-token -min(-0.6065, -0.8) = 0.8, gradient 0.
+    # bnpo over 5 active tokens: (2 * -1.2214028 + 3 * 0.8) / 5 = -0.00856110; grads -s / 5.
+    # Clip metrics: low = 3 of 5 active tokens (all of row 1); high = 0.
+    old = tensor([[-1.0, -2.0, -3.0], [-0.5, -1.0, -1.5]])
+    logp = old + tensor([[0.1, 0.3, 7.0], [-0.4, -0.6, -0.5]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    s = math.exp(0.2)
+    out, grad = loss_and_grad(
+        logp,
+        old,
+        tensor([1.0, -1.0]),
+        mask,
+        loss_type="bnpo",
+        epsilon_high=0.3,
+        importance_sampling_level="sequence",
+    )
+    assert out.loss.item() == pytest.approx((2 * -s + 3 * 0.8) / 5)
+    torch.testing.assert_close(grad, tensor([[-s / 5, -s / 5, 0.0], [0.0, 0.0, 0.0]]))
+    assert float(out.clip_ratio_low) == pytest.approx(3 / 5)
+    assert float(out.clip_ratio_high) == 0.0
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_sequence_level_gradient_equals_sequence_objective(loss_type: str) -> None:
+    # GSPO-token keeps the value s_i and routes s_i * grad logp_t to each token. With one
+    # advantage per sequence that is the gradient of the plain sequence objective, where s_i
+    # depends on logp through the mean. Build that objective directly and compare.
+    batch = random_batch(seed=4)
+    logp, old, mask, adv = batch["logp"], batch["old"], batch["mask"], batch["adv"]
+    kwargs = {"loss_type": loss_type, "max_completion_length": 6}
+    _, grad = loss_and_grad(
+        logp, old, adv, mask, importance_sampling_level="sequence", epsilon_high=0.28, **kwargs
+    )
+    leaf = logp.clone().requires_grad_(True)
+    m = mask.to(F64)
+    s = torch.exp(((leaf - old) * m).sum(-1) / m.sum(-1))[:, None].expand_as(leaf)
+    clipped = s.clamp(0.8, 1.28)
+    per_token = -torch.min(s * adv[:, None], clipped * adv[:, None]) * m
+    reference = LOSS_AGGREGATIONS[loss_type](
+        per_token, m, num_active_tokens=None, num_sequences=None, max_completion_length=6
+    )
+    (want,) = torch.autograd.grad(reference, leaf)
+    torch.testing.assert_close(grad, want)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_ratio_one_gives_reinforce_gradient(loss_type: str) -> None:
+    # logp == old: no clipping is active, d loss / d logp = -A * mask / normaliser with the
+    # normaliser of each aggregation.
+    batch = random_batch(seed=1)
+    logp, mask, adv = batch["logp"], batch["mask"], batch["adv"]
+    m = mask.to(F64)
+    b, t = logp.shape
+    normaliser = {
+        "grpo": b * m.sum(-1, keepdim=True),
+        "bnpo": m.sum(),
+        "dapo": torch.tensor(50.0, dtype=F64),
+        "dr_grpo": torch.tensor(float(b * 9), dtype=F64),
+    }[loss_type]
+    out, grad = loss_and_grad(
+        logp, None, adv, mask, loss_type=loss_type, num_active_tokens=50, max_completion_length=9
+    )
+    torch.testing.assert_close(grad, -adv[:, None] * m / normaliser)
+    assert float(out.clip_ratio_region) == 0.0
+
+
+def test_kl_penalty_hand_computed() -> None:
+    # A = 0, ratio 1: only beta * k3 remains. ref - logp = ln 2 on both active tokens:
+    # k3 = 2 - ln 2 - 1 = 0.3068528; the padded third token has NaN ref and is ignored.
+    # bnpo: beta * 0.3068528 = 0.1 * 0.3068528; kl metric 0.3068528.
+    # d/dlogp (beta k3) = beta (1 - e^{ref - logp}) = 0.1 * (1 - 2) = -0.1, over 2 tokens -> -0.05.
+    logp = tensor([[-1.0, -2.0, -3.0]])
+    ref = logp + math.log(2.0)
+    ref[0, 2] = math.nan
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    k3_value = 2 - math.log(2.0) - 1
+    out, grad = loss_and_grad(
+        logp, None, tensor([0.0]), mask, loss_type="bnpo", beta=0.1, ref_logp=ref
+    )
+    assert out.loss.item() == pytest.approx(0.1 * k3_value)
+    assert out.kl is not None and float(out.kl) == pytest.approx(k3_value)
+    torch.testing.assert_close(grad, tensor([[-0.05, -0.05, 0.0]]))
+    # beta = 0 with ref_logp: the metric is reported, the loss has no penalty.
+    out = policy_loss(logp, None, tensor([0.0]), mask, loss_type="bnpo", ref_logp=ref)
+    assert out.loss.item() == 0.0
+    assert out.kl is not None and float(out.kl) == pytest.approx(k3_value)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_padding_does_not_change_loss_or_gradient(loss_type: str, level: str) -> None:
+    batch = random_batch(seed=2)
+    logp, old, ref, mask, adv = (batch[k] for k in ("logp", "old", "ref", "mask", "adv"))
+    b = logp.shape[0]
+    garbage = tensor([[math.nan, math.inf, -math.inf, 1e30]] * b)
+    pad = torch.zeros(b, 4, dtype=torch.bool)
+    kwargs: dict[str, Any] = {
+        "loss_type": loss_type,
+        "importance_sampling_level": level,
+        "beta": 0.04,
+        "max_completion_length": 10,
+        "epsilon_high": 0.28,
+    }
+    out, grad = loss_and_grad(logp, old, adv, mask, ref_logp=ref, **kwargs)
+    out_pad, grad_pad = loss_and_grad(
+        torch.cat([logp, garbage], 1),
+        torch.cat([old, garbage.flip(1)], 1),
+        adv,
+        torch.cat([mask, pad], 1),
+        ref_logp=torch.cat([ref, garbage], 1),
+        **kwargs,
+    )
+    torch.testing.assert_close(out_pad.loss, out.loss)
+    torch.testing.assert_close(grad_pad[:, :6], grad)
+    assert (grad_pad[:, 6:] == 0).all()
+    for name in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region", "kl"):
+        torch.testing.assert_close(getattr(out_pad, name), getattr(out, name))
+    # Garbage inside the original mask-0 positions too (not only appended columns).
+    inside = torch.where(mask, logp, torch.full_like(logp, math.nan))
+    out_in, grad_in = loss_and_grad(inside, old, adv, mask, ref_logp=ref, **kwargs)
+    torch.testing.assert_close(out_in.loss, out.loss)
+    torch.testing.assert_close(grad_in, torch.where(mask, grad, torch.zeros_like(grad)))
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "dr_grpo"])
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_micro_batches_sum_to_whole_batch(loss_type: str, level: str) -> None:
+    batch = random_batch(b=6, seed=3)
+    logp, old, ref, mask, adv = (batch[k] for k in ("logp", "old", "ref", "mask", "adv"))
+    kwargs: dict[str, Any] = {
+        "loss_type": loss_type,
+        "importance_sampling_level": level,
+        "beta": 0.04,
+        "max_completion_length": 6,
+        # Step-wide counts: the whole batch's active tokens and sequences.
+        "num_active_tokens": int(mask.sum()),
+        "num_sequences": 6,
+    }
+    whole, grad = loss_and_grad(logp, old, adv, mask, ref_logp=ref, **kwargs)
+    leaf = logp.clone().requires_grad_(True)
+    total = torch.zeros((), dtype=F64)
+    for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):  # unequal micro-batches
+        total = (
+            total
+            + policy_loss(
+                leaf[rows], old[rows], adv[rows], mask[rows], ref_logp=ref[rows], **kwargs
+            ).loss
+        )
+    (split_grad,) = torch.autograd.grad(total, leaf)
+    torch.testing.assert_close(total, whole.loss)
+    torch.testing.assert_close(split_grad, grad)
+
+
+def test_dr_grpo_defaults_to_this_batch_size() -> None:
+    # Without num_sequences, equal halves averaged equal the whole batch (gradient accumulation
+    # dividing by the number of micro-batches).
+    batch = random_batch(b=4, seed=5)
+    logp, old, mask, adv = (batch[k] for k in ("logp", "old", "mask", "adv"))
+    kwargs: dict[str, Any] = {"loss_type": "dr_grpo", "max_completion_length": 6}
+    whole = policy_loss(logp, old, adv, mask, **kwargs).loss
+    halves = [
+        policy_loss(logp[r], old[r], adv[r], mask[r], **kwargs).loss
+        for r in (slice(0, 2), slice(2, 4))
+    ]
+    torch.testing.assert_close((halves[0] + halves[1]) / 2, whole)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_gradcheck_float64(level: str, loss_type: str) -> None:
+    batch = random_batch(b=3, t=4, seed=6)
+    old, ref, mask, adv = (batch[k] for k in ("old", "ref", "mask", "adv"))
+    logp = batch["logp"].clone().requires_grad_(True)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return policy_loss(
+            x,
+            old,
+            adv,
+            mask,
+            loss_type=loss_type,
+            importance_sampling_level=level,
+            beta=0.1,
+            ref_logp=ref,
+            max_completion_length=4,
+            epsilon_high=0.28,
+            delta=2.0,
+        ).loss
+
+    assert torch.autograd.gradcheck(fn, (logp,))
+
+
+def test_old_logp_none_equals_detached_logp() -> None:
+    batch = random_batch(seed=7)
+    logp, mask, adv = batch["logp"], batch["mask"], batch["adv"]
+    a = policy_loss(logp, None, adv, mask, loss_type="grpo")
+    b = policy_loss(logp, logp.clone(), adv, mask, loss_type="grpo")
+    torch.testing.assert_close(a.loss, b.loss)
+
+
+def _call(**overrides: Any) -> PolicyLossOutput:
+    args: dict[str, Any] = {
+        "logp": torch.zeros(2, 3),
+        "old_logp": torch.zeros(2, 3),
+        "advantages": torch.zeros(2),
+        "mask": torch.ones(2, 3),
+        "loss_type": "grpo",
+    }
+    args.update(overrides)
+    return policy_loss(**args)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"loss_type": "ppo"}, "unknown loss_type 'ppo'"),
+        ({"importance_sampling_level": "batch"}, "unknown importance_sampling_level 'batch'"),
+        ({"loss_type": "dr_grpo"}, "dr_grpo' needs max_completion_length"),
+        ({"epsilon_low": -0.1}, "epsilon_low must be >= 0"),
+        ({"epsilon_high": -0.1}, "epsilon_high must be >= 0"),
+        ({"delta": 1.2}, r"delta must be > 1 \+ epsilon_high"),
+        ({"delta": 1.3, "epsilon_high": 0.3}, r"delta must be > 1 \+ epsilon_high"),
+        ({"beta": 0.04}, "needs ref_logp"),
+        ({"beta": -1.0}, "beta must be >= 0"),
+        ({"old_logp": torch.zeros(2, 4)}, "old_logp has shape"),
+        ({"mask": torch.ones(3, 3)}, "mask has shape"),
+        ({"beta": 0.1, "ref_logp": torch.zeros(2)}, "ref_logp has shape"),
+        ({"advantages": torch.zeros(2, 1)}, r"advantages must be \(B,\)"),
+        ({"logp": torch.zeros(2, 3, 1)}, r"logp must be \(B, T\)"),
+        ({"loss_type": "dapo", "num_active_tokens": 0}, "num_active_tokens must be > 0"),
+        ({"num_sequences": 0}, "num_sequences must be >= 1"),
+        ({"max_completion_length": 0}, "max_completion_length must be >= 1"),
+    ],
+)
+def test_bad_arguments(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _call(**overrides)
+
+
+def test_float32_and_bool_or_float_masks() -> None:
+    batch = random_batch(seed=8)
+    logp, old, mask, adv = (batch[k].float() for k in ("logp", "old", "mask", "adv"))
+    as_bool = policy_loss(logp, old, adv, mask.bool(), loss_type="bnpo")
+    as_float = policy_loss(logp, old, adv, mask, loss_type="bnpo")
+    assert as_bool.loss.dtype == torch.float32
+    torch.testing.assert_close(as_bool.loss, as_float.loss)
