@@ -1,0 +1,362 @@
+"""Loading the policy, its tokenizer and its reference model.
+
+The reference model is the one training starts from: after an ``init_from`` warm start (a full
+checkpoint or a merged LoRA adapter), not the original base. Under LoRA the reference is the same
+network with the adapter disabled, so no second copy is held in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from grpokit.errors import UserError
+from grpokit.models.embedded import EMBEDDED_MODEL, embedded_model_dir
+
+DType = Literal["float32", "bfloat16", "float16"]
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+POLICY_FILE = "grpokit_policy.json"
+"""Written by :meth:`Policy.save`: what a checkpoint is (adapter or full) and what it builds on,
+so a LoRA adapter trained on top of a warm start can be loaded back onto the same weights."""
+
+# A hub id is "name" or "owner/name" made of these characters; anything else is a local path.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA hyperparameters (peft's ``LoraConfig`` names: r, lora_alpha, lora_dropout)."""
+
+    r: int
+    alpha: float
+    dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Where to load a model from.
+
+    The embedded name gives its converted cache directory (converting on first use); an existing
+    local directory is returned as is; a string shaped like a hub id (``owner/name``) is passed
+    through for transformers to fetch. Anything else raises :class:`UserError`.
+    """
+    name = name_or_path.strip()
+    if name.lower() == EMBEDDED_MODEL:
+        return str(embedded_model_dir())
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(
+                f"Model directory '{name_or_path}' has no config.json: it is not a Hugging Face "
+                "model directory. Point the model at a directory written by save_pretrained "
+                f"(or a grpokit checkpoint), or use the embedded default '{EMBEDDED_MODEL}'."
+            )
+        return str(path)
+    if path.is_file():
+        if path.suffix == ".gguf":
+            raise UserError(
+                f"Model '{name_or_path}' is a GGUF file: it loads quantised and cannot be "
+                "trained. Convert it once with grpokit.models.embedded.convert_gguf(path, out_dir) "
+                "and use out_dir."
+            )
+        raise UserError(
+            f"Model '{name_or_path}' is a file; give a model directory (with config.json), a hub "
+            f"name, or the embedded default '{EMBEDDED_MODEL}'."
+        )
+    if name.startswith((".", "/", "~")) or not _HUB_ID.match(name):
+        raise UserError(
+            f"Model '{name_or_path}' does not exist: no such directory, and it is not a hub name "
+            f"(owner/name). Check the path, or use the embedded default '{EMBEDDED_MODEL}'."
+        )
+    return name
+
+
+def _hub_error(name_or_path: str, exc: Exception) -> UserError:
+    return UserError(
+        f"Could not load model '{name_or_path}': {exc}. It is neither a local directory nor "
+        "loadable from the Hugging Face hub (is the hub reachable, the name right?). Use a local "
+        f"model directory or the embedded default '{EMBEDDED_MODEL}'."
+    )
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer for a model, with a pad token (the EOS token when it has none).
+
+    Padding side is left as the tokenizer has it; callers that pad choose their side.
+    """
+    from transformers import AutoTokenizer
+
+    resolved = resolve_model_path(name_or_path)
+    try:
+        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(resolved)
+    except (OSError, ValueError) as exc:
+        raise _hub_error(name_or_path, exc) from exc
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise UserError(
+                f"The tokenizer of '{name_or_path}' has neither a pad nor an EOS token; grpokit "
+                "needs an EOS token to end completions. Add one to its tokenizer_config.json."
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _check_not_quantised(config: Any, where: str) -> None:
+    if getattr(config, "quantization_config", None) is not None:
+        raise UserError(
+            f"Model '{where}' is quantised (its config has a quantization_config); grpokit trains "
+            "unquantised weights. Use an unquantised model directory (for the embedded default, "
+            f"'{EMBEDDED_MODEL}', grpokit converts the GGUF for you)."
+        )
+
+
+def _load_causal_lm(name_or_path: str, resolved: str, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(resolved)
+    except (OSError, ValueError) as exc:
+        raise _hub_error(name_or_path, exc) from exc
+    _check_not_quantised(config, name_or_path)
+    try:
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise _hub_error(name_or_path, exc) from exc
+    # A quantisation method can also be attached at load time without being in config.json.
+    _check_not_quantised(getattr(model, "config", None), name_or_path)
+    if getattr(model, "hf_quantizer", None) is not None:
+        raise UserError(
+            f"Model '{name_or_path}' loaded as a quantised model; grpokit trains unquantised "
+            "weights. Use an unquantised model directory."
+        )
+    return model
+
+
+def _read_policy_file(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((path / POLICY_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise UserError(f"Checkpoint file {path / POLICY_FILE} is unreadable: {exc}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _merge_adapter(model: torch.nn.Module, adapter_dir: Path) -> torch.nn.Module:
+    from peft import PeftModel
+
+    try:
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise UserError(
+            f"init_from '{adapter_dir}': the LoRA adapter does not fit the base model ({exc}). "
+            "Use the same base model the adapter was trained on."
+        ) from exc
+    merged: torch.nn.Module = peft_model.merge_and_unload()
+    return merged
+
+
+def _apply_init_from(
+    model_name: str, init_from: Path, dtype: torch.dtype
+) -> tuple[torch.nn.Module, str]:
+    """The starting weights: a full checkpoint loaded as is, or an adapter merged into the weights
+    it was trained on (recursively, when that adapter was itself trained on a warm start).
+
+    Returns the model and the directory the tokenizer should come from.
+    """
+    if not init_from.is_dir():
+        raise UserError(
+            f"init_from '{init_from}' is not a directory. Give a checkpoint directory written by "
+            "grpokit (a full model or a LoRA adapter)."
+        )
+    if (init_from / "adapter_config.json").is_file():
+        info = _read_policy_file(init_from)
+        inner = info.get("init_from")
+        if isinstance(inner, str) and inner:
+            base, tokenizer_dir = _apply_init_from(model_name, Path(inner), dtype)
+        else:
+            tokenizer_dir = resolve_model_path(model_name)
+            base = _load_causal_lm(model_name, tokenizer_dir, dtype)
+        return _merge_adapter(base, init_from), tokenizer_dir
+    if (init_from / "config.json").is_file():
+        model = _load_causal_lm(str(init_from), str(init_from), dtype)
+        has_tokenizer = (init_from / "tokenizer_config.json").is_file()
+        return model, str(init_from) if has_tokenizer else resolve_model_path(model_name)
+    raise UserError(
+        f"init_from '{init_from}' holds neither adapter_config.json (a LoRA adapter) nor "
+        "config.json (a full model). Give a checkpoint directory written by grpokit."
+    )
+
+
+@dataclass
+class Policy:
+    """The model being trained, its tokenizer and its reference.
+
+    ``model`` is a peft ``PeftModel`` under LoRA. ``reference`` is a frozen copy only for full
+    fine-tuning with a reference needed; under LoRA the reference is ``model`` with its adapter
+    disabled (see :meth:`reference_model`).
+    """
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    reference: torch.nn.Module | None
+    uses_adapter: bool
+    base_name_or_path: str = ""
+    init_from: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def reference_model(self) -> Iterator[torch.nn.Module]:
+        """The module to run for reference log-probs: the frozen copy, or under LoRA the same
+        network inside peft's ``disable_adapter()``. Raises if there is no reference."""
+        if self.reference is not None:
+            yield self.reference
+        elif self.uses_adapter:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                yield self.model
+        else:
+            raise RuntimeError(
+                "This policy has no reference model: load it with need_reference=True "
+                "(needed when beta > 0)."
+            )
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters the optimizer updates (LoRA weights only under LoRA)."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    def save(self, path: Path, *, merged: bool = False) -> None:
+        """Write a checkpoint: the LoRA adapter (or, with ``merged``, the base with the adapter
+        merged in) or the full model, plus the tokenizer and a ``grpokit_policy.json``.
+
+        The directory appears complete or not at all (written beside it, then renamed); an
+        existing checkpoint at ``path`` is replaced.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        try:
+            kind = "adapter" if self.uses_adapter and not merged else "full"
+            if self.uses_adapter and merged:
+                # Merge a copy: merging in place would change the weights being trained.
+                full = copy.deepcopy(self.model).merge_and_unload()  # type: ignore[operator]
+                full.save_pretrained(tmp)
+            else:
+                self.model.save_pretrained(tmp)  # type: ignore[operator]
+            self.tokenizer.save_pretrained(tmp)
+            info = {
+                "kind": kind,
+                "base_model": self.base_name_or_path,
+                # An adapter is relative to the weights it was trained on, which include the warm
+                # start; a full or merged checkpoint already contains it.
+                "init_from": self.init_from if kind == "adapter" else None,
+                **self.metadata,
+            }
+            (tmp / POLICY_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+            if path.exists():
+                stale = path.with_name(f".{path.name}.old-{os.getpid()}-{time.time_ns()}")
+                os.rename(path, stale)
+                os.rename(tmp, path)
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                os.rename(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: DType = "float32",
+    lora: LoraSettings | None = None,
+    gradient_checkpointing: bool = False,
+    need_reference: bool,
+    init_from: str | Path | None = None,
+    device: str | torch.device = "cpu",
+) -> Policy:
+    """Load the policy to train, with its tokenizer and (if needed) its reference.
+
+    Args:
+        name_or_path: the embedded name, a local model directory, or a hub name.
+        dtype: weights' dtype.
+        lora: LoRA settings, or None for full fine-tuning.
+        gradient_checkpointing: recompute activations in the backward pass (less memory).
+        need_reference: whether a reference model is needed (beta > 0). Under LoRA the adapter
+            is disabled to get it, so this only decides whether a frozen copy is made.
+        init_from: a grpokit checkpoint to start from (full model or LoRA adapter; an adapter is
+            merged into the base first). The reference is these starting weights.
+        device: where the model lives.
+
+    The returned model is in train mode; the reference (a copy) is in eval mode and frozen.
+    """
+    if dtype not in _DTYPES:
+        raise UserError(f"dtype '{dtype}' is not supported; use one of {sorted(_DTYPES)}.")
+    torch_dtype = _DTYPES[dtype]
+    if init_from is not None:
+        init_path = Path(init_from).expanduser()
+        model, tokenizer_dir = _apply_init_from(name_or_path, init_path, torch_dtype)
+        init_str: str | None = str(init_path.resolve())
+    else:
+        tokenizer_dir = resolve_model_path(name_or_path)
+        model = _load_causal_lm(name_or_path, tokenizer_dir, torch_dtype)
+        init_str = None
+    tokenizer = load_tokenizer(tokenizer_dir)
+    model.to(device)
+
+    reference: torch.nn.Module | None = None
+    if need_reference and lora is None:
+        reference = copy.deepcopy(model)
+        reference.eval()
+        reference.requires_grad_(False)
+
+    if gradient_checkpointing:
+        # Non-reentrant checkpointing needs no input that requires grad, which LoRA lacks (the
+        # embeddings are frozen).
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:  # transformers >= 5.x name
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(  # type: ignore[operator]
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+    if lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        peft_config = LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # annotated int; any scale works
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        try:
+            model = get_peft_model(model, peft_config)
+        except ValueError as exc:
+            raise UserError(f"LoRA target_modules {lora.target_modules!r}: {exc}") from exc
+    model.train()
+    return Policy(
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        uses_adapter=lora is not None,
+        base_name_or_path=name_or_path,
+        init_from=init_str,
+    )

@@ -1,0 +1,243 @@
+"""Thresholds of the reward-hacking monitors (the ``monitors:`` section of the YAML config).
+
+Every rule has its own ``enabled`` switch. The defaults are meant to stay quiet on a healthy run
+and to speak up on the patterns the seeds describe: completions that grow because length pays,
+repeated branches (the endless logic tree), a reward pinned at its maximum while another decays,
+entropy collapsing into one answer, and the KL to the reference running away.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="Turn this rule on or off.")
+
+
+class LengthRewardRule(_Rule):
+    """Completion length growing while the reward rises: the reward may be paying for length."""
+
+    window: int = Field(
+        default=10,
+        ge=4,
+        description="Steps in the trend window (the last N steps with both metrics).",
+    )
+    min_corr: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description="Spearman correlation with the step that both length and reward must reach.",
+    )
+    min_rel_growth: float = Field(
+        default=0.2,
+        gt=0,
+        description=(
+            "Relative growth of the mean length between the first and last third of the window "
+            "(0.2 = 20% longer)."
+        ),
+    )
+
+
+class RepetitionRule(_Rule):
+    """Repetition inside completions rising against its early level (the endless logic tree)."""
+
+    baseline_steps: int = Field(
+        default=5, ge=1, description="The first N steps with text metrics give the early level."
+    )
+    smooth_steps: int = Field(
+        default=3, ge=1, description="The current level is the mean of the last N steps."
+    )
+    max_increase: float = Field(
+        default=0.15,
+        gt=0,
+        le=1,
+        description=(
+            "Fire when completions/repeated_ngram_frac rises this much (absolute share) above "
+            "its early level."
+        ),
+    )
+    min_distinct_ratio: float = Field(
+        default=0.6,
+        gt=0,
+        lt=1,
+        description=(
+            "Fire when completions/distinct_2 falls below this fraction of its early level."
+        ),
+    )
+
+
+class KLRule(_Rule):
+    """KL to the reference above a ceiling (rule kl_high) or jumping (rule kl_jump)."""
+
+    max_kl: float = Field(default=0.5, gt=0, description="Rule kl_high fires when kl exceeds this.")
+    jump_ratio: float = Field(
+        default=10.0,
+        gt=1,
+        description="Rule kl_jump fires when kl exceeds this multiple of its recent median.",
+    )
+    jump_window: int = Field(
+        default=10, ge=2, description="Steps in the recent median that kl_jump compares against."
+    )
+    jump_min_history: int = Field(
+        default=5, ge=1, description="Steps of kl history needed before kl_jump can fire."
+    )
+    jump_min: float = Field(
+        default=0.05,
+        ge=0,
+        description=(
+            "kl_jump ignores values below this: KL starts at exactly 0, so tiny values give "
+            "large ratios that mean nothing."
+        ),
+    )
+
+
+class HeldoutRule(_Rule):
+    """Training reward rising while the periodic held-out eval (training.eval_steps) falls."""
+
+    smooth_steps: int = Field(
+        default=3, ge=1, description="The training reward is the mean of the last N steps."
+    )
+    min_eval_drop: float = Field(
+        default=0.05,
+        gt=0,
+        description="Drop of the held-out mean below its best earlier value (reward units).",
+    )
+    min_train_rise: float = Field(
+        default=0.05,
+        gt=0,
+        description=(
+            "Rise of the training reward since the step of that best held-out value (reward units)."
+        ),
+    )
+
+
+class EntropyRule(_Rule):
+    """Entropy collapse: sampling has become (nearly) deterministic, exploration is gone."""
+
+    floor: float = Field(
+        default=0.05,
+        ge=0,
+        description="Fire when the smoothed entropy (nats per token) is below this.",
+    )
+    min_frac_of_early: float = Field(
+        default=0.2,
+        gt=0,
+        lt=1,
+        description="Fire when the smoothed entropy falls below this fraction of its early level.",
+    )
+    baseline_steps: int = Field(
+        default=5, ge=1, description="The first N steps with an entropy give the early level."
+    )
+    smooth_steps: int = Field(
+        default=3, ge=1, description="The current entropy is the mean of the last N steps."
+    )
+
+
+class SaturationRule(_Rule):
+    """One reward pinned at its maximum while another reward falls."""
+
+    saturated_share: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description=(
+            "A reward counts as saturated when the smoothed share of completions at its maximum "
+            "(metric pass_rate/<name>) reaches this, or, when the trainer gives the reward's "
+            "maximum, when its smoothed mean is within max_tolerance of it."
+        ),
+    )
+    max_tolerance: float = Field(
+        default=0.02,
+        ge=0,
+        description="Relative tolerance to the maximum for the mean-based saturation test.",
+    )
+    smooth_steps: int = Field(
+        default=3, ge=1, description="Saturation uses the mean of the last N steps."
+    )
+    window: int = Field(
+        default=10, ge=4, description="Steps in the trend window of the falling reward."
+    )
+    min_corr: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description="The falling reward's Spearman correlation with the step must be below minus this.",
+    )
+    min_drop: float = Field(
+        default=0.05,
+        gt=0,
+        description=(
+            "The falling reward's mean must drop this much between the first and last third of "
+            "the window (reward units)."
+        ),
+    )
+
+
+class GroupDominanceRule(_Rule):
+    """One completion text dominating a group: the policy answers a prompt the same way each time."""
+
+    max_duplicate_frac: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description=(
+            "Fire when the smoothed completions/max_group_duplicate_frac reaches this. Tasks with "
+            "short exact answers (a number) repeat legitimately: raise it or disable the rule."
+        ),
+    )
+    smooth_steps: int = Field(
+        default=3, ge=1, description="The current value is the mean of the last N steps."
+    )
+
+
+class MonitorConfig(BaseModel):
+    """Reward-hacking monitors that run during training and in eval."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(default=True, description="Master switch for all monitors.")
+    rearm_steps: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "An alert fires once per episode; a rule fires again only after its condition has "
+            "been false for this many consecutive checks."
+        ),
+    )
+    length_reward: LengthRewardRule = Field(
+        default_factory=LengthRewardRule, description="Completion length rising with the reward."
+    )
+    repetition: RepetitionRule = Field(
+        default_factory=RepetitionRule, description="Repeated n-grams rising, distinct-2 falling."
+    )
+    kl: KLRule = Field(default_factory=KLRule, description="KL above a ceiling or jumping.")
+    heldout: HeldoutRule = Field(
+        default_factory=HeldoutRule,
+        description="Training reward rising while the held-out eval reward falls.",
+    )
+    entropy: EntropyRule = Field(default_factory=EntropyRule, description="Entropy collapse.")
+    saturation: SaturationRule = Field(
+        default_factory=SaturationRule,
+        description="A reward saturating at its maximum while another falls.",
+    )
+    group_dominance: GroupDominanceRule = Field(
+        default_factory=GroupDominanceRule,
+        description="One completion text dominating a group.",
+    )
+    text_ngram: int = Field(
+        default=3,
+        ge=1,
+        description="n of the repeated n-gram share computed from completions (tokens).",
+    )
+
+    @model_validator(mode="after")
+    def _windows(self) -> MonitorConfig:
+        if self.kl.jump_min_history > self.kl.jump_window:
+            raise ValueError(
+                f"monitors.kl.jump_min_history ({self.kl.jump_min_history}) cannot exceed "
+                f"monitors.kl.jump_window ({self.kl.jump_window})"
+            )
+        return self

@@ -1,0 +1,62 @@
+"""Reward functions and their composition.
+
+Every reward follows TRL's convention ``fn(prompts, completions, **columns) -> list[float | None]``
+and is usable from YAML by its type name (see :mod:`grpokit.rewards.registry`) or from Python by
+the factory of the same name, e.g. ``grpokit.rewards.xml_format(tags=["thinking", "answer"])``.
+
+Importing this package is cheap: reward modules (and math-verify, jsonschema, ...) are imported
+on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from grpokit.rewards.registry import (
+    BuildContext,
+    RewardFn,
+    RewardType,
+    get_reward_type,
+    register_reward,
+    reward_types,
+)
+
+# Public name -> module that defines it, imported on first attribute access.
+_LAZY: dict[str, str] = {
+    "xml_format": "grpokit.rewards.format_rewards",
+    "xml_format_score": "grpokit.rewards.format_rewards",
+    "tags_present": "grpokit.rewards.format_rewards",
+    "regex_match": "grpokit.rewards.match_rewards",
+    "json_schema": "grpokit.rewards.match_rewards",
+    "math_answer": "grpokit.rewards.math_rewards",
+    "code_tests": "grpokit.rewards.code_rewards",
+    "length_penalty": "grpokit.rewards.length_rewards",
+    "soft_overlong_punishment": "grpokit.rewards.length_rewards",
+    "repetition_penalty": "grpokit.rewards.length_rewards",
+    "logic_tree_depth": "grpokit.rewards.tree_rewards",
+    "GateSpec": "grpokit.rewards.spec",
+    "RewardSpec": "grpokit.rewards.spec",
+    "validate_reward_specs": "grpokit.rewards.spec",
+    "RewardScores": "grpokit.rewards.compose",
+    "RewardSet": "grpokit.rewards.compose",
+    "build_reward_set": "grpokit.rewards.compose",
+    "check_completions": "grpokit.rewards.check",
+}
+
+__all__ = [
+    "BuildContext",
+    "RewardFn",
+    "RewardType",
+    "get_reward_type",
+    "register_reward",
+    "reward_types",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'grpokit.rewards' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,263 @@
+"""Combining the configured rewards: gates, weights, None handling and per-reward metrics.
+
+A :class:`RewardSet` is built once from the config's ``rewards:`` list and called once per batch
+of completions. It evaluates the rewards in gate order, sends each gated reward only the
+completions that passed its gate, and returns a :class:`RewardScores` whose ``total`` the trainer
+turns into advantages (a NaN total, i.e. every reward None for that row, means advantage 0).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpokit.errors import UserError
+from grpokit.rewards.registry import BuildContext, RewardFn, get_reward_type
+from grpokit.rewards.spec import RewardSpec, gate_order, validate_reward_specs
+
+
+class RewardError(RuntimeError):
+    """A reward function misbehaved (raised, or returned the wrong number or kind of values)."""
+
+
+@dataclass
+class RewardScores:
+    """The rewards of one batch of B completions under F reward functions."""
+
+    names: list[str]
+    per_function: torch.Tensor
+    """(B, F) float32. NaN = None (not applicable); gated-out rows hold the gate's ``otherwise``
+    (NaN if that is None)."""
+    gated_out: torch.Tensor
+    """(B, F) bool: True where the reward was not computed because its gate stayed closed."""
+    total: torch.Tensor
+    """(B,) float32: weighted sum over functions ignoring NaN; NaN where a row is all NaN."""
+    metrics: dict[str, float]
+    """``rewards/<name>/mean`` and ``/std`` over the non-NaN values of ``per_function`` (gated-out
+    rows included with their ``otherwise`` value, i.e. what enters the total), ``/none_frac``
+    (share of the batch where the reward itself returned None) and ``/gated_out_frac``."""
+
+    def column(self, name: str) -> list[float | None]:
+        """The values of one reward as a list, None for NaN."""
+        j = self.names.index(name)
+        return [None if math.isnan(v) else v for v in self.per_function[:, j].tolist()]
+
+
+@dataclass
+class _Entry:
+    name: str
+    fn: RewardFn
+    weight: float
+    max_value: float | None
+    required_columns: frozenset[str]
+    gate_index: int | None
+    gate_min: float
+    gate_otherwise: float | None
+
+
+class RewardSet:
+    """The configured rewards, ready to score batches. Build with :func:`build_reward_set`."""
+
+    def __init__(self, entries: list[_Entry], order: list[int]) -> None:
+        self._entries = entries
+        self._order = order
+        self.names: list[str] = [e.name for e in entries]
+        self.weights: list[float] = [e.weight for e in entries]
+        self.max_values: list[float | None] = [e.max_value for e in entries]
+        self.required_columns: set[str] = set().union(*(e.required_columns for e in entries))
+
+    def check_columns(self, available: Iterable[str], *, source: str = "the dataset") -> None:
+        """Raise :class:`UserError` if a reward needs a column that ``source`` does not have."""
+        have = set(available)
+        for entry in self._entries:
+            missing = sorted(entry.required_columns - have)
+            if missing:
+                raise UserError(
+                    f"reward {entry.name!r} needs the column(s) {', '.join(missing)}, which "
+                    f"{source} does not have (it has: {', '.join(sorted(have)) or 'none'}). "
+                    "Add them, or point the reward's column parameter at an existing column."
+                )
+
+    def __call__(
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
+    ) -> RewardScores:
+        """Score a batch. ``columns`` maps a dataset column to one value per completion."""
+        batch = len(completions)
+        if len(prompts) != batch:
+            raise ValueError(f"got {len(prompts)} prompts for {batch} completions")
+        for key, column in columns.items():
+            if len(column) != batch:
+                raise ValueError(f"column {key!r} has {len(column)} values for {batch} completions")
+        width = len(self._entries)
+        # float64 while combining, so that gates compare the values the rewards returned.
+        values = torch.full((batch, width), math.nan, dtype=torch.float64)
+        gated_out = torch.zeros((batch, width), dtype=torch.bool)
+        returned_none = torch.zeros((batch, width), dtype=torch.bool)
+
+        for j in self._order:
+            entry = self._entries[j]
+            if entry.gate_index is None:
+                rows = list(range(batch))
+            else:
+                gate_values = values[:, entry.gate_index]
+                # NaN >= x is False: a None upstream keeps the gate closed.
+                open_rows = gate_values >= entry.gate_min
+                rows = torch.nonzero(open_rows).flatten().tolist()
+                closed = ~open_rows
+                gated_out[closed, j] = True
+                otherwise = math.nan if entry.gate_otherwise is None else entry.gate_otherwise
+                values[closed, j] = otherwise
+            if not rows:
+                continue
+            result = _call_reward(entry, prompts, completions, columns, rows)
+            for row, value in zip(rows, result, strict=True):
+                if value is None:
+                    returned_none[row, j] = True
+                else:
+                    values[row, j] = value
+
+        weights = torch.tensor(self.weights, dtype=torch.float64)
+        present = ~torch.isnan(values)
+        weighted = torch.where(present, values * weights, torch.zeros_like(values))
+        total = weighted.sum(dim=1)
+        total = torch.where(present.any(dim=1), total, torch.full_like(total, math.nan))
+        metrics = _metrics(self.names, values, gated_out, returned_none)
+        return RewardScores(list(self.names), values.float(), gated_out, total.float(), metrics)
+
+    def close(self) -> None:
+        """Release the rewards' resources (judge clients, worker pools)."""
+        for entry in self._entries:
+            close = getattr(entry.fn, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> RewardSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _call_reward(
+    entry: _Entry,
+    prompts: list[Any],
+    completions: list[Any],
+    columns: dict[str, list[Any]],
+    rows: list[int],
+) -> list[float | None]:
+    full = len(rows) == len(completions)
+    sub_prompts = prompts if full else [prompts[i] for i in rows]
+    sub_completions = completions if full else [completions[i] for i in rows]
+    sub_columns = columns if full else {k: [v[i] for i in rows] for k, v in columns.items()}
+    try:
+        result = entry.fn(prompts=sub_prompts, completions=sub_completions, **sub_columns)
+    except UserError:
+        raise
+    except Exception as exc:
+        raise RewardError(f"reward {entry.name!r} raised {type(exc).__name__}: {exc}") from exc
+    return _check_result(entry.name, result, len(rows))
+
+
+def _check_result(name: str, result: Any, expected: int) -> list[float | None]:
+    if isinstance(result, torch.Tensor):
+        result = result.tolist()
+    if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
+        raise RewardError(
+            f"reward {name!r} returned {type(result).__name__}; it must return a list with one "
+            f"float (or None) per completion"
+        )
+    if len(result) != expected:
+        raise RewardError(
+            f"reward {name!r} returned {len(result)} values for {expected} completions; "
+            "it must return exactly one value (float or None) per completion"
+        )
+    checked: list[float | None] = []
+    for i, value in enumerate(result):
+        if value is None:
+            checked.append(None)
+            continue
+        if not isinstance(value, numbers.Real):
+            raise RewardError(
+                f"reward {name!r} returned {value!r} ({type(value).__name__}) at position {i}; "
+                "values must be numbers or None"
+            )
+        number = float(value)
+        if math.isnan(number):
+            checked.append(None)
+        elif math.isinf(number):
+            raise RewardError(
+                f"reward {name!r} returned {number} at position {i}; use a finite value"
+            )
+        else:
+            checked.append(number)
+    return checked
+
+
+def _metrics(
+    names: list[str], values: torch.Tensor, gated_out: torch.Tensor, returned_none: torch.Tensor
+) -> dict[str, float]:
+    batch = values.shape[0]
+    metrics: dict[str, float] = {}
+    for j, name in enumerate(names):
+        column = values[:, j]
+        present = column[~torch.isnan(column)]
+        count = present.numel()
+        mean = present.mean().item() if count else math.nan
+        # Bessel-corrected, as TRL's rewards/<name>/std.
+        std = present.std(unbiased=True).item() if count > 1 else (0.0 if count == 1 else math.nan)
+        metrics[f"rewards/{name}/mean"] = mean
+        metrics[f"rewards/{name}/std"] = std
+        metrics[f"rewards/{name}/none_frac"] = (
+            returned_none[:, j].sum().item() / batch if batch else 0.0
+        )
+        metrics[f"rewards/{name}/gated_out_frac"] = (
+            gated_out[:, j].sum().item() / batch if batch else 0.0
+        )
+    return metrics
+
+
+def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
+    """Build every configured reward (in declaration order) and the gate evaluation order.
+
+    Raises:
+        UserError: a mis-declared list (see :func:`validate_reward_specs`) or a reward whose
+            parameters cannot be turned into a function (missing file, bad import path, ...).
+    """
+    validate_reward_specs(specs)
+    index = {spec.display_name: i for i, spec in enumerate(specs)}
+    entries: list[_Entry] = []
+    try:
+        for spec in specs:
+            reward_type = get_reward_type(spec.type)
+            fn = reward_type.build(spec.params, ctx)
+            if not callable(fn):
+                raise RewardError(f"reward type {spec.type!r} built a non-callable {fn!r}")
+            max_value = reward_type.max_value
+            if spec.type == "python":
+                # Only the user knows the range of their own function.
+                max_value = getattr(spec.params, "max_value", None)
+            gate = spec.gate
+            entries.append(
+                _Entry(
+                    name=spec.display_name,
+                    fn=fn,
+                    weight=spec.weight,
+                    max_value=max_value,
+                    required_columns=frozenset(getattr(fn, "required_columns", frozenset())),
+                    gate_index=None if gate is None else index[gate.reward],
+                    gate_min=1.0 if gate is None else gate.min,
+                    gate_otherwise=None if gate is None else gate.otherwise,
+                )
+            )
+    except BaseException:
+        for entry in entries:
+            close = getattr(entry.fn, "close", None)
+            if callable(close):
+                close()
+        raise
+    return RewardSet(entries, gate_order(specs))

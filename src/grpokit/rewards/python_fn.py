@@ -1,0 +1,139 @@
+"""``type: python``: a reward function of the user's own, given by import path.
+
+``function: my_rewards:brevity`` imports ``brevity`` from the module ``my_rewards``: first from
+``my_rewards.py`` next to the config file (or a path such as ``rewards/mine.py:brevity``,
+relative to the config), otherwise as an importable module. The function must follow TRL's
+convention ``fn(prompts, completions, **columns) -> list[float | None]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from grpokit.errors import UserError
+from grpokit.rewards.registry import BuildContext, RewardFn, register_reward
+
+_FUNCTION_RE = re.compile(r"^(?P<module>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)$")
+
+
+class PythonRewardParams(BaseModel):
+    """Parameters of ``type: python``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    function: str = Field(
+        description="`module:function`: a module importable from the config's directory or the "
+        "Python path, or a .py file path relative to the config, then ':' and the function name."
+    )
+    columns: list[str] = Field(
+        default_factory=list,
+        description="Dataset columns the function reads; checked before training starts.",
+    )
+    max_value: float | None = Field(
+        default=None,
+        description="The function's best value (pass rate = share of completions at it); "
+        "null if unbounded or unknown.",
+    )
+
+    @field_validator("function")
+    @classmethod
+    def _valid_path(cls, function: str) -> str:
+        if not _FUNCTION_RE.match(function.strip()):
+            raise ValueError(
+                f"{function!r} is not of the form `module:function` (e.g. my_rewards:brevity "
+                "or rewards/mine.py:brevity)"
+            )
+        return function.strip()
+
+
+def load_function(function: str, base_dir: Path) -> Callable[..., Any]:
+    """Import ``module:attr`` (a .py path relative to ``base_dir``, or a module name).
+
+    Raises:
+        UserError: the file or module does not exist, fails to import, or lacks the function.
+    """
+    match = _FUNCTION_RE.match(function)
+    if match is None:
+        raise UserError(f"reward function {function!r} is not of the form `module:function`")
+    module_ref, attr = match.group("module"), match.group("attr")
+    candidates = [base_dir / module_ref] if module_ref.endswith(".py") else []
+    candidates.append(base_dir / (module_ref.replace(".", "/") + ".py"))
+    path = next((p for p in candidates if p.is_file()), None)
+    try:
+        if path is not None:
+            module = _import_file(path.resolve())
+        elif module_ref.endswith(".py"):
+            raise UserError(f"reward function {function!r}: file {candidates[0]} does not exist")
+        else:
+            module = importlib.import_module(module_ref)
+    except UserError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise UserError(
+            f"reward function {function!r}: no module {module_ref!r} (looked for "
+            f"{candidates[-1]} and on the Python path): {exc}"
+        ) from exc
+    except Exception as exc:
+        raise UserError(
+            f"reward function {function!r}: importing {module_ref!r} failed with "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise UserError(f"reward function {function!r}: {module_ref!r} has no {attr!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise UserError(f"reward function {function!r} is not callable")
+    return target  # type: ignore[no-any-return]
+
+
+def _import_file(path: Path) -> Any:
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:12]
+    name = f"grpokit_user_rewards_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+class _UserFunction:
+    """A user's function with the declared columns attached, under its own ``__name__``."""
+
+    def __init__(self, fn: Callable[..., Any], columns: list[str]) -> None:
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "python")
+        self.required_columns = frozenset(columns)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def close(self) -> None:
+        close = getattr(self.fn, "close", None)
+        if callable(close):
+            close()
+
+
+def _build(params: PythonRewardParams, ctx: BuildContext) -> RewardFn:
+    return _UserFunction(load_function(params.function, ctx.base_dir), params.columns)
+
+
+register_reward("python", PythonRewardParams, _build, max_value=None)

@@ -1,0 +1,133 @@
+"""The registry of reward types usable from YAML by name.
+
+A reward type is a pydantic params model (the YAML keys of one ``rewards:`` entry besides
+``type``/``name``/``weight``/``gate``) plus a ``build(params, ctx)`` function returning a reward
+function with TRL's calling convention ``fn(prompts, completions, **columns)``.
+
+Built-in reward modules register themselves when imported. The registry imports them lazily, on
+the first lookup, so that ``import grpokit.rewards`` stays cheap (math-verify, subprocess helpers
+and judge clients are only loaded when a config names them).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+from grpokit.errors import UserError
+
+RewardFn = Callable[..., list[float | None]]
+"""TRL's reward convention: ``fn(prompts, completions, **columns) -> list[float | None]``."""
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a reward builder may need beyond its own parameters."""
+
+    base_dir: Path
+    """Directory of the YAML config: relative paths in params resolve against it."""
+    run_dir: Path | None = None
+    """The run directory (caches go under it); None outside training, e.g. ``rewards check``."""
+    seed: int = 0
+    """The run's seed, for rewards that sample."""
+
+
+@dataclass(frozen=True)
+class RewardType:
+    """One registered reward type."""
+
+    name: str
+    params_model: type[pydantic.BaseModel]
+    build: Callable[[Any, BuildContext], RewardFn]
+    max_value: float | None
+    """The reward's maximum (the 'pass' value used by preflight and eval); None if unbounded."""
+
+
+# Modules that register built-in types at import. Order only affects the order of
+# ``reward_types()``. ``grpokit.rewards.judge`` is written separately and may be absent.
+_BUILTIN_MODULES: tuple[str, ...] = (
+    "grpokit.rewards.format_rewards",
+    "grpokit.rewards.match_rewards",
+    "grpokit.rewards.math_rewards",
+    "grpokit.rewards.code_rewards",
+    "grpokit.rewards.length_rewards",
+    "grpokit.rewards.tree_rewards",
+    "grpokit.rewards.python_fn",
+)
+_OPTIONAL_MODULES: tuple[str, ...] = ("grpokit.rewards.judge",)
+
+_REGISTRY: dict[str, RewardType] = {}
+_loaded = False
+_load_lock = threading.RLock()
+
+
+def register_reward(
+    type_name: str,
+    params_model: type[pydantic.BaseModel],
+    build: Callable[[Any, BuildContext], RewardFn],
+    *,
+    max_value: float | None = 1.0,
+) -> None:
+    """Register a reward type under ``type_name`` (the YAML ``type:`` value).
+
+    Re-registering the same name with the same builder (a module imported twice) is a no-op;
+    registering a different builder under a taken name is a programming error.
+    """
+    if not type_name or not type_name.replace("_", "").isalnum():
+        raise ValueError(f"reward type name must be an identifier, got {type_name!r}")
+    existing = _REGISTRY.get(type_name)
+    if existing is not None:
+        same = (
+            existing.build.__qualname__ == build.__qualname__
+            and existing.build.__module__ == build.__module__
+        )
+        if not same:
+            raise ValueError(
+                f"reward type {type_name!r} is already registered by {existing.build.__module__}"
+            )
+    _REGISTRY[type_name] = RewardType(type_name, params_model, build, max_value)
+
+
+def _load_builtins() -> None:
+    global _loaded
+    if _loaded:
+        return
+    with _load_lock:
+        if _loaded:
+            return
+        for module in _BUILTIN_MODULES:
+            importlib.import_module(module)
+        for module in _OPTIONAL_MODULES:
+            try:
+                importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                # Only the optional module itself being absent is tolerated; a missing
+                # dependency inside it is a real error and must surface.
+                if exc.name != module:
+                    raise
+        _loaded = True
+
+
+def get_reward_type(type_name: str) -> RewardType:
+    """Look up a registered reward type; raises :class:`UserError` listing the known types."""
+    _load_builtins()
+    try:
+        return _REGISTRY[type_name]
+    except KeyError:
+        known = ", ".join(reward_types())
+        raise UserError(
+            f"unknown reward type {type_name!r}; known types: {known}. "
+            "For your own function use `type: python` with `function: module:name`."
+        ) from None
+
+
+def reward_types() -> list[str]:
+    """Names of all registered reward types, built-ins first."""
+    _load_builtins()
+    return list(_REGISTRY)

@@ -1,0 +1,95 @@
+"""The interface every generation engine implements, and the records it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["eos", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are sampled (TRL / vLLM names).
+
+    ``temperature`` 0 means greedy decoding; its log-probs are then those of the untempered
+    distribution (T = 1), since a zero temperature has no distribution to score under.
+    ``top_k`` 0 and ``top_p`` 1.0 turn those filters off.
+    """
+
+    max_completion_length: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_completion_length < 1:
+            raise ValueError(
+                f"max_completion_length must be >= 1, got {self.max_completion_length}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether decoding is deterministic argmax (temperature 0 or top_k 1)."""
+        return self.temperature == 0 or self.top_k == 1
+
+
+@dataclass
+class RolloutBatch:
+    """Completions for P prompts, ``group_size`` (n) each, B = P * n in all.
+
+    Rows are group-major: completions ``i * n .. i * n + n - 1`` belong to prompt ``i``.
+    ``completion_ids[b]`` includes the EOS token when ``finish_reason[b] == "eos"``.
+    ``logprobs[b]`` (shape ``(len(completion_ids[b]),)``, float32, CPU) holds the log-probability of
+    each sampled token under the temperature-scaled distribution ``softmax(logits / T)`` before
+    top-k / top-p truncation: the quantity a trainer recomputes.
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    logprobs: list[torch.Tensor]
+    finish_reason: list[FinishReason]
+    group_size: int
+
+    def __post_init__(self) -> None:
+        expected = len(self.prompt_ids) * self.group_size
+        sizes = {len(self.completion_ids), len(self.logprobs), len(self.finish_reason)}
+        if sizes != {expected}:
+            raise ValueError(
+                f"RolloutBatch: {len(self.prompt_ids)} prompts x group_size {self.group_size} "
+                f"needs {expected} rows, got completion_ids/logprobs/finish_reason lengths "
+                f"{len(self.completion_ids)}/{len(self.logprobs)}/{len(self.finish_reason)}"
+            )
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def prompt_index(self, row: int) -> int:
+        """The prompt a completion row belongs to."""
+        return row // self.group_size
+
+    @property
+    def completion_lengths(self) -> list[int]:
+        return [len(ids) for ids in self.completion_ids]
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples ``n`` completions for each prompt (token ids in, token ids out)."""
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch: ...

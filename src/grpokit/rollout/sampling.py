@@ -1,0 +1,145 @@
+"""Vectorised next-token sampling: temperature, top-k, top-p, for a whole batch at once."""
+
+from __future__ import annotations
+
+import torch
+
+
+def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Set every logit below the k-th largest of its row to -inf (ties with it are kept).
+
+    Args:
+        logits: (B, V).
+        k: tokens to keep; 0 or >= V keeps all.
+
+    Returns:
+        (B, V), a new tensor when filtering happens.
+    """
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filter_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus filtering: keep the smallest set of most likely tokens whose mass reaches ``p``.
+
+    A token is dropped when the tokens ranked before it already hold ``p`` of the mass or more,
+    so the most likely token always survives.
+
+    Args:
+        logits: (B, V).
+        p: in (0, 1]; 1 keeps all.
+
+    Returns:
+        (B, V).
+    """
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop_sorted = mass_before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+TOP_P_CANDIDATES = 1024
+"""Top-p without top-k first looks for the nucleus among this many most likely tokens (a partial
+top-k is far cheaper than sorting a whole vocabulary); rows whose nucleus is wider fall back to a
+full sort, so the result is exact either way."""
+
+
+def _exponential_noise(
+    shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Exp(1) draws made from uniforms (-log U), on the generator's device, moved to ``device``.
+
+    Uniform draws are several times cheaper on CPU than ``exponential_`` or ``multinomial``.
+    """
+    noise_device = generator.device if generator is not None else device
+    uniform = torch.rand(shape, device=noise_device, generator=generator)
+    # U = 0 would give an infinite draw; the smallest positive value keeps it finite.
+    noise = -torch.log(uniform.clamp_(min=torch.finfo(uniform.dtype).tiny))
+    return noise.to(device)
+
+
+def _race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Index drawn from each row of ``probs`` (B, K), unnormalised is fine: argmax(p / E) with
+    E ~ Exp(1) picks column i with probability p_i / sum(p) (the exponential race)."""
+    noise = _exponential_noise(tuple(probs.shape), probs.device, generator)
+    # A zero draw (U = 1) would make 0 / 0 for a zero-probability column.
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+    return torch.argmax(probs / noise, dim=-1)
+
+
+def sample_next_tokens(
+    logits: torch.Tensor,
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and score it.
+
+    The filters apply in the order temperature, top-k, top-p (top-p over the distribution
+    renormalised after top-k), as in transformers and vLLM.
+
+    Args:
+        logits: (B, V) next-token logits (any float dtype; computed in float32).
+        temperature: > 0 samples from softmax(logits / T) after top-k / top-p; 0 is greedy.
+        top_k: 0 = off.
+        top_p: 1.0 = off.
+        generator: source of randomness (on any device); None uses the global one.
+
+    Returns:
+        tokens (B,) int64 and their log-probs (B,) float32 under softmax(logits / T) before
+        truncation (T = 1 when greedy).
+    """
+    scaled = logits.float()
+    if temperature > 0:
+        scaled = scaled / temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    vocab = scaled.shape[-1]
+    if temperature == 0 or top_k == 1:
+        tokens = torch.argmax(scaled, dim=-1)
+    elif (0 < top_k < vocab) or top_p < 1.0:
+        tokens = _sample_truncated(scaled, logp, top_k=top_k, top_p=top_p, generator=generator)
+    else:
+        tokens = _race(logp.exp(), generator)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def _sample_truncated(
+    scaled: torch.Tensor,
+    logp: torch.Tensor,
+    *,
+    top_k: int,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Sample under top-k and/or top-p among the most likely candidates only.
+
+    Args:
+        scaled: (B, V) temperature-scaled logits; logp: (B, V) their log-softmax.
+
+    Returns:
+        tokens (B,).
+    """
+    vocab = scaled.shape[-1]
+    k_on = 0 < top_k < vocab
+    pool = top_k if k_on else min(vocab, TOP_P_CANDIDATES)
+    values, index = torch.topk(scaled, pool, dim=-1)  # sorted, most likely first
+    if top_p < 1.0:
+        # After top-k the distribution is renormalised over the k kept tokens; without top-k the
+        # pool is a prefix of the full distribution, so its probabilities are the full ones.
+        probs = torch.softmax(values, dim=-1) if k_on else logp.gather(-1, index).exp()
+        if not k_on and bool((probs.sum(-1) < top_p).any()):
+            filtered = filter_top_p(scaled, top_p)
+            return _race(torch.softmax(filtered, dim=-1), generator)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= top_p, 0.0)
+    else:
+        probs = torch.softmax(values, dim=-1)
+    return index.gather(-1, _race(probs, generator)[:, None]).squeeze(-1)

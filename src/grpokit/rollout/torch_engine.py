@@ -1,0 +1,197 @@
+"""Generation with the training model itself, in torch, with a KV cache.
+
+Each prompt is encoded once (a left-padded prefill of the P prompts); the cache is then repeated
+n times per prompt, so a group shares its prompt's encoding. Each step runs one forward of a
+single token for all live sequences, and finished sequences leave the batch (their cache rows are
+dropped), so late steps cost only what is still generating.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
+from grpokit.rollout.sampling import sample_next_tokens
+
+
+def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a peft wrapper (or the model itself)."""
+    get_base = getattr(model, "get_base_model", None)
+    base = get_base() if callable(get_base) else model
+    return base if isinstance(base, torch.nn.Module) else model
+
+
+def left_pad(
+    prompt_ids: list[list[int]], pad_token_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad prompts into one batch.
+
+    Returns:
+        input_ids (P, L), attention_mask (P, L) int64 (0 on padding), position_ids (P, L) counting
+        from 0 at each prompt's first real token (padding gets 0; it is masked anyway).
+    """
+    width = max(len(ids) for ids in prompt_ids)
+    input_ids = torch.full((len(prompt_ids), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for row, ids in enumerate(prompt_ids):
+        input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        mask[row, width - len(ids) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids.to(device), mask.to(device), positions.to(device)
+
+
+class TorchEngine:
+    """A :class:`~grpokit.rollout.base.RolloutEngine` running a transformers (or peft) causal LM.
+
+    Args:
+        model: the policy; put in eval mode while generating, its mode restored afterwards (so it
+            also works with gradient checkpointing enabled, which only disables the cache in
+            training mode).
+        eos_token_ids: tokens that end a completion (kept in it).
+        pad_token_id: token used for left padding of prompts (never attended to).
+    """
+
+    def __init__(
+        self, model: torch.nn.Module, *, eos_token_ids: list[int], pad_token_id: int
+    ) -> None:
+        if not eos_token_ids:
+            raise ValueError("TorchEngine needs at least one EOS token id")
+        self.model = model
+        self.eos_token_ids = list(eos_token_ids)
+        self.pad_token_id = pad_token_id
+        forward_params = inspect.signature(_hf_model(model).forward).parameters
+        # transformers 5 renamed past_key_values to cache; accept either generation.
+        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
+        self._keep_kwarg: str | None = next(
+            (k for k in ("logits_to_keep", "num_logits_to_keep") if k in forward_params), None
+        )
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: Any,
+    ) -> torch.Tensor:
+        """One forward; returns the last position's logits (B, V) in float32."""
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            self._cache_kwarg: cache,
+            "use_cache": True,
+        }
+        if self._keep_kwarg is not None:
+            kwargs[self._keep_kwarg] = 1
+        logits: torch.Tensor = self.model(**kwargs).logits
+        return logits[:, -1, :].float()
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        """Sample ``n`` completions for each prompt; see :class:`RolloutBatch` for the layout."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
+            raise ValueError("generate needs at least one prompt, and no prompt may be empty")
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                tokens, logps, lengths, ended = self._decode(
+                    prompt_ids, n, params, generator, device
+                )
+        finally:
+            self.model.train(was_training)
+        tokens_cpu, logps_cpu, lengths_cpu, ended_cpu = (
+            tokens.cpu(),
+            logps.cpu(),
+            lengths.cpu().tolist(),
+            ended.cpu().tolist(),
+        )
+        completion_ids = [tokens_cpu[b, :length].tolist() for b, length in enumerate(lengths_cpu)]
+        logprobs = [logps_cpu[b, :length].clone() for b, length in enumerate(lengths_cpu)]
+        reasons: list[FinishReason] = ["eos" if e else "length" for e in ended_cpu]
+        return RolloutBatch(
+            prompt_ids=[list(ids) for ids in prompt_ids],
+            completion_ids=completion_ids,
+            logprobs=logprobs,
+            finish_reason=reasons,
+            group_size=n,
+        )
+
+    def _decode(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        device: torch.device,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoding loop.
+
+        Returns:
+            tokens (B, T) int64 (pad after the end), logprobs (B, T) float32, lengths (B,) int64,
+            ended_by_eos (B,) bool, with B = P * n and T = max_completion_length.
+        """
+        from transformers import DynamicCache
+
+        config = getattr(_hf_model(self.model), "config", None)
+        cache = DynamicCache(config=config) if config is not None else DynamicCache()
+        input_ids, mask, positions = left_pad(prompt_ids, self.pad_token_id, device)
+        logits = self._forward(input_ids, mask, positions, cache)
+
+        # Share each prompt's encoding across its group: rows i*n .. i*n+n-1 are prompt i.
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)
+        mask = mask.repeat_interleave(n, dim=0)
+        next_position = positions[:, -1].repeat_interleave(n) + 1
+
+        batch, limit = logits.shape[0], params.max_completion_length
+        tokens = torch.full((batch, limit), self.pad_token_id, dtype=torch.long, device=device)
+        logps = torch.zeros((batch, limit), dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        ended = torch.zeros(batch, dtype=torch.bool, device=device)
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        live = torch.arange(batch, device=device)  # batch rows still generating
+
+        for step in range(limit):
+            token, logp = sample_next_tokens(
+                logits,
+                temperature=params.temperature,
+                top_k=params.top_k,
+                top_p=params.top_p,
+                generator=generator,
+            )
+            tokens[live, step] = token
+            logps[live, step] = logp
+            lengths[live] += 1
+            is_eos = torch.isin(token, eos)
+            ended[live] |= is_eos
+            if step == limit - 1:
+                break
+            going = ~is_eos
+            if not bool(going.any()):
+                break
+            if not bool(going.all()):
+                keep = going.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                live, token, mask, next_position = (
+                    live[keep],
+                    token[keep],
+                    mask[keep],
+                    next_position[keep],
+                )
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            logits = self._forward(token[:, None], mask, next_position[:, None], cache)
+            next_position = next_position + 1
+        return tokens, logps, lengths, ended

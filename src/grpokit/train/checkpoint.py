@@ -1,0 +1,131 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically.
+
+checkpoint-<step>/
+  model/            the adapter (LoRA) or full model + tokenizer, loadable on its own
+  trainable.safetensors   the trainable parameters by name (what resume loads back)
+  optimizer.pt, scheduler.pt, rng.pt
+  trainer_state.json      step, data position, metrics needed to continue
+  config.yaml             the resolved config
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpokit.errors import UserError
+
+_CKPT = re.compile(r"^checkpoint-(\d+)$")
+
+
+@dataclass
+class TrainerState:
+    """Where the run stands. `epoch` and `position` index the shuffled prompt order."""
+
+    global_step: int = 0
+    epoch: int = 0
+    position: int = 0
+    generation_round: int = 0
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first."""
+    found = []
+    for p in run_dir.glob("checkpoint-*"):
+        m = _CKPT.match(p.name)
+        if m and (p / "trainer_state.json").is_file():
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    found = checkpoints(run_dir)
+    if not found:
+        raise UserError(f"{run_dir}: no checkpoint-<step> directory to resume from")
+    return found[-1]
+
+
+def _rng_state(generator: torch.Generator) -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "generator": generator.get_state(),
+    }
+
+
+def save_checkpoint(
+    run_dir: Path,
+    *,
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    generator: torch.Generator,
+    state: TrainerState,
+    config_yaml: str,
+    save_total_limit: int | None,
+) -> Path:
+    final = run_dir / f"checkpoint-{state.global_step}"
+    tmp = run_dir / f".tmp-checkpoint-{state.global_step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    policy.save(tmp / "model")
+    trainable = {
+        n: p.detach().cpu().contiguous()
+        for n, p in policy.model.named_parameters()
+        if p.requires_grad
+    }
+    save_file(trainable, str(tmp / "trainable.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(_rng_state(generator), tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+    (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    if save_total_limit:
+        for old in checkpoints(run_dir)[:-save_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(
+    path: Path,
+    *,
+    policy: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    generator: torch.Generator,
+) -> TrainerState:
+    """Restore weights, optimizer, schedule and every RNG; returns the trainer state."""
+    weights = load_file(str(path / "trainable.safetensors"))
+    params = dict(policy.model.named_parameters())
+    missing = [n for n in weights if n not in params]
+    if missing:
+        raise UserError(
+            f"{path}: checkpoint parameters do not match the configured model "
+            f"(e.g. {missing[0]}); resume with the run's own config"
+        )
+    with torch.no_grad():
+        for name, value in weights.items():
+            params[name].copy_(value.to(params[name].device, params[name].dtype))
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
+    rng = torch.load(path / "rng.pt", weights_only=False)
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    generator.set_state(rng["generator"])
+    return TrainerState(**json.loads((path / "trainer_state.json").read_text()))

@@ -1,0 +1,115 @@
+"""Supervised warm-start: fine-tune on prompt/completion pairs, loss on completion tokens only.
+
+This is the cure for the cold start (a model that never produces the format gets all-zero rewards
+and GRPO has nothing to amplify). It is deliberately short and watches the policy's entropy:
+an SFT that makes sampling deterministic leaves GRPO with groups of identical completions and
+equal rewards, i.e. no signal again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.data.chat import encode_prompt
+from grpokit.data.prompts import Prompt
+from grpokit.errors import UserError
+from grpokit.train.forward import completion_logprobs, pack
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    prompt: Prompt
+    completion: str
+
+
+def load_demonstrations(path: Path) -> list[Demonstration]:
+    """JSONL rows with `prompt` (string or chat messages) and `completion` (string)."""
+    if not path.is_file():
+        raise UserError(f"demonstrations file {path} does not exist")
+    out = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "prompt" not in row or "completion" not in row:
+            raise UserError(f"{path}:{lineno}: each row needs 'prompt' and 'completion'")
+        if not isinstance(row["completion"], str) or not row["completion"]:
+            raise UserError(f"{path}:{lineno}: 'completion' must be a non-empty string")
+        out.append(Demonstration(row["prompt"], row["completion"]))
+    if not out:
+        raise UserError(f"{path}: no demonstrations")
+    return out
+
+
+def run_sft(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    demos: list[Demonstration],
+    parameters: list[torch.nn.Parameter],
+    *,
+    system_prompt: str | None,
+    max_steps: int,
+    batch_size: int = 8,
+    learning_rate: float = 2e-5,
+    max_prompt_length: int | None = 512,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    log: Callable[[str], None] = print,
+) -> list[dict[str, float]]:
+    """Train `parameters` of `model` for max_steps steps; returns per-step loss and entropy.
+
+    The completion is followed by the EOS token so the model learns to stop.
+    """
+    eos = tokenizer.eos_token_id
+    prompts = [
+        encode_prompt(
+            tokenizer, d.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
+        )
+        for d in demos
+    ]
+    targets = [
+        tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [eos] for d in demos
+    ]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0)
+    g = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    history = []
+    model.train()
+    for step in range(1, max_steps + 1):
+        if len(order) < batch_size:
+            order += torch.randperm(len(demos), generator=g).tolist()
+        idx, order = order[:batch_size], order[batch_size:]
+        t0 = time.perf_counter()
+        batch = pack([prompts[i] for i in idx], [targets[i] for i in idx], pad).to(device)
+        logp, entropy = completion_logprobs(model, batch, with_entropy=True)
+        mask = batch.completion_mask
+        loss = -(torch.where(mask > 0, logp, 0.0)).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert entropy is not None
+        ent = float((entropy * mask).sum() / mask.sum())
+        history.append(
+            {"step": step, "loss": float(loss), "entropy": ent, "time": time.perf_counter() - t0}
+        )
+        if step == 1 or step % 5 == 0 or step == max_steps:
+            log(f"sft step {step}/{max_steps}: loss {float(loss):.3f}, entropy {ent:.3f}")
+        if not math.isfinite(float(loss)):
+            raise UserError(
+                f"SFT loss became {float(loss)} at step {step}; lower the learning rate"
+            )
+    model.eval()
+    return history

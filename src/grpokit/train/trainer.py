@@ -1,0 +1,641 @@
+"""The GRPO training loop: rollout -> reward -> advantage -> update -> log, in one readable place.
+
+`GRPOTrainer.step()` is the whole algorithm of one optimizer step (or num_iterations of them);
+everything else in this file is set-up, bookkeeping and checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import grpokit
+from grpokit.config import GRPOKitConfig
+from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
+from grpokit.core.losses import PolicyLossOutput, policy_loss
+from grpokit.data.chat import prompt_text
+from grpokit.data.prompts import PromptRow, check_columns, load_prompts
+from grpokit.errors import UserError
+from grpokit.models.loading import LoraSettings, Policy, load_policy
+from grpokit.monitor import MonitorSet, text_stats
+from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
+from grpokit.rewards.compose import RewardSet, build_reward_set
+from grpokit.rewards.registry import BuildContext
+from grpokit.rollout.base import SamplingParams
+from grpokit.rollout.torch_engine import TorchEngine
+from grpokit.train.checkpoint import (
+    TrainerState,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from grpokit.train.data_order import PromptStream
+from grpokit.train.forward import TokenBatch, completion_logprobs, pack
+from grpokit.train.scoring import ScoredBatch, sample_and_score, summarize
+
+
+@dataclass
+class Experience:
+    """The completions one optimizer step trains on (B rows, group-major).
+
+    prompt_ids / completion_ids: B token lists; advantages: (B,); loss_mask_rows: (B,) float, 0
+    for completions excluded from the loss (truncated, with mask_truncated_completions).
+    """
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    advantages: torch.Tensor
+    loss_mask_rows: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    def micro_batches(self, size: int, pad_token_id: int) -> Iterator[tuple[slice, TokenBatch]]:
+        for start in range(0, len(self), size):
+            s = slice(start, min(start + size, len(self)))
+            yield s, pack(self.prompt_ids[s], self.completion_ids[s], pad_token_id)
+
+    def active_tokens(self) -> int:
+        lengths = torch.tensor([float(len(c)) for c in self.completion_ids])
+        return int((lengths * self.loss_mask_rows).sum().item())
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    global_step: int
+    checkpoint: Path | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def versions() -> dict[str, str]:
+    import peft
+    import transformers
+
+    return {
+        "grpokit": grpokit.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "python": platform.python_version(),
+    }
+
+
+_STEP_NORMALISED = ("dapo", "dr_grpo")
+
+
+def _loss_metrics(out: PolicyLossOutput) -> dict[str, float]:
+    metrics = {
+        "clip_ratio/low_mean": float(out.clip_ratio_low),
+        "clip_ratio/high_mean": float(out.clip_ratio_high),
+        "clip_ratio/region_mean": float(out.clip_ratio_region),
+    }
+    if out.kl is not None:
+        metrics["kl"] = float(out.kl)
+    return metrics
+
+
+def _mean(values: list[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+class GRPOTrainer:
+    """Trains `cfg.model` on `cfg.data.train` with `cfg.rewards`; writes everything to run_dir."""
+
+    def __init__(
+        self,
+        cfg: GRPOKitConfig,
+        *,
+        run_dir: Path | None = None,
+        resume: bool = False,
+        progress: bool = True,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg
+        self.args = cfg.training
+        self.run_dir = (run_dir or cfg.output_dir).resolve()
+        self.log = log
+        self.show_progress = progress
+        seed_everything(self.args.seed)
+        self.device = resolve_device(cfg.model.device)
+
+        # Data and rewards first: their errors are cheap to find and must come before model loading.
+        self.rows = load_prompts(cfg.resolve(cfg.data.train), prompt_column=cfg.data.prompt_column)
+        self.heldout: list[PromptRow] = []
+        if cfg.data.heldout:
+            self.heldout = load_prompts(
+                cfg.resolve(cfg.data.heldout), prompt_column=cfg.data.prompt_column
+            )
+        self.system_prompt = cfg.system_prompt
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rewards: RewardSet = build_reward_set(
+            cfg.rewards,
+            BuildContext(base_dir=cfg.config_dir, run_dir=self.run_dir, seed=self.args.seed),
+        )
+        check_columns(self.rows, self.rewards.required_columns, str(cfg.data.train))
+        if self.heldout:
+            check_columns(self.heldout, self.rewards.required_columns, str(cfg.data.heldout))
+
+        m = cfg.model
+        lora = LoraSettings(**m.lora.model_dump()) if m.lora else None
+        init_from = str(cfg.resolve(m.init_from)) if m.init_from else None
+        self.policy: Policy = load_policy(
+            m.name_or_path,
+            dtype=m.dtype,
+            lora=lora,
+            gradient_checkpointing=m.gradient_checkpointing,
+            need_reference=self.args.beta > 0,
+            init_from=init_from,
+            device=self.device,
+        )
+        tok = self.policy.tokenizer
+        self.pad_token_id = int(
+            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        )
+        self.engine = TorchEngine(
+            self.policy.model, eos_token_ids=self._eos_ids(), pad_token_id=self.pad_token_id
+        )
+        self.sampling = SamplingParams(
+            max_completion_length=self.args.max_completion_length,
+            temperature=self.args.temperature,
+            top_p=self.args.top_p,
+            top_k=self.args.top_k or 0,
+        )
+        self.generator = torch.Generator().manual_seed(self.args.seed)
+
+        self.total_steps = self._total_steps()
+        self.optimizer = torch.optim.AdamW(
+            self.policy.trainable_parameters(),
+            lr=self.args.learning_rate,
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            eps=self.args.adam_epsilon,
+            weight_decay=self.args.weight_decay,
+        )
+        from transformers import get_scheduler
+
+        warmup = self.args.warmup_steps or math.ceil(self.args.warmup_ratio * self.total_steps)
+        self.scheduler = get_scheduler(
+            self.args.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=self.total_steps,
+        )
+        self.stream = PromptStream(self.rows, seed=self.args.seed, shuffle=cfg.data.shuffle)
+        self.state = TrainerState()
+        if resume:
+            ckpt = latest_checkpoint(self.run_dir)
+            self.state = load_checkpoint(
+                ckpt,
+                policy=self.policy,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                generator=self.generator,
+            )
+            self.stream.seek(self.state.epoch, self.state.position)
+            self.log(f"resumed from {ckpt} at step {self.state.global_step}")
+        self._write_run_files()
+        self.sinks: list[MetricsSink] = [
+            JsonlSink(
+                self.run_dir / "metrics.jsonl",
+                resume_from_step=self.state.global_step if resume else 0,
+            )
+        ]
+        if "tensorboard" in self.args.report_to:
+            self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+        self.monitors = MonitorSet(
+            cfg.monitors,
+            self.rewards.names,
+            {n: m for n, m in zip(self.rewards.names, self.rewards.max_values, strict=False) if m is not None},
+        )
+        self.history: list[dict[str, Any]] = []
+
+    # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _eos_ids(self) -> list[int]:
+        tok = self.policy.tokenizer
+        ids = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
+        gen_cfg = getattr(self.policy.model, "generation_config", None)
+        extra = getattr(gen_cfg, "eos_token_id", None)
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif isinstance(extra, list):
+            ids.update(int(x) for x in extra)
+        if not ids:
+            raise UserError(
+                "the tokenizer has no eos_token; set one in the model's tokenizer config"
+            )
+        return sorted(ids)
+
+    def _total_steps(self) -> int:
+        if self.args.max_steps > 0:
+            return self.args.max_steps
+        rounds = math.ceil(self.args.num_train_epochs * len(self.rows) / self.args.prompts_per_step)
+        return max(1, rounds) * self.args.num_iterations
+
+    def _write_run_files(self) -> None:
+        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml(), encoding="utf-8")
+        run_info = {
+            "config_path": str(self.cfg.config_path) if self.cfg.config_path else None,
+            "config_dir": str(self.cfg.config_dir),
+        }
+        (self.run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
+        (self.run_dir / "versions.json").write_text(json.dumps(versions(), indent=2))
+
+    # ---- the algorithm -------------------------------------------------------------------------
+
+    def collect(self) -> tuple[Experience | None, ScoredBatch, dict[str, float]]:
+        """Rollout and reward: G completions for each of the step's prompts, and advantages.
+
+        With dynamic_sampling, groups whose rewards are all equal (no signal) are dropped and more
+        prompts are sampled, up to max_dynamic_sampling_rounds generation rounds.
+        """
+        a = self.args
+        want_groups = a.prompts_per_step
+        kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
+        first: ScoredBatch | None = None
+        timings = {"time/generate": 0.0, "time/score": 0.0}
+        n_groups = 0
+        rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
+        for _ in range(rounds):
+            rows = self.stream.take(want_groups - n_groups if a.dynamic_sampling else want_groups)
+            scored = sample_and_score(
+                self.engine,
+                self.policy.tokenizer,
+                rows,
+                self.rewards,
+                num_generations=a.num_generations,
+                sampling=self.sampling,
+                system_prompt=self.system_prompt,
+                max_prompt_length=a.max_prompt_length,
+                generator=self.generator,
+            )
+            self.state.generation_round += 1
+            timings["time/generate"] += scored.generate_seconds
+            timings["time/score"] += scored.score_seconds
+            first = first or scored
+            advantages = compute_advantages(
+                scored.scores.total,
+                a.num_generations,
+                estimator=a.advantage_estimator,
+                scale=a.scale_rewards,
+            )
+            keep = torch.ones(len(rows), dtype=torch.bool)
+            if a.dynamic_sampling:
+                keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
+            kept.append((scored, advantages, keep))
+            n_groups += int(keep.sum())
+            if n_groups >= want_groups:
+                break
+        assert first is not None
+        return self._experience(kept), first, timings
+
+    def _experience(
+        self, kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]]
+    ) -> Experience | None:
+        g = self.args.num_generations
+        prompt_ids: list[list[int]] = []
+        completion_ids: list[list[int]] = []
+        adv: list[torch.Tensor] = []
+        rows_mask: list[float] = []
+        for scored, advantages, keep in kept:
+            expanded = scored.expanded_prompt_ids()
+            for i in range(len(scored.rows)):
+                if not keep[i]:
+                    continue
+                for j in range(i * g, (i + 1) * g):
+                    prompt_ids.append(expanded[j])
+                    completion_ids.append(scored.rollout.completion_ids[j])
+                    truncated = scored.rollout.finish_reason[j] == "length"
+                    rows_mask.append(
+                        0.0 if (truncated and self.args.mask_truncated_completions) else 1.0
+                    )
+                adv.append(advantages[i * g : (i + 1) * g])
+        if not completion_ids:
+            return None
+        return Experience(prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask))
+
+    def _per_token_reference(
+        self, exp: Experience, mb_size: int
+    ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """Log-probs that stay fixed during the update: pi_old (mu > 1 only), pi_ref (beta > 0 only)."""
+        a = self.args
+        n_mb = math.ceil(len(exp) / mb_size)
+        old: list[torch.Tensor | None] = [None] * n_mb
+        ref: list[torch.Tensor | None] = [None] * n_mb
+        if a.num_iterations == 1 and a.beta == 0:
+            return old, ref
+        model = self.policy.model
+        with torch.no_grad():
+            for k, (_, batch) in enumerate(exp.micro_batches(mb_size, self.pad_token_id)):
+                batch = batch.to(self.device)
+                if a.num_iterations > 1:
+                    old[k] = completion_logprobs(model, batch, temperature=a.temperature)[0]
+                if a.beta > 0:
+                    with self.policy.reference_model() as ref_model:
+                        ref[k] = completion_logprobs(ref_model, batch, temperature=a.temperature)[0]
+        return old, ref
+
+    def update(self, exp: Experience) -> list[dict[str, float]]:
+        """num_iterations optimizer steps on one experience batch; metrics of each."""
+        a = self.args
+        mb_size = a.per_device_train_batch_size
+        old_logps, ref_logps = self._per_token_reference(exp, mb_size)
+        num_active = max(1, exp.active_tokens())
+        step_metrics = []
+        model = self.policy.model
+        model.train()
+        for _ in range(a.num_iterations):
+            sums: dict[str, float] = {}
+            tokens_seen = 0.0
+            entropies: list[float] = []
+            for k, (rows, batch) in enumerate(exp.micro_batches(mb_size, self.pad_token_id)):
+                batch = batch.to(self.device)
+                mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
+                logp, entropy = completion_logprobs(
+                    model, batch, temperature=a.temperature, with_entropy=True
+                )
+                old = old_logps[k] if old_logps[k] is not None else logp.detach()
+                out = policy_loss(
+                    logp,
+                    old,
+                    exp.advantages[rows].to(self.device),
+                    mask,
+                    loss_type=a.loss_type,
+                    epsilon_low=a.epsilon,
+                    epsilon_high=a.epsilon_high,
+                    beta=a.beta,
+                    ref_logp=ref_logps[k],
+                    importance_sampling_level=a.importance_sampling_level,
+                    max_completion_length=a.max_completion_length,
+                    num_active_tokens=num_active,
+                    num_sequences=len(exp),
+                    delta=a.delta,
+                )
+                # dapo and dr_grpo are normalised by step-wide counts already; grpo and bnpo are
+                # means over their micro-batch, so weight them by its share of the rows.
+                weight = (
+                    1.0 if a.loss_type in _STEP_NORMALISED else (rows.stop - rows.start) / len(exp)
+                )
+                (out.loss * weight).backward()
+                n_tok = float(mask.sum().item())
+                tokens_seen += n_tok
+                sums["loss"] = sums.get("loss", 0.0) + float(out.loss.item()) * weight
+                for key, value in _loss_metrics(out).items():
+                    sums[key] = sums.get(key, 0.0) + value * n_tok
+                if entropy is not None and n_tok > 0:
+                    entropies.append(float((entropy * mask).sum().item() / n_tok))
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                self.policy.trainable_parameters(), a.max_grad_norm
+            )
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics = {"loss": sums.pop("loss", 0.0), "grad_norm": float(grad_norm)}
+            for key, value in sums.items():
+                metrics[key] = value / max(tokens_seen, 1.0)
+            metrics["entropy"] = _mean(entropies)
+            step_metrics.append(metrics)
+        return step_metrics
+
+    def step(self) -> list[dict[str, Any]]:
+        """One generation round and its num_iterations optimizer steps; returns their metrics."""
+        t0 = time.perf_counter()
+        exp, scored, timings = self.collect()
+        t1 = time.perf_counter()
+        shared = self._rollout_metrics(scored) | timings
+        updates = self.update(exp) if exp is not None else []
+        if exp is None:
+            self.log(
+                f"step {self.state.global_step + 1}: every group had equal rewards; no update "
+                "(see frac_reward_zero_std; grpokit preflight explains the cold start)"
+            )
+            updates = [{"loss": 0.0, "grad_norm": 0.0}]
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scheduler.step()
+        shared["time/update"] = time.perf_counter() - t1
+        shared["num_tokens"] = float(
+            sum(len(p) for p in scored.prompt_ids) * scored.group_size
+            + sum(len(c) for c in scored.rollout.completion_ids)
+        )
+        out = []
+        for metrics in updates:
+            self.state.global_step += 1
+            record = {
+                "epoch": self.stream.epoch_float,
+                **shared,
+                **metrics,
+                "learning_rate": self.scheduler.get_last_lr()[0],
+                "step_time": time.perf_counter() - t0,
+            }
+            out.append(record)
+        self._log_completions(scored)
+        self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
+        return out
+
+    def _rollout_metrics(self, scored: ScoredBatch) -> dict[str, float]:
+        s = scored.scores
+        total = s.total
+        valid = total[~torch.isnan(total)]
+        lengths = torch.tensor([float(len(c)) for c in scored.rollout.completion_ids])
+        truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
+        terminated = lengths[~truncated]
+        g = scored.group_size
+        metrics: dict[str, float] = {
+            "reward": float(valid.mean()) if len(valid) else float("nan"),
+            "reward_std": float(total.view(-1, g).nan_to_num(0).std(dim=1).mean())
+            if len(valid)
+            else float("nan"),
+            "frac_reward_zero_std": float(reward_zero_std_mask(total, g).float().mean()),
+            "completions/mean_length": float(lengths.mean()),
+            "completions/min_length": float(lengths.min()),
+            "completions/max_length": float(lengths.max()),
+            "completions/clipped_ratio": float(truncated.float().mean()),
+            "completions/mean_terminated_length": float(terminated.mean())
+            if len(terminated)
+            else float("nan"),
+        }
+        metrics.update(s.metrics)
+        for r in summarize(s, self.rewards.max_values):
+            if r.pass_rate is not None:
+                metrics[f"pass_rate/{r.name}"] = r.pass_rate
+        metrics.update(text_stats(scored.texts, g))
+        return metrics
+
+    def _log_completions(self, scored: ScoredBatch) -> None:
+        a = self.args
+        if not a.log_completions or self.state.global_step % a.log_completions_steps:
+            return
+        g = scored.group_size
+        adv = compute_advantages(
+            scored.scores.total, g, estimator=a.advantage_estimator, scale=a.scale_rewards
+        )
+        with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+            for j in range(min(a.num_completions_to_print, len(scored.texts))):
+                per = scored.scores.per_function[j].tolist()
+                total = float(scored.scores.total[j])
+                row = {
+                    "step": self.state.global_step,
+                    "prompt": prompt_text(scored.rows[j // g].prompt),
+                    "completion": scored.texts[j],
+                    "reward": None if math.isnan(total) else total,
+                    "rewards": {
+                        n: (None if math.isnan(v) else v)
+                        for n, v in zip(scored.scores.names, per, strict=True)
+                    },
+                    "advantage": float(adv[j]),
+                }
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+    # ---- held-out check ------------------------------------------------------------------------
+
+    def heldout_metrics(self) -> dict[str, float]:
+        """Rewards on held-out prompts with a fixed seed, so evaluations are comparable."""
+        rows = self.heldout[: self.args.eval_max_prompts]
+        if not rows:
+            return {}
+        scored = sample_and_score(
+            self.engine,
+            self.policy.tokenizer,
+            rows,
+            self.rewards,
+            num_generations=self.args.eval_samples,
+            sampling=self.sampling,
+            system_prompt=self.system_prompt,
+            max_prompt_length=self.args.max_prompt_length,
+            generator=torch.Generator().manual_seed(self.args.seed + 1),
+        )
+        out: dict[str, float] = {}
+        s = scored.scores
+        for r in summarize(s, self.rewards.max_values):
+            out[f"eval/{r.name}/mean"] = r.mean
+            if r.pass_rate is not None:
+                out[f"eval/{r.name}/pass_rate"] = r.pass_rate
+        valid = s.total[~torch.isnan(s.total)]
+        out["eval/reward"] = float(valid.mean()) if len(valid) else float("nan")
+        return out
+
+    # ---- driving the run -----------------------------------------------------------------------
+
+    def save(self) -> Path:
+        return save_checkpoint(
+            self.run_dir,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            state=self.state,
+            config_yaml=self.cfg.to_yaml(),
+            save_total_limit=self.args.save_total_limit,
+        )
+
+    def train(self) -> TrainResult:
+        a = self.args
+        ckpt: Path | None = None
+        with self._progress() as advance, _interrupt_guard() as interrupted:
+            while self.state.global_step < self.total_steps and not interrupted():
+                records = self.step()
+                first_step = self.state.global_step - len(records) + 1
+                for step, record in enumerate(records, start=first_step):
+                    if a.eval_steps and step % a.eval_steps == 0:
+                        record.update(self.heldout_metrics())
+                    alerts = self.monitors.update(step, record)
+                    if alerts:
+                        record["alerts"] = [al.to_dict() for al in alerts]
+                        for al in alerts:
+                            self.log(f"[monitor] {al}")
+                    for sink in self.sinks:
+                        sink.log(step, record)
+                    self.history.append({"step": step, **record})
+                    advance(step, record)
+                if a.save_steps and self.state.global_step % a.save_steps == 0:
+                    ckpt = self.save()
+            if interrupted():
+                ckpt = self.save()
+                self.close()
+                raise KeyboardInterrupt(
+                    f"interrupted at step {self.state.global_step}; checkpoint saved to {ckpt}; "
+                    f"continue with: grpokit train --resume {self.run_dir}"
+                )
+        if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
+            ckpt = self.save()
+        self.close()
+        return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
+        self.rewards.close()
+
+    @contextmanager
+    def _progress(self) -> Iterator[Callable[[int, dict[str, Any]], None]]:
+        if not self.show_progress:
+            yield lambda step, record: None
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = (
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TextColumn("{task.fields[info]}"),
+            TimeRemainingColumn(),
+        )
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(
+                "train", total=self.total_steps, info="", completed=self.state.global_step
+            )
+
+            def advance(step: int, record: dict[str, Any]) -> None:
+                info = f"reward {record.get('reward', float('nan')):.3f}"
+                if "kl" in record:
+                    info += f"  kl {record['kl']:.4f}"
+                info += f"  zero-std {record.get('frac_reward_zero_std', 0):.2f}"
+                bar.update(task, completed=step, info=info)
+
+            yield advance
+
+
+@contextmanager
+def _interrupt_guard() -> Iterator[Callable[[], bool]]:
+    """First Ctrl-C finishes the current step, then the trainer saves and stops."""
+    flag = {"hit": False}
+
+    def handler(signum: int, frame: Any) -> None:
+        if flag["hit"]:
+            raise KeyboardInterrupt
+        flag["hit"] = True
+
+    try:
+        previous = signal.signal(signal.SIGINT, handler)
+    except ValueError:  # not the main thread: no signal handling
+        yield lambda: False
+        return
+    try:
+        yield lambda: flag["hit"]
+    finally:
+        signal.signal(signal.SIGINT, previous)

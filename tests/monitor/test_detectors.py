@@ -1,0 +1,347 @@
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable, Mapping
+
+import pytest
+
+from grpokit.monitor import Alert, MonitorConfig, MonitorSet
+from grpokit.monitor.config import (
+    EntropyRule,
+    GroupDominanceRule,
+    HeldoutRule,
+    KLRule,
+    LengthRewardRule,
+    RepetitionRule,
+    SaturationRule,
+)
+from grpokit.monitor.detectors import (
+    Detector,
+    EntropyDetector,
+    Episode,
+    GroupDominanceDetector,
+    HeldoutDetector,
+    KLDetector,
+    LengthRewardDetector,
+    RepetitionDetector,
+    SaturationDetector,
+)
+from grpokit.monitor.series import ema, ranks, spearman
+
+REARM = 3
+
+
+def run(detector: Detector | MonitorSet, rows: Iterable[Mapping[str, object]]) -> list[Alert]:
+    alerts: list[Alert] = []
+    for step, row in enumerate(rows, start=1):
+        alerts.extend(detector.update(step, row))
+    return alerts
+
+
+def fired(alerts: list[Alert]) -> list[tuple[str, int]]:
+    return [(a.rule, a.step) for a in alerts]
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def test_ranks_and_spearman_hand_computed() -> None:
+    assert ranks([10.0, 30.0, 20.0, 20.0]) == [1.0, 4.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3], [5, 5, 5]) == 0.0
+
+
+def test_ema_bias_corrected_and_skips_missing() -> None:
+    out = ema([1.0, None, 3.0], alpha=0.5)
+    # (0.5*1) / 0.5 = 1; then (0.25 + 1.5) / 0.75
+    assert out[0] == pytest.approx(1.0)
+    assert out[1] is None
+    assert out[2] == pytest.approx(1.75 / 0.75)
+
+
+def test_episode_fires_once_and_rearms_after_false_run() -> None:
+    ep = Episode(rearm=2)
+    seq = [True, True, False, True, False, False, True, True]
+    assert [ep.check(c) for c in seq] == [True, False, False, False, False, False, True, False]
+
+
+# ---- length grows while the reward rises -------------------------------------------------------
+
+
+def test_length_reward_fires_once_on_joint_rise() -> None:
+    rows = [{"completions/mean_length": 40 + 3 * t, "reward": 0.1 + 0.02 * t} for t in range(1, 21)]
+    alerts = run(LengthRewardDetector(LengthRewardRule(), REARM), rows)
+    assert fired(alerts) == [("length_reward", 10)]
+    # first third of steps 1-10: lengths 43 46 49 (mean 46); last third 64 67 70 (mean 67)
+    assert alerts[0].value == pytest.approx(21 / 46)
+    assert "46 -> 67 tokens" in alerts[0].message
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        # length grows, reward only noise
+        [
+            {"completions/mean_length": 40 + 3 * t, "reward": 0.5 + 0.01 * (-1) ** t}
+            for t in range(1, 31)
+        ],
+        # reward rises, length steady
+        [{"completions/mean_length": 60 + (t % 3), "reward": 0.1 + 0.02 * t} for t in range(1, 31)],
+    ],
+)
+def test_length_reward_silent_without_joint_trend(rows: list[dict[str, float]]) -> None:
+    assert run(LengthRewardDetector(LengthRewardRule(), REARM), rows) == []
+
+
+# ---- repetition ------------------------------------------------------------------------------------
+
+
+def test_repetition_fires_on_repeated_ngrams() -> None:
+    rows = [
+        {"completions/repeated_ngram_frac": 0.05 if t <= 8 else 0.4, "completions/distinct_2": 0.8}
+        for t in range(1, 21)
+    ]
+    alerts = run(RepetitionDetector(RepetitionRule(), REARM), rows)
+    # step 10: mean(0.05, 0.4, 0.4) = 0.283, 0.233 above the early 0.05
+    assert fired(alerts) == [("repetition", 10)]
+    assert alerts[0].value == pytest.approx(0.85 / 3)
+
+
+def test_repetition_fires_on_falling_distinct_2() -> None:
+    rows = [
+        {"completions/repeated_ngram_frac": 0.05, "completions/distinct_2": 0.8 if t <= 8 else 0.3}
+        for t in range(1, 21)
+    ]
+    alerts = run(RepetitionDetector(RepetitionRule(), REARM), rows)
+    # step 9: mean(0.8, 0.8, 0.3) = 0.63 >= 0.48; step 10: 0.467 < 0.6 * 0.8
+    assert fired(alerts) == [("repetition", 10)]
+    assert "distinct-2 fell" in alerts[0].message
+
+
+def test_repetition_silent_on_noise() -> None:
+    rng = random.Random(0)
+    rows = [
+        {
+            "completions/repeated_ngram_frac": 0.05 + rng.uniform(-0.03, 0.03),
+            "completions/distinct_2": 0.8 + rng.uniform(-0.05, 0.05),
+        }
+        for _ in range(60)
+    ]
+    assert run(RepetitionDetector(RepetitionRule(), REARM), rows) == []
+
+
+# ---- KL ---------------------------------------------------------------------------------------------
+
+
+def test_kl_jump_then_high() -> None:
+    kl = [0.02] * 10 + [0.3] + [0.6] * 10
+    alerts = run(KLDetector(KLRule(), REARM), [{"kl": v} for v in kl])
+    assert fired(alerts) == [("kl_jump", 11), ("kl_high", 12)]
+    assert alerts[0].value == pytest.approx(0.3)
+    assert "15.0x" in alerts[0].message
+
+
+def test_kl_high_refires_after_recovery() -> None:
+    kl = [0.7, 0.8, 0.1, 0.1, 0.1, 0.9]
+    alerts = run(KLDetector(KLRule(jump_min_history=5), REARM), [{"kl": v} for v in kl])
+    assert fired(alerts) == [("kl_high", 1), ("kl_high", 6)]
+
+
+def test_kl_silent_on_smooth_growth_from_zero() -> None:
+    # TRL's KL is exactly 0 at the first step and grows smoothly with a small beta.
+    rows = [{"kl": 0.007 * t} for t in range(30)]
+    assert run(KLDetector(KLRule(), REARM), rows) == []
+
+
+# ---- held-out divergence -----------------------------------------------------------------------
+
+
+def _heldout_rows(train: list[float], evals: dict[int, float]) -> list[dict[str, float]]:
+    rows = []
+    for t, r in enumerate(train, start=1):
+        row = {"rewards/judge/mean": r, "reward": r}
+        if t in evals:
+            row["eval/judge/mean"] = evals[t]
+        rows.append(row)
+    return rows
+
+
+def test_heldout_divergence_fires_when_eval_falls_as_train_rises() -> None:
+    train = [0.2 + 0.02 * t for t in range(1, 31)]
+    evals = {5: 0.5, 10: 0.56, 15: 0.53, 20: 0.45, 25: 0.35, 30: 0.3}
+    alerts = run(HeldoutDetector(HeldoutRule(), REARM, ["judge"]), _heldout_rows(train, evals))
+    assert fired(alerts) == [("heldout_divergence", 20)]
+    assert alerts[0].value == pytest.approx(0.11)
+    assert "step 10" in alerts[0].message
+
+
+def test_heldout_divergence_on_the_total_reward() -> None:
+    rows = [{"reward": 0.2 + 0.02 * t} for t in range(1, 31)]
+    for t, v in {10: 0.6, 20: 0.4}.items():
+        rows[t - 1]["eval/reward"] = v
+    alerts = run(HeldoutDetector(HeldoutRule(), REARM, []), rows)
+    assert fired(alerts) == [("heldout_divergence", 20)]
+    assert alerts[0].message.startswith("total reward:")
+
+
+@pytest.mark.parametrize("slope", [0.02, -0.01])
+def test_heldout_silent_when_eval_follows_train(slope: float) -> None:
+    train = [0.5 + slope * t for t in range(1, 31)]
+    evals = {t: 0.4 + slope * t for t in range(5, 31, 5)}
+    rows = _heldout_rows(train, evals)
+    assert run(HeldoutDetector(HeldoutRule(), REARM, ["judge"]), rows) == []
+
+
+# ---- entropy collapse --------------------------------------------------------------------------
+
+
+def test_entropy_collapse_against_early_level() -> None:
+    rows = [{"entropy": 1.0 if t <= 5 else 0.1} for t in range(1, 21)]
+    alerts = run(EntropyDetector(EntropyRule(), REARM), rows)
+    # smoothed: step 6 0.7, step 7 0.4, step 8 0.1 < 0.2 * 1.0
+    assert fired(alerts) == [("entropy_collapse", 8)]
+    assert alerts[0].value == pytest.approx(0.1)
+    assert "10% of its early level" in alerts[0].message
+
+
+def test_entropy_floor_fires_from_the_start() -> None:
+    alerts = run(EntropyDetector(EntropyRule(), REARM), [{"entropy": 0.02}] * 5)
+    assert fired(alerts) == [("entropy_collapse", 1)]
+
+
+def test_entropy_silent_on_moderate_decline() -> None:
+    rows = [{"entropy": 1.0 - 0.5 * t / 40} for t in range(40)]
+    assert run(EntropyDetector(EntropyRule(), REARM), rows) == []
+
+
+# ---- reward saturation ---------------------------------------------------------------------------
+
+
+def _saturation_rows(judge_slope: float, format_top: float) -> list[dict[str, float]]:
+    rows = []
+    for t in range(1, 21):
+        share = min(format_top, 0.5 + 0.1 * (t - 1))
+        rows.append(
+            {
+                "pass_rate/format": share,
+                "rewards/format/mean": share,
+                "rewards/judge/mean": 0.6 + judge_slope * t,
+            }
+        )
+    return rows
+
+
+def test_saturation_fires_when_one_reward_maxes_and_another_falls() -> None:
+    det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {})
+    alerts = run(det, _saturation_rows(-0.02, 1.0))
+    assert fired(alerts) == [("reward_saturation", 10)]
+    assert alerts[0].value == pytest.approx(1.0)
+    assert "'format' is saturated" in alerts[0].message and "'judge'" in alerts[0].message
+
+
+def test_saturation_from_known_maximum_without_pass_rate() -> None:
+    rows = [
+        {k: v for k, v in r.items() if not k.startswith("pass_rate")}
+        for r in _saturation_rows(-0.02, 1.0)
+    ]
+    det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {"format": 1.0})
+    assert fired(run(det, rows)) == [("reward_saturation", 10)]
+    # without the maximum there is no way to tell saturation: no alert
+    det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {})
+    assert run(det, rows) == []
+
+
+@pytest.mark.parametrize(("slope", "top"), [(0.0, 1.0), (-0.02, 0.7)])
+def test_saturation_silent(slope: float, top: float) -> None:
+    det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {})
+    assert run(det, _saturation_rows(slope, top)) == []
+
+
+# ---- group dominance -----------------------------------------------------------------------------
+
+
+def test_group_dominance_fires() -> None:
+    rows = [{"completions/max_group_duplicate_frac": 0.25 if t <= 5 else 1.0} for t in range(1, 16)]
+    alerts = run(GroupDominanceDetector(GroupDominanceRule(), REARM), rows)
+    assert fired(alerts) == [("group_dominance", 8)]
+    assert alerts[0].value == pytest.approx(1.0)
+
+
+def test_group_dominance_silent_on_partial_duplicates() -> None:
+    rows = [{"completions/max_group_duplicate_frac": 0.5}] * 20
+    assert run(GroupDominanceDetector(GroupDominanceRule(), REARM), rows) == []
+
+
+# ---- the set -------------------------------------------------------------------------------------
+
+
+def _healthy_run(steps: int = 60) -> list[dict[str, object]]:
+    rng = random.Random(1)
+    rows: list[dict[str, object]] = []
+    for t in range(steps):
+        reward = 0.3 + 0.3 * t / steps + rng.gauss(0, 0.03)
+        rows.append(
+            {
+                "reward": reward,
+                "rewards/format/mean": min(1.0, 0.5 + t / steps * 0.3 + rng.gauss(0, 0.02)),
+                "rewards/judge/mean": 0.2 + 0.2 * t / steps + rng.gauss(0, 0.02),
+                "pass_rate/format": 0.4 + 0.3 * t / steps,
+                "completions/mean_length": 80 + rng.gauss(0, 4),
+                "kl": 0.002 * t + abs(rng.gauss(0, 0.002)),
+                "entropy": 0.9 - 0.2 * t / steps + rng.gauss(0, 0.03),
+                "completions/repeated_ngram_frac": 0.04 + abs(rng.gauss(0, 0.01)),
+                "completions/distinct_2": 0.7 + rng.gauss(0, 0.02),
+                "completions/max_group_duplicate_frac": 0.25,
+                **({"eval/format/mean": 0.5 + 0.3 * t / steps} if t % 10 == 0 else {}),
+            }
+        )
+    return rows
+
+
+def test_monitor_set_silent_on_a_healthy_run() -> None:
+    assert run(MonitorSet(MonitorConfig(), ["format", "judge"]), _healthy_run()) == []
+
+
+def test_monitor_set_combines_and_switches_rules() -> None:
+    rows = [
+        {"kl": 0.9, "entropy": 0.01, "completions/max_group_duplicate_frac": 1.0, "step_time": 3.0}
+        for _ in range(5)
+    ]
+    alerts = run(MonitorSet(MonitorConfig(), ["r"]), rows)
+    assert sorted(fired(alerts)) == [
+        ("entropy_collapse", 1),
+        ("group_dominance", 3),
+        ("kl_high", 1),
+    ]
+    cfg = MonitorConfig.model_validate({"kl": {"enabled": False}, "entropy": {"floor": 0.001}})
+    assert fired(run(MonitorSet(cfg, ["r"]), rows)) == [("group_dominance", 3)]
+    off = MonitorConfig(enabled=False)
+    assert run(MonitorSet(off, ["r"]), rows) == []
+
+
+def test_monitor_set_ignores_missing_and_non_numeric_values() -> None:
+    rows: list[dict[str, object]] = [
+        {"kl": None, "entropy": math.nan, "reward": "n/a", "alerts": [], "epoch": True}
+    ] * 20
+    assert run(MonitorSet(MonitorConfig(), ["r"]), rows) == []
+
+
+def test_alert_serialises_for_metrics_jsonl() -> None:
+    alert = Alert("kl_high", 7, 0.9, "KL is 0.9")
+    assert json.loads(json.dumps(alert.to_dict())) == {
+        "rule": "kl_high",
+        "step": 7,
+        "value": 0.9,
+        "message": "KL is 0.9",
+    }
+    assert str(alert) == "[monitor kl_high @ step 7] KL is 0.9"
+
+
+def test_config_rejects_unknown_keys_and_bad_windows() -> None:
+    with pytest.raises(ValueError, match="extra"):
+        MonitorConfig.model_validate({"kl": {"max": 1.0}})
+    with pytest.raises(ValueError, match="jump_min_history"):
+        MonitorConfig.model_validate({"kl": {"jump_window": 3, "jump_min_history": 5}})

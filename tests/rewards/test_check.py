@@ -1,0 +1,131 @@
+"""`grpokit rewards check`: scoring a JSONL of completions with a config's rewards."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from grpokit.cli import main
+from grpokit.errors import UserError
+from grpokit.rewards import check_completions
+from grpokit.rewards.check import format_table
+from grpokit.rewards.spec import parse_reward_specs
+
+REWARDS_YAML = """\
+rewards:
+  - type: xml_format
+    tags: [thinking, answer]
+  - type: math_answer
+    name: correct
+    weight: 2.0
+    gate: {reward: xml_format, min: 1.0}
+  - type: python
+    function: my_rewards.py:brevity
+"""
+
+MY_REWARDS = "def brevity(prompts, completions, **kw):\n    return [-len(str(c)) / 100 for c in completions]\n"
+
+ROWS: list[dict[str, Any]] = [
+    {"prompt": "2+2?", "completion": "<thinking>add</thinking><answer>4</answer>", "answer": "4"},
+    {"prompt": "2+3?", "completion": "<thinking>add</thinking><answer>6</answer>", "answer": "5"},
+    {"completion": [{"role": "assistant", "content": "it is 4"}], "answer": "4"},
+]
+
+
+def write_files(
+    tmp_path: Path, yaml_text: str = REWARDS_YAML, rows: list[dict[str, Any]] | None = None
+) -> tuple[Path, Path]:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml_text, encoding="utf-8")
+    (tmp_path / "my_rewards.py").write_text(MY_REWARDS, encoding="utf-8")
+    completions = tmp_path / "samples.jsonl"
+    completions.write_text(
+        "\n".join(json.dumps(r, ensure_ascii=False) for r in (rows or ROWS)) + "\n",
+        encoding="utf-8",
+    )
+    return config, completions
+
+
+def test_check_completions_scores_and_table(tmp_path: Path) -> None:
+    _, completions = write_files(tmp_path)
+    import yaml
+
+    specs = parse_reward_specs(yaml.safe_load(REWARDS_YAML)["rewards"])
+    scores, rows = check_completions(specs, completions, base_dir=tmp_path)
+    assert rows == ROWS
+    assert scores.names == ["xml_format", "correct", "brevity"]
+    assert scores.column("xml_format") == [1.0, 1.0, 0.0]
+    assert scores.column("correct") == [1.0, 0.0, 0.0]
+    assert scores.gated_out[:, 1].tolist() == [False, False, True]
+    console = Console(width=200, record=True)
+    console.print(format_table(scores, rows, max_chars=30))
+    text = console.export_text()
+    assert "correct" in text and "brevity" in text and "0 (gated)" in text
+    assert "<thinking>add</thinking>" in text and "…" in text  # one line, cut at 30 chars
+
+
+def test_cli_with_rewards_only_yaml(tmp_path: Path) -> None:
+    config, completions = write_files(tmp_path)
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert [line["rewards"]["correct"] for line in lines] == [1.0, 0.0, 0.0]
+    assert lines[2]["gated_out"] == ["correct"]
+    assert lines[0]["total"] == pytest.approx(1.0 + 2.0 - len(ROWS[0]["completion"]) / 100)
+    table = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert table.exit_code == 0 and "reward check" in table.output
+
+
+def test_cli_with_full_config(tmp_path: Path) -> None:
+    full = "data:\n  train: prompts.jsonl\n" + REWARDS_YAML
+    config, completions = write_files(tmp_path, full)
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(result.output.splitlines()) == 3
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "rows", "message"),
+    [
+        ("rewards:\n  - type: nope\n", None, "unknown reward type 'nope'"),
+        (
+            "rewards:\n  - type: math_answer\n    answer_column: gold\n",
+            None,
+            "needs the column\\(s\\) gold",
+        ),
+        (
+            "rewards:\n  - type: xml_format\n    gate: {reward: correct}\n",
+            None,
+            "gated on 'correct'",
+        ),
+        (REWARDS_YAML, [{"prompt": "no completion key"}], "samples.jsonl:1: no `completion` key"),
+    ],
+)
+def test_cli_errors_exit_2(
+    tmp_path: Path, yaml_text: str, rows: list[dict[str, Any]] | None, message: str
+) -> None:
+    config, completions = write_files(tmp_path, yaml_text, rows)
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.output), result.output
+
+
+def test_bad_jsonl_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"completion": "a"}\n{oops\n', encoding="utf-8")
+    with pytest.raises(UserError, match="bad.jsonl:2: not valid JSON"):
+        check_completions(parse_reward_specs([{"type": "xml_format"}]), path, base_dir=tmp_path)

@@ -1,0 +1,232 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from grpokit.models.loading import LoraSettings, load_policy
+from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from grpokit.rollout.torch_engine import TorchEngine, left_pad
+
+EOS = 2  # <|im_end|> in the SmolLM2 tokenizer
+PROMPTS = [[1, 2000, 300, 45, 7], [88, 99], [5, 6, 7, 8, 9, 10, 11, 12, 13], [400], [17, 4096, 31]]
+
+
+@pytest.fixture(scope="module")
+def peaked_model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
+    # A wider initialisation makes the random model's next token depend on its context (with the
+    # default 0.02 it repeats one token), so greedy comparisons actually exercise padding.
+    return tiny_model_factory(seed=1, initializer_range=0.3)
+
+
+@pytest.fixture
+def model(peaked_model_dir: Path) -> PreTrainedModel:
+    loaded: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        peaked_model_dir, dtype=torch.float32
+    )
+    return loaded.eval()
+
+
+def engine_for(model: torch.nn.Module, eos: list[int] | None = None) -> TorchEngine:
+    return TorchEngine(model, eos_token_ids=eos or [EOS], pad_token_id=EOS)
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new: int, eos: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new,
+        eos_token_id=eos,
+        pad_token_id=EOS,
+    )
+    completion: list[int] = out[0, len(prompt) :].tolist()
+    # generate pads finished rows; cut after the first EOS as the engine does
+    for i, tok in enumerate(completion):
+        if tok in eos:
+            return completion[: i + 1]
+    return completion
+
+
+def recomputed_logprobs(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float() / temperature
+    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_is_a_rollout_engine(model: PreTrainedModel) -> None:
+    assert isinstance(engine_for(model), RolloutEngine)
+
+
+def test_left_pad_positions() -> None:
+    ids, mask, pos = left_pad([[5, 6, 7], [8]], pad_token_id=0, device=torch.device("cpu"))
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert pos.tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_greedy_equals_hf_generate(model: PreTrainedModel) -> None:
+    limit = 16
+    # the greedy text of one prompt, its 5th token as an extra EOS: some rows stop early
+    stop = hf_greedy(model, PROMPTS[0], limit, [EOS])[4]
+    eos = [EOS, stop]
+    batch = engine_for(model, eos).generate(
+        PROMPTS, 2, SamplingParams(max_completion_length=limit, temperature=0.0)
+    )
+    expected = [hf_greedy(model, p, limit, eos) for p in PROMPTS]
+    assert len({tuple(e) for e in expected}) == len(PROMPTS)  # the prompts really differ
+    assert any(len(e) < limit for e in expected)
+    for i, want in enumerate(expected):
+        for row in (2 * i, 2 * i + 1):
+            assert batch.completion_ids[row] == want
+            assert batch.finish_reason[row] == ("eos" if want[-1] in eos else "length")
+
+
+def test_logprobs_equal_full_forward_recomputation(model: PreTrainedModel) -> None:
+    # many EOS tokens make completions end at different steps, so rows leave the batch mid-way
+    eos = list(range(0, 49152, 40))
+    params = SamplingParams(max_completion_length=16, temperature=0.7, top_k=50, top_p=0.9)
+    gen = torch.Generator().manual_seed(3)
+    batch = engine_for(model, eos).generate(PROMPTS, 3, params, generator=gen)
+    assert len(set(batch.completion_lengths)) > 2
+    for row, completion in enumerate(batch.completion_ids):
+        got = batch.logprobs[row]
+        assert got.dtype == torch.float32 and got.shape == (len(completion),)
+        want = recomputed_logprobs(model, PROMPTS[batch.prompt_index(row)], completion, 0.7)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
+def test_group_layout_and_eos(model: PreTrainedModel) -> None:
+    eos = list(range(0, 49152, 25))
+    eos_set = set(eos)
+    limit, n = 12, 3
+    gen = torch.Generator().manual_seed(0)
+    batch = engine_for(model, eos).generate(
+        PROMPTS, n, SamplingParams(max_completion_length=limit), generator=gen
+    )
+    assert isinstance(batch, RolloutBatch)
+    assert batch.group_size == n and len(batch) == len(PROMPTS) * n
+    assert batch.prompt_ids == PROMPTS
+    assert {"eos", "length"} == set(batch.finish_reason)
+    for completion, reason in zip(batch.completion_ids, batch.finish_reason, strict=True):
+        assert all(tok not in eos_set for tok in completion[:-1])
+        if reason == "eos":
+            assert completion[-1] in eos_set and len(completion) <= limit
+        else:
+            assert completion[-1] not in eos_set and len(completion) == limit
+    # each group's rows score under their own prompt: check one row of every group
+    for i, prompt in enumerate(PROMPTS):
+        row = i * n + n - 1
+        want = recomputed_logprobs(model, prompt, batch.completion_ids[row], 1.0)
+        torch.testing.assert_close(batch.logprobs[row], want, rtol=0, atol=1e-4)
+
+
+def test_seeding_is_deterministic(model: PreTrainedModel) -> None:
+    engine = engine_for(model, list(range(0, 49152, 30)))
+    params = SamplingParams(max_completion_length=10, temperature=1.0, top_p=0.95)
+
+    def run(seed: int) -> RolloutBatch:
+        return engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(seed))
+
+    a, b, c = run(7), run(7), run(8)
+    assert a.completion_ids == b.completion_ids and a.finish_reason == b.finish_reason
+    assert all(torch.equal(x, y) for x, y in zip(a.logprobs, b.logprobs, strict=True))
+    assert a.completion_ids != c.completion_ids
+    # a group's members are different samples
+    assert len({tuple(ids) for ids in a.completion_ids[:4]}) > 1
+
+
+@pytest.mark.parametrize("params", [{"top_k": 1}, {"top_p": 1e-6}], ids=["top_k=1", "top_p~0"])
+def test_truncation_to_one_token_is_greedy(model: PreTrainedModel, params: dict[str, Any]) -> None:
+    engine = engine_for(model)
+    greedy = engine.generate(PROMPTS, 1, SamplingParams(max_completion_length=8, temperature=0))
+    sampled = engine.generate(
+        PROMPTS,
+        2,
+        SamplingParams(max_completion_length=8, temperature=1.0, **params),
+        generator=torch.Generator().manual_seed(0),
+    )
+    for i, want in enumerate(greedy.completion_ids):
+        assert sampled.completion_ids[2 * i] == sampled.completion_ids[2 * i + 1] == want
+    # log-probs are of the untruncated distribution (< 0), not of the one-token distribution (0)
+    assert all(bool((lp < -1e-3).all()) for lp in sampled.logprobs)
+
+
+def test_prompts_encoded_once_and_finished_rows_dropped(model: PreTrainedModel) -> None:
+    shapes: list[tuple[int, int]] = []
+
+    def record(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        shapes.append(tuple(kwargs["input_ids"].shape))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        engine = engine_for(model, list(range(0, 49152, 10)))
+        batch = engine.generate(
+            PROMPTS,
+            4,
+            SamplingParams(max_completion_length=20),
+            generator=torch.Generator().manual_seed(1),
+        )
+    finally:
+        handle.remove()
+    # one prefill of the P prompts (not P * n), then one token per live row per step
+    assert shapes[0] == (len(PROMPTS), max(len(p) for p in PROMPTS))
+    sizes = [rows for rows, width in shapes[1:]]
+    assert all(width == 1 for _, width in shapes[1:])
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] <= len(PROMPTS) * 4
+    assert sizes[-1] < sizes[0]  # finished rows left the batch
+    assert len(shapes) == max(batch.completion_lengths)  # prefill + (longest - 1) steps
+
+
+def test_mode_restored_and_gradient_checkpointing(peaked_model_dir: Path) -> None:
+    reference = AutoModelForCausalLM.from_pretrained(peaked_model_dir).eval()
+    want = engine_for(reference).generate(
+        PROMPTS, 1, SamplingParams(max_completion_length=10, temperature=0)
+    )
+    policy = load_policy(str(peaked_model_dir), gradient_checkpointing=True, need_reference=False)
+    assert policy.model.training
+    got = engine_for(policy.model).generate(
+        PROMPTS, 1, SamplingParams(max_completion_length=10, temperature=0)
+    )
+    assert policy.model.training  # restored
+    assert got.completion_ids == want.completion_ids
+    # and training still works afterwards (no inference tensors leaked into the model)
+    policy.model(input_ids=torch.tensor([PROMPTS[0]])).logits.mean().backward()
+
+
+def test_peft_model_generates_with_its_adapter(peaked_model_dir: Path, tmp_path: Path) -> None:
+    lora = LoraSettings(r=4, alpha=8.0)
+    policy = load_policy(str(peaked_model_dir), lora=lora, need_reference=False)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen))
+    params = SamplingParams(max_completion_length=10, temperature=0)
+    got = engine_for(policy.model).generate(PROMPTS, 1, params)
+    policy.save(tmp_path / "merged", merged=True)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    assert got.completion_ids == engine_for(merged).generate(PROMPTS, 1, params).completion_ids
+    base = AutoModelForCausalLM.from_pretrained(peaked_model_dir).eval()
+    assert got.completion_ids != engine_for(base).generate(PROMPTS, 1, params).completion_ids
+    assert policy.model.training
+
+
+def test_input_validation(model: PreTrainedModel) -> None:
+    engine = engine_for(model)
+    params = SamplingParams(max_completion_length=4)
+    with pytest.raises(ValueError, match="n must be"):
+        engine.generate(PROMPTS, 0, params)
+    with pytest.raises(ValueError, match="empty"):
+        engine.generate([[1, 2], []], 2, params)
+    with pytest.raises(ValueError, match="EOS"):
+        TorchEngine(model, eos_token_ids=[], pad_token_id=0)

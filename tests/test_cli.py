@@ -1,0 +1,86 @@
+"""The `grpokit` command as a user runs it: help, a real training run, and clean user errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+
+def grpokit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "grpokit", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_help_lists_every_command() -> None:
+    out = grpokit("--help")
+    assert out.returncode == 0
+    for command in ("train", "demo", "rewards"):
+        assert command in out.stdout
+    assert grpokit("train", "--help").returncode == 0
+
+
+def _tiny_config(tmp_path: Path, tiny_model_dir: Path, **training: object) -> Path:
+    (tmp_path / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4))
+    )
+    doc = {
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"train": "train.jsonl"},
+        "rewards": [{"type": "regex_match", "pattern": "[0-9]"}],
+        "training": {
+            "num_generations": 2,
+            "per_device_train_batch_size": 4,
+            "max_completion_length": 4,
+            "max_steps": 1,
+            "report_to": ["none"],
+            **training,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_train_runs_and_resumes_from_the_cli(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = _tiny_config(tmp_path, tiny_model_dir)
+    out = grpokit("train", str(config), "--no-progress", "--output-dir", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "run" / "checkpoint-1").is_dir()
+    # Resuming a finished run with a longer schedule continues from its checkpoint.
+    out = grpokit("train", str(tmp_path / "run"), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "resumed from" in out.stdout + out.stderr
+
+
+def test_user_errors_exit_2_with_one_message(tmp_path: Path, tiny_model_dir: Path) -> None:
+    config = _tiny_config(tmp_path, tiny_model_dir)
+    cases = {
+        "missing config": (["train", str(tmp_path / "nope.yaml")], "does not exist"),
+        "bad override": (
+            ["train", str(config), "--set", "training.num_generations=3"],
+            "not divisible by num_generations",
+        ),
+        "unknown key": (
+            ["train", str(config), "--set", "training.bata=0.1"],
+            "did you mean 'beta'",
+        ),
+        "not a run dir": (["train", str(tmp_path)], "not a grpokit run directory"),
+    }
+    for name, (args, expected) in cases.items():
+        out = grpokit(*args)
+        assert out.returncode == 2, (name, out.stderr)
+        assert expected in out.stderr, (name, out.stderr)
+        assert "Traceback" not in out.stderr, name
+    # Bad data: the file and line of the broken row, before any model is loaded.
+    (tmp_path / "train.jsonl").write_text('{"prompt": "ok"}\n{"prompt": \n')
+    out = grpokit("train", str(config))
+    assert out.returncode == 2 and "train.jsonl:2: not valid JSON" in out.stderr
