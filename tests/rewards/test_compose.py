@@ -44,6 +44,20 @@ def returns_tensor(prompts, completions, **columns):
     import torch
     return torch.ones(len(completions))
 
+class Reporting:
+    # A reward that reports metrics about itself, as the judge does.
+
+    def __init__(self, rate):
+        self.rate = rate
+        self.last_metrics = {}
+
+    def __call__(self, prompts, completions, **columns):
+        self.last_metrics = {"judge/parse_failure_rate": self.rate, "judge/calls": len(completions)}
+        return [1.0] * len(completions)
+
+reporting_a = Reporting(0.25)
+reporting_b = Reporting(0.5)
+
 def uses_column(prompts, completions, label, **columns):
     return [1.0 if c == l else 0.0 for c, l in zip(completions, label)]
 """
@@ -291,3 +305,28 @@ def test_every_builtin_type_from_yaml(ctx: BuildContext) -> None:
         "logic_tree_depth": 0.0,
         "none_for_short": 1.0,
     }
+
+
+def test_rewards_own_metrics_are_merged_and_kept_apart(ctx: BuildContext) -> None:
+    one = build_reward_set(
+        specs({"type": "python", "name": "a", "function": "user_rewards.py:reporting_a"}), ctx
+    )
+    scores = one(["p", "p"], ["x", "y"], {})
+    assert scores.metrics["judge/parse_failure_rate"] == 0.25
+    assert scores.metrics["judge/calls"] == 2.0
+    two = build_reward_set(
+        specs(
+            {"type": "python", "name": "a", "function": "user_rewards.py:reporting_a"},
+            {
+                "type": "python",
+                "name": "b",
+                "function": "user_rewards.py:reporting_b",
+                "gate": {"reward": "a", "min": 1.0},
+            },
+        ),
+        ctx,
+    )
+    scores = two(["p", "p"], ["x", "y"], {})
+    assert scores.metrics["judge/a/parse_failure_rate"] == 0.25
+    assert scores.metrics["judge/b/parse_failure_rate"] == 0.5
+    assert "judge/parse_failure_rate" not in scores.metrics

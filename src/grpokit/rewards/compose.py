@@ -99,6 +99,7 @@ class RewardSet:
         gated_out = torch.zeros((batch, width), dtype=torch.bool)
         returned_none = torch.zeros((batch, width), dtype=torch.bool)
 
+        called: list[int] = []
         for j in self._order:
             entry = self._entries[j]
             if entry.gate_index is None:
@@ -114,6 +115,7 @@ class RewardSet:
                 values[closed, j] = otherwise
             if not rows:
                 continue
+            called.append(j)
             result = _call_reward(entry, prompts, completions, columns, rows)
             for row, value in zip(rows, result, strict=True):
                 if value is None:
@@ -127,7 +129,25 @@ class RewardSet:
         total = weighted.sum(dim=1)
         total = torch.where(present.any(dim=1), total, torch.full_like(total, math.nan))
         metrics = _metrics(self.names, values, gated_out, returned_none)
+        metrics.update(self._reward_own_metrics(called))
         return RewardScores(list(self.names), values.float(), gated_out, total.float(), metrics)
+
+    def _reward_own_metrics(self, called: list[int]) -> dict[str, float]:
+        """Metrics a reward reports about itself (a judge's parse failures, cache hits ...).
+
+        A reward exposes them as `last_metrics` after each call. With one such reward they keep
+        their names (e.g. judge/parse_failure_rate); with several, each key gets the reward's
+        name after its first part (judge/<name>/parse_failure_rate) so they do not collide.
+        """
+        reporting = [j for j in called if getattr(self._entries[j].fn, "last_metrics", None)]
+        out: dict[str, float] = {}
+        for j in reporting:
+            for key, value in self._entries[j].fn.last_metrics.items():
+                if len(reporting) > 1:
+                    head, _, tail = key.partition("/")
+                    key = f"{head}/{self.names[j]}/{tail}" if tail else f"{self.names[j]}/{key}"
+                out[key] = float(value)
+        return out
 
     def close(self) -> None:
         """Release the rewards' resources (judge clients, worker pools)."""

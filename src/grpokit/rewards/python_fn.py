@@ -126,6 +126,11 @@ class _UserFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """Metrics the user's callable reports about its last call (optional), logged per step."""
+        return dict(getattr(self.fn, "last_metrics", None) or {})
+
     def close(self) -> None:
         close = getattr(self.fn, "close", None)
         if callable(close):

@@ -31,9 +31,10 @@ from grpokit.errors import UserError
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.monitor import MonitorSet, text_stats
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
+from grpokit.monitor.trackers import missing_tracker_packages, tracker_sinks
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
-from grpokit.rollout.base import SamplingParams
+from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.train.checkpoint import (
     TrainerState,
@@ -42,6 +43,16 @@ from grpokit.train.checkpoint import (
     save_checkpoint,
 )
 from grpokit.train.data_order import PromptStream
+from grpokit.train.distributed import (
+    all_reduce_gradients,
+    all_reduce_scalars,
+    barrier,
+    broadcast_parameters,
+    gather_rows,
+    init_distributed,
+    reduce_metrics,
+    shard_slice,
+)
 from grpokit.train.forward import TokenBatch, completion_logprobs, pack
 from grpokit.train.scoring import ScoredBatch, sample_and_score, summarize
 
@@ -141,7 +152,9 @@ class GRPOTrainer:
         self.log = log
         self.show_progress = progress
         seed_everything(self.args.seed)
-        self.device = resolve_device(cfg.model.device)
+        self.dist, self.device = init_distributed(resolve_device(cfg.model.device))
+        if self.dist.enabled:
+            self._join_processes()
 
         # Data and rewards first: their errors are cheap to find and must come before model loading.
         self.rows = load_prompts(cfg.resolve(cfg.data.train), prompt_column=cfg.data.prompt_column)
@@ -159,6 +172,7 @@ class GRPOTrainer:
         check_columns(self.rows, self.rewards.required_columns, str(cfg.data.train))
         if self.heldout:
             check_columns(self.heldout, self.rewards.required_columns, str(cfg.data.heldout))
+        missing_tracker_packages(self.args.report_to)  # before the slow model load
 
         m = cfg.model
         lora = LoraSettings(**m.lora.model_dump()) if m.lora else None
@@ -176,16 +190,16 @@ class GRPOTrainer:
         self.pad_token_id = int(
             tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         )
-        self.engine = TorchEngine(
-            self.policy.model, eos_token_ids=self._eos_ids(), pad_token_id=self.pad_token_id
-        )
+        broadcast_parameters(self.policy.model, self.dist)
+        self.engine: RolloutEngine = self._build_engine()
         self.sampling = SamplingParams(
             max_completion_length=self.args.max_completion_length,
             temperature=self.args.temperature,
             top_p=self.args.top_p,
             top_k=self.args.top_k or 0,
         )
-        self.generator = torch.Generator().manual_seed(self.args.seed)
+        # Ranks sample different completions; rank 0 draws what a single process would.
+        self.generator = torch.Generator().manual_seed(self._rank_seed(0))
 
         self.total_steps = self._total_steps()
         self.optimizer = torch.optim.AdamW(
@@ -216,24 +230,93 @@ class GRPOTrainer:
                 generator=self.generator,
             )
             self.stream.seek(self.state.epoch, self.state.position)
+            if self.dist.rank:  # the checkpoint holds rank 0's generator
+                self.generator.manual_seed(self._rank_seed(self.state.generation_round))
             self.log(f"resumed from {ckpt} at step {self.state.global_step}")
-        self._write_run_files()
-        self.sinks: list[MetricsSink] = [
-            JsonlSink(
-                self.run_dir / "metrics.jsonl",
-                resume_from_step=self.state.global_step if resume else 0,
+        self.sinks: list[MetricsSink] = []
+        if self.dist.is_main:  # one writer per run directory
+            self._write_run_files()
+            self.sinks.append(
+                JsonlSink(
+                    self.run_dir / "metrics.jsonl",
+                    resume_from_step=self.state.global_step if resume else 0,
+                )
             )
-        ]
-        if "tensorboard" in self.args.report_to:
-            self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+            if "tensorboard" in self.args.report_to:
+                self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
+            self.sinks.extend(
+                tracker_sinks(
+                    self.args.report_to,
+                    run_dir=self.run_dir,
+                    config=cfg.model_dump(mode="json"),
+                    resume=resume,
+                    log=self.log,
+                )
+            )
         self.monitors = MonitorSet(
             cfg.monitors,
             self.rewards.names,
-            {n: m for n, m in zip(self.rewards.names, self.rewards.max_values, strict=False) if m is not None},
+            {
+                n: m
+                for n, m in zip(self.rewards.names, self.rewards.max_values, strict=False)
+                if m is not None
+            },
         )
         self.history: list[dict[str, Any]] = []
 
     # ---- set-up helpers ------------------------------------------------------------------------
+
+    def _join_processes(self) -> None:
+        """Data-parallel set-up (see grpokit.train.distributed): the launcher's process count sets
+        training.num_processes, each rank must get whole groups, and only rank 0 talks."""
+        from pydantic import ValidationError
+
+        try:
+            self.args.num_processes = self.dist.world_size
+        except ValidationError as e:
+            raise UserError(
+                f"training with {self.dist.world_size} processes: {e.errors()[0]['msg']}"
+            ) from None
+        shard_slice(self.args.prompts_per_step, self.dist)
+        if not self.dist.is_main:
+            self.log = lambda message: None
+            self.show_progress = False
+
+    def _build_engine(self) -> RolloutEngine:
+        if not self.args.use_vllm:
+            return TorchEngine(
+                self.policy.model, eos_token_ids=self._eos_ids(), pad_token_id=self.pad_token_id
+            )
+        from grpokit.models.loading import resolve_model_path
+        from grpokit.rollout.vllm_engine import VLLMEngine
+
+        a = self.args
+        engine = VLLMEngine(
+            self.policy.model,
+            model_path=resolve_model_path(self.cfg.model.name_or_path),
+            eos_token_ids=self._eos_ids(),
+            mode=a.vllm_mode,
+            gpu_memory_utilization=a.vllm_gpu_memory_utilization,
+            server_url=a.vllm_server_base_url,
+            dtype=self.cfg.model.dtype,
+            seed=a.seed,
+        )
+        engine.sync_weights()  # vLLM loaded the base weights; the policy may be warm-started
+        return engine
+
+    def _rank_seed(self, offset: int) -> int:
+        return self.args.seed + 1_000_003 * self.dist.rank + offset
+
+    def _local_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Advantages (n,) of this rank's rewards (n,), computed over the global batch so that
+        scale_rewards: batch uses the global std (ranks hold equal shares)."""
+        a = self.args
+        everyone = gather_rows(rewards, self.dist)
+        advantages = compute_advantages(
+            everyone, a.num_generations, estimator=a.advantage_estimator, scale=a.scale_rewards
+        )
+        n = rewards.shape[0]
+        return advantages[self.dist.rank * n : (self.dist.rank + 1) * n]
 
     def _eos_ids(self) -> list[int]:
         tok = self.policy.tokenizer
@@ -281,7 +364,11 @@ class GRPOTrainer:
         n_groups = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
         for _ in range(rounds):
-            rows = self.stream.take(want_groups - n_groups if a.dynamic_sampling else want_groups)
+            need = want_groups - n_groups if a.dynamic_sampling else want_groups
+            world = self.dist.world_size
+            # Every rank takes the same global rows (same order) and keeps its share of groups.
+            rows = self.stream.take(-(-need // world) * world)
+            rows = rows[shard_slice(len(rows), self.dist)]
             scored = sample_and_score(
                 self.engine,
                 self.policy.tokenizer,
@@ -297,17 +384,12 @@ class GRPOTrainer:
             timings["time/generate"] += scored.generate_seconds
             timings["time/score"] += scored.score_seconds
             first = first or scored
-            advantages = compute_advantages(
-                scored.scores.total,
-                a.num_generations,
-                estimator=a.advantage_estimator,
-                scale=a.scale_rewards,
-            )
+            advantages = self._local_advantages(scored.scores.total)
             keep = torch.ones(len(rows), dtype=torch.bool)
             if a.dynamic_sampling:
                 keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
             kept.append((scored, advantages, keep))
-            n_groups += int(keep.sum())
+            n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
                 break
         assert first is not None
@@ -364,7 +446,9 @@ class GRPOTrainer:
         a = self.args
         mb_size = a.per_device_train_batch_size
         old_logps, ref_logps = self._per_token_reference(exp, mb_size)
-        num_active = max(1, exp.active_tokens())
+        # Global counts: each rank's loss is then its share of the global loss (grads are summed).
+        active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
+        num_active, num_rows = max(1, int(active)), max(1, int(num_rows))
         step_metrics = []
         model = self.policy.model
         model.train()
@@ -392,13 +476,13 @@ class GRPOTrainer:
                     importance_sampling_level=a.importance_sampling_level,
                     max_completion_length=a.max_completion_length,
                     num_active_tokens=num_active,
-                    num_sequences=len(exp),
+                    num_sequences=num_rows,
                     delta=a.delta,
                 )
                 # dapo and dr_grpo are normalised by step-wide counts already; grpo and bnpo are
                 # means over their micro-batch, so weight them by its share of the rows.
                 weight = (
-                    1.0 if a.loss_type in _STEP_NORMALISED else (rows.stop - rows.start) / len(exp)
+                    1.0 if a.loss_type in _STEP_NORMALISED else (rows.stop - rows.start) / num_rows
                 )
                 (out.loss * weight).backward()
                 n_tok = float(mask.sum().item())
@@ -408,6 +492,7 @@ class GRPOTrainer:
                     sums[key] = sums.get(key, 0.0) + value * n_tok
                 if entropy is not None and n_tok > 0:
                     entropies.append(float((entropy * mask).sum().item() / n_tok))
+            all_reduce_gradients(self.policy.trainable_parameters(), self.dist)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.policy.trainable_parameters(), a.max_grad_norm
             )
@@ -418,7 +503,7 @@ class GRPOTrainer:
             for key, value in sums.items():
                 metrics[key] = value / max(tokens_seen, 1.0)
             metrics["entropy"] = _mean(entropies)
-            step_metrics.append(metrics)
+            step_metrics.append(reduce_metrics(metrics, self.dist, weight=tokens_seen))
         return step_metrics
 
     def step(self) -> list[dict[str, Any]]:
@@ -427,7 +512,14 @@ class GRPOTrainer:
         exp, scored, timings = self.collect()
         t1 = time.perf_counter()
         shared = self._rollout_metrics(scored) | timings
+        if self.dist.enabled:
+            anyone = all_reduce_scalars([float(exp is not None)], self.dist, "max")[0]
+            if exp is None and anyone:  # others kept groups: join their update with no rows
+                exp = Experience([], [], torch.zeros(0), torch.zeros(0))
         updates = self.update(exp) if exp is not None else []
+        sync = getattr(self.engine, "sync_weights", None)
+        if updates and callable(sync):  # an engine holding its own copy of the weights (vLLM)
+            sync()
         if exp is None:
             self.log(
                 f"step {self.state.global_step + 1}: every group had equal rewards; no update "
@@ -441,6 +533,7 @@ class GRPOTrainer:
             sum(len(p) for p in scored.prompt_ids) * scored.group_size
             + sum(len(c) for c in scored.rollout.completion_ids)
         )
+        shared = reduce_metrics(shared, self.dist)
         out = []
         for metrics in updates:
             self.state.global_step += 1
@@ -482,12 +575,16 @@ class GRPOTrainer:
         for r in summarize(s, self.rewards.max_values):
             if r.pass_rate is not None:
                 metrics[f"pass_rate/{r.name}"] = r.pass_rate
-        metrics.update(text_stats(scored.texts, g))
+        metrics.update(text_stats(scored.texts, g, n=self.cfg.monitors.text_ngram))
         return metrics
 
     def _log_completions(self, scored: ScoredBatch) -> None:
         a = self.args
-        if not a.log_completions or self.state.global_step % a.log_completions_steps:
+        if (
+            not self.dist.is_main
+            or not a.log_completions
+            or self.state.global_step % a.log_completions_steps
+        ):
             return
         g = scored.group_size
         adv = compute_advantages(
@@ -541,6 +638,14 @@ class GRPOTrainer:
     # ---- driving the run -----------------------------------------------------------------------
 
     def save(self) -> Path:
+        """Write a checkpoint (rank 0 only; the other ranks wait for it)."""
+        path = self.run_dir / f"checkpoint-{self.state.global_step}"
+        if self.dist.is_main:
+            path = self._save()
+        barrier(self.dist)
+        return path
+
+    def _save(self) -> Path:
         return save_checkpoint(
             self.run_dir,
             policy=self.policy,
@@ -560,7 +665,7 @@ class GRPOTrainer:
                 records = self.step()
                 first_step = self.state.global_step - len(records) + 1
                 for step, record in enumerate(records, start=first_step):
-                    if a.eval_steps and step % a.eval_steps == 0:
+                    if a.eval_steps and step % a.eval_steps == 0 and self.dist.is_main:
                         record.update(self.heldout_metrics())
                     alerts = self.monitors.update(step, record)
                     if alerts:

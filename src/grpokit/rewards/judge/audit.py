@@ -1,0 +1,523 @@
+"""``grpokit judge audit``: how noisy and how exploitable a judge reward is, before training.
+
+For a file of completions it scores every item k times with every judge (cache off) and
+reports each judge's noise (std across repeats per item), its parse and request failure
+rates, the agreement between ensemble members, and the scores of planted bad answers built
+from the same prompts: gibberish, an empty answer, the prompt copied back, a long repetitive
+answer and a list of the rubric's keywords with no content. A judge that gives those more than
+real answers will be gamed by the policy; one whose repeats disagree as much as its items differ
+gives GRPO little to learn from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from grpokit.errors import UserError
+from grpokit.rewards._text import completion_text
+from grpokit.rewards.judge.config import JudgeParams
+from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward, prompt_text
+from grpokit.rewards.judge.rubric import Rubric
+
+PLANTED_KINDS = ("gibberish", "empty", "prompt_copy", "repetitive", "keyword_list")
+PLANTED_PROMPTS = 3
+"""Prompts the planted answers are built for (each kind once per prompt)."""
+PLANTED_OK_MAX = 0.2
+"""A planted answer scoring above this (normalised) is reported as leaking reward."""
+
+_BULLET_RE = re.compile(r"^\s*(?:[-*•・]|\d+[.)])\s+(?P<text>.+?)\s*$")
+_POINTS_RE = re.compile(
+    r"(?:\+|プラス|加点|plus)\s*\d|\d+(?:\.\d+)?\s*(?:点|points?|pts?)\b", re.IGNORECASE
+)
+_KEYWORD_CUT_RE = re.compile(
+    r"[(（:：,，、。]|について|であれば|が|を|\s(?:is|are|if|must|should|has|have|was)\s",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class AuditItem:
+    """One scored text: a real completion or a planted bad answer."""
+
+    prompt: str
+    completion: str
+    columns: dict[str, Any]
+    kind: str
+    """"real", or one of :data:`PLANTED_KINDS`."""
+    scores: list[list[float | None]] = field(default_factory=list)
+    """``scores[j][r]``: judge j's normalised score on repeat r."""
+
+
+@dataclass
+class JudgeStats:
+    """Per-judge figures over the real completions."""
+
+    label: str
+    description: str
+    mean: float
+    noise: float
+    """Mean over items of the std of the k repeated scores."""
+    spread: float
+    """Std across items of the item's mean score: the signal the noise competes with."""
+    parse_failure_rate: float
+    request_failure_rate: float
+
+
+@dataclass
+class PlantedStats:
+    """Scores of one kind of planted bad answer."""
+
+    kind: str
+    mean: float
+    per_judge: dict[str, float]
+    verdict: str
+    """"ok" (scored low), "leaks" (above PLANTED_OK_MAX) or "hackable" (>= real answers)."""
+
+
+@dataclass
+class AuditReport:
+    """Everything the audit measured."""
+
+    reward: str
+    k: int
+    temperature: list[float]
+    items: int
+    judges: list[JudgeStats]
+    ensemble_mean: float
+    disagreement: float | None
+    """Mean over items of the std across judges' item means; None with one judge."""
+    agreement: dict[str, float]
+    """Pearson correlation of item means for each pair of judges ("a~b")."""
+    planted: list[PlantedStats]
+    replies: list[dict[str, Any]]
+    """A sample of raw judge replies, to see what the judge actually writes."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+
+
+# ---- loading -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _JudgeEntry:
+    name: str
+    params: JudgeParams
+    base_dir: Path
+    format_tags: list[str] | None
+
+
+def _load_entries(config_path: Path) -> tuple[list[dict[str, Any]], Path]:
+    """The ``rewards:`` entries of a config as plain dicts, and the config's directory."""
+    try:
+        from grpokit.config import load_config
+    except ImportError:  # a config module without the loader: read the YAML directly
+        load_config = None  # type: ignore[assignment]
+    if load_config is not None:
+        config = load_config(config_path)
+        entries = []
+        for spec in config.rewards:
+            raw = dict(spec.model_extra or {})
+            raw["type"] = spec.type
+            raw["name"] = spec.name
+            entries.append(raw)
+        return entries, config.config_dir
+    if not config_path.is_file():
+        raise UserError(f"config file {config_path} does not exist")
+    try:
+        data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise UserError(f"{config_path}: not valid YAML: {exc}") from None
+    rewards = data.get("rewards") if isinstance(data, dict) else None
+    if not isinstance(rewards, list):
+        raise UserError(f"{config_path}: no rewards: list")
+    return [dict(r) for r in rewards if isinstance(r, dict)], config_path.resolve().parent
+
+
+def find_judge_entry(config_path: Path, reward: str | None = None) -> _JudgeEntry:
+    """The judge reward of a config (by name when it has several)."""
+    entries, base_dir = _load_entries(config_path)
+    judges = [e for e in entries if e.get("type") == "judge"]
+    names = [str(e.get("name") or "judge") for e in judges]
+    if not judges:
+        raise UserError(f"{config_path}: the rewards: list has no entry of type judge to audit")
+    if reward is not None:
+        if reward not in names:
+            raise UserError(
+                f"{config_path}: no judge reward named {reward!r}; judge rewards: {', '.join(names)}"
+            )
+        chosen = judges[names.index(reward)]
+    elif len(judges) > 1:
+        raise UserError(
+            f"{config_path} has several judge rewards ({', '.join(names)}); pick one with --reward"
+        )
+    else:
+        chosen = judges[0]
+    raw = {k: v for k, v in chosen.items() if k not in ("type", "name", "weight", "gate")}
+    try:
+        params = JudgeParams.model_validate(raw)
+    except ValidationError as exc:
+        raise UserError(
+            f"{config_path}: judge reward {names[judges.index(chosen)]!r}: {exc}"
+        ) from None
+    tags: list[str] | None = None
+    for entry in entries:
+        if entry.get("type") == "xml_format" and isinstance(entry.get("tags"), list):
+            tags = [str(t) for t in entry["tags"]]
+            break
+    return _JudgeEntry(names[judges.index(chosen)], params, base_dir, tags)
+
+
+def read_completions(path: Path) -> list[AuditItem]:
+    """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file."""
+    if not path.is_file():
+        raise UserError(f"--completions: {path} does not exist")
+    items: list[AuditItem] = []
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or "completion" not in row:
+                raise UserError(
+                    f'{path}:{number}: each line must be an object with a "completion" '
+                    '(and usually a "prompt")'
+                )
+            columns = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
+            items.append(
+                AuditItem(
+                    prompt=prompt_text(row.get("prompt", "")),
+                    completion=completion_text(row["completion"]),
+                    columns=columns,
+                    kind="real",
+                )
+            )
+    if not items:
+        raise UserError(f"{path}: no completions in the file")
+    return items
+
+
+# ---- planted answers -----------------------------------------------------------------------------
+
+
+def rubric_keywords(rubric: Rubric) -> list[str]:
+    """The criteria named in a rubric's bullet list ("- Revenue model (pricing) ... +0.2")."""
+    bullets = [m.group("text") for m in map(_BULLET_RE.match, rubric.template.splitlines()) if m]
+    scored = [b for b in bullets if _POINTS_RE.search(b)]
+    keywords: list[str] = []
+    for bullet in scored or bullets:
+        head = _KEYWORD_CUT_RE.split(bullet, maxsplit=1)[0].strip(" *_`.")
+        if head and len(head) <= 40 and "{" not in head and head not in keywords:
+            keywords.append(head)
+    return keywords
+
+
+def _wrap(content: str, tags: Sequence[str] | None) -> str:
+    if not tags:
+        return content
+    return "\n".join(f"<{tag}>\n{content}\n</{tag}>" for tag in tags)
+
+
+def planted_answers(
+    prompt: str, rubric: Rubric, tags: Sequence[str] | None, rng: random.Random
+) -> dict[str, str]:
+    """Bad answers to ``prompt`` that a sound judge scores at the bottom of its scale.
+
+    Wrapped in the recipe's format tags when it has some, so that a format gate would pass them
+    and only the judge stands between them and the reward.
+    """
+    chars = [c for c in (prompt + rubric.template) if not c.isspace() and c not in "{}"]
+    rng.shuffle(chars)
+    gibberish = " ".join("".join(chars[i : i + 7]) for i in range(0, min(len(chars), 280), 7))
+    keywords = rubric_keywords(rubric) or ["revenue model", "customer", "product", "KPI"]
+    sentence = (prompt.strip() or "This is a great idea.").splitlines()[0][:80]
+    # Long enough to be obviously padded, short enough to fit a small judge's context.
+    repeats = max(3, 600 // (len(sentence) + 1))
+    return {
+        "gibberish": _wrap(gibberish, tags),
+        "empty": _wrap("", tags),
+        "prompt_copy": _wrap(prompt.strip(), tags),
+        "repetitive": _wrap("\n".join([sentence] * repeats), tags),
+        "keyword_list": _wrap("\n".join(f"- {k}" for k in keywords), tags),
+    }
+
+
+# ---- the audit -----------------------------------------------------------------------------------
+
+
+def _mean(values: Sequence[float | None]) -> float:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else math.nan
+
+
+def _pearson(a: Sequence[float], b: Sequence[float]) -> float:
+    pairs = [(x, y) for x, y in zip(a, b, strict=True) if not (math.isnan(x) or math.isnan(y))]
+    if len(pairs) < 2:
+        return math.nan
+    xs, ys = zip(*pairs, strict=True)
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:  # a constant judge: correlation undefined
+        return math.nan
+
+
+def audit_reward(
+    reward: JudgeReward,
+    items: list[AuditItem],
+    *,
+    k: int = 3,
+    planted: bool = True,
+    planted_prompts: int = PLANTED_PROMPTS,
+    format_tags: Sequence[str] | None = None,
+    seed: int = 0,
+    name: str = "judge",
+) -> AuditReport:
+    """Score ``items`` (plus planted bad answers) ``k`` times with every judge, cache off."""
+    if k < 1:
+        raise UserError("--k must be at least 1")
+    all_items = list(items)
+    if planted:
+        rng = random.Random(seed)
+        prompts = list(dict.fromkeys(item.prompt for item in items))[:planted_prompts]
+        rubric = reward.judges[0].rubric
+        for prompt in prompts:
+            columns = next(item.columns for item in items if item.prompt == prompt)
+            for kind, text in planted_answers(prompt, rubric, format_tags, rng).items():
+                all_items.append(AuditItem(prompt, text, dict(columns), kind))
+    judge_count = len(reward.judges)
+    for item in all_items:
+        item.scores = [[] for _ in range(judge_count)]
+    column_names = sorted({c for item in all_items for c in item.columns})
+    columns = {c: [item.columns.get(c) for item in all_items] for c in column_names}
+    prompts_list = [item.prompt for item in all_items]
+    completions_list = [item.completion for item in all_items]
+    replies: list[dict[str, Any]] = []
+    answered = [[0, 0, 0] for _ in range(judge_count)]  # requests, replies, parse failures
+    for repeat in range(k):
+        batch = reward.score(prompts_list, completions_list, columns, use_cache=False)
+        for j in range(judge_count):
+            for i, outcome in enumerate(batch.outcomes[j]):
+                all_items[i].scores[j].append(outcome.score)
+                answered[j][0] += 1
+                if outcome.reply is not None:
+                    answered[j][1] += 1
+                    answered[j][2] += outcome.score is None
+                if repeat == 0 and len(replies) < 12 and i % max(1, len(all_items) // 6) == 0:
+                    replies.append(
+                        {
+                            "judge": reward.judges[j].label,
+                            "kind": all_items[i].kind,
+                            "score": outcome.score,
+                            "reply": outcome.reply if outcome.reply is not None else outcome.error,
+                        }
+                    )
+
+    real = [item for item in all_items if item.kind == "real"]
+    judge_stats: list[JudgeStats] = []
+    item_means: list[list[float]] = []
+    for j, judge in enumerate(reward.judges):
+        means = [_mean(item.scores[j]) for item in real]
+        item_means.append(means)
+        noises = [
+            statistics.pstdev(present)
+            for present in ([v for v in item.scores[j] if v is not None] for item in real)
+            if len(present) > 1
+        ]
+        finite = [m for m in means if not math.isnan(m)]
+        requests, got, failed = answered[j]
+        judge_stats.append(
+            JudgeStats(
+                label=judge.label,
+                description=judge.backend.description,
+                mean=statistics.fmean(finite) if finite else math.nan,
+                noise=statistics.fmean(noises) if noises else math.nan,
+                spread=statistics.pstdev(finite) if len(finite) > 1 else math.nan,
+                parse_failure_rate=failed / got if got else math.nan,
+                request_failure_rate=(requests - got) / requests if requests else math.nan,
+            )
+        )
+    ensemble = [
+        _mean(
+            [
+                item_means[j][i] if not math.isnan(item_means[j][i]) else None
+                for j in range(judge_count)
+            ]
+        )
+        for i in range(len(real))
+    ]
+    finite_ensemble = [v for v in ensemble if not math.isnan(v)]
+    ensemble_mean = statistics.fmean(finite_ensemble) if finite_ensemble else math.nan
+    disagreement: float | None = None
+    agreement: dict[str, float] = {}
+    if judge_count > 1:
+        spreads = []
+        for i in range(len(real)):
+            present = [
+                item_means[j][i] for j in range(judge_count) if not math.isnan(item_means[j][i])
+            ]
+            if len(present) > 1:
+                spreads.append(statistics.pstdev(present))
+        disagreement = statistics.fmean(spreads) if spreads else math.nan
+        for a in range(judge_count):
+            for b in range(a + 1, judge_count):
+                key = f"{reward.judges[a].label}~{reward.judges[b].label}"
+                agreement[key] = _pearson(item_means[a], item_means[b])
+
+    planted_stats: list[PlantedStats] = []
+    for kind in PLANTED_KINDS:
+        group = [item for item in all_items if item.kind == kind]
+        if not group:
+            continue
+        per_judge = {
+            judge.label: _mean([v for item in group for v in item.scores[j]])
+            for j, judge in enumerate(reward.judges)
+        }
+        finite = [v for v in per_judge.values() if not math.isnan(v)]
+        mean = statistics.fmean(finite) if finite else math.nan
+        if math.isnan(mean):
+            verdict = "no score"
+        elif not math.isnan(ensemble_mean) and mean >= ensemble_mean:
+            verdict = "hackable"
+        elif mean > PLANTED_OK_MAX:
+            verdict = "leaks"
+        else:
+            verdict = "ok"
+        planted_stats.append(PlantedStats(kind, mean, per_judge, verdict))
+
+    temperatures = [j.temperature for j in reward.judges]
+    return AuditReport(
+        reward=name,
+        k=k,
+        temperature=temperatures,
+        items=len(real),
+        judges=judge_stats,
+        ensemble_mean=ensemble_mean,
+        disagreement=disagreement,
+        agreement=agreement,
+        planted=planted_stats,
+        replies=replies,
+    )
+
+
+def run_audit(
+    config_path: Path,
+    completions_path: Path,
+    *,
+    k: int = 3,
+    reward_name: str | None = None,
+    temperature: float | None = None,
+    planted: bool = True,
+    planted_prompts: int = PLANTED_PROMPTS,
+    seed: int = 0,
+) -> AuditReport:
+    """Load the config's judge reward and audit it on a completions file."""
+    entry = find_judge_entry(config_path, reward_name)
+    updates: dict[str, Any] = {"cache": False}
+    params = entry.params
+    if temperature is not None:
+        judges = [j.model_copy(update={"temperature": temperature}) for j in params.judges]
+        updates["judges"] = judges
+    params = params.model_copy(update=updates)
+    items = read_completions(completions_path)
+    reward = build_judge_reward(params, entry.base_dir, None, where=f"reward {entry.name!r}")
+    try:
+        return audit_reward(
+            reward,
+            items,
+            k=k,
+            planted=planted,
+            planted_prompts=planted_prompts,
+            format_tags=entry.format_tags,
+            seed=seed,
+            name=entry.name,
+        )
+    finally:
+        reward.close()
+
+
+# ---- printing ------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def print_report(report: AuditReport, console: Any = None) -> None:
+    """Print the audit as tables (rich)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = console if console is not None else Console()
+    out.print(
+        f"[bold]judge audit[/bold] of reward {report.reward!r}: {report.items} completions, "
+        f"each scored {report.k}x, temperature {', '.join(f'{t:g}' for t in report.temperature)}"
+    )
+    if report.k > 1 and all(t == 0 for t in report.temperature):
+        out.print(
+            "  (greedy judges: repeats only show server nondeterminism; --temperature 0.7 "
+            "shows the sampling noise)"
+        )
+    table = Table(title="judges (real completions)")
+    for column in (
+        "judge",
+        "backend",
+        "mean",
+        "noise (std/item)",
+        "spread (std items)",
+        "parse fail",
+        "request fail",
+    ):
+        table.add_column(column)
+    for s in report.judges:
+        table.add_row(
+            s.label,
+            s.description,
+            _fmt(s.mean),
+            _fmt(s.noise),
+            _fmt(s.spread),
+            _fmt(s.parse_failure_rate, 2),
+            _fmt(s.request_failure_rate, 2),
+        )
+    out.print(table)
+    if report.disagreement is not None:
+        pairs = ", ".join(f"{k}: r={_fmt(v, 2)}" for k, v in report.agreement.items())
+        out.print(
+            f"ensemble mean {_fmt(report.ensemble_mean)}; disagreement (std across judges) "
+            f"{_fmt(report.disagreement)}; agreement {pairs}"
+        )
+    if report.planted:
+        planted = Table(
+            title=f"planted bad answers (ok: <= {PLANTED_OK_MAX}; real mean "
+            f"{_fmt(report.ensemble_mean)})"
+        )
+        planted.add_column("kind")
+        planted.add_column("mean")
+        for s in report.judges:
+            planted.add_column(f"judge {s.label}")
+        planted.add_column("verdict")
+        for p in report.planted:
+            colour = {"ok": "green", "leaks": "yellow", "hackable": "red"}.get(p.verdict, "")
+            verdict = f"[{colour}]{p.verdict}[/{colour}]" if colour else p.verdict
+            planted.add_row(p.kind, _fmt(p.mean), *(_fmt(v) for v in p.per_judge.values()), verdict)
+        out.print(planted)
+    if report.replies:
+        out.print("[bold]sample judge replies[/bold]")
+        for r in report.replies[:6]:
+            text = str(r["reply"]).replace("\n", " ")[:100]
+            out.print(f"  [{r['judge']}/{r['kind']}] score {_fmt(r['score'], 2)}: {text}")

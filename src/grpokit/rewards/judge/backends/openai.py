@@ -1,0 +1,292 @@
+"""A judge behind any OpenAI-compatible chat completions endpoint.
+
+Requests of one batch run concurrently (asyncio + httpx) on an event loop owned by the backend,
+in its own thread, so the synchronous reward call waits about as long as the slowest request,
+not the sum; a semaphore bounds how many are in flight. Failed attempts (timeout, refused
+connection, HTTP 429/5xx) are retried with exponential back-off; what still fails comes back as
+an error reply, never an exception, so a judge outage costs scores, not the training run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from grpokit.errors import UserError
+from grpokit.rewards.judge.backends.base import JudgeReply
+from grpokit.rewards.judge.config import OpenAIJudge
+from grpokit.rewards.judge.expected import TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+_MAX_BACKOFF_S = 30.0
+
+
+class _LoopThread:
+    """An asyncio event loop running in a daemon thread, for calling async code from sync code
+    (also when the caller itself runs inside an event loop, e.g. a notebook)."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5.0)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _token_offsets(content: str, entries: list[dict[str, Any]]) -> tuple[str, list[int]] | None:
+    """The generated text as the tokens spell it, and each token's character offset in it.
+
+    Uses the tokens' UTF-8 bytes when the server gives them (a Japanese character can be split
+    across tokens, whose text is then unreadable alone).
+    """
+    pieces: list[bytes] = []
+    for entry in entries:
+        raw = entry.get("bytes")
+        if isinstance(raw, list) and all(isinstance(b, int) for b in raw):
+            pieces.append(bytes(raw))
+        else:
+            pieces.append(str(entry.get("token", "")).encode("utf-8"))
+    joined = b"".join(pieces)
+    text = joined.decode("utf-8", errors="replace")
+    if text.strip() != content.strip():
+        # The tokens do not spell the message (a server that post-processes it): positions
+        # cannot be trusted, so the caller scores the text without logprobs.
+        return None
+    offsets: list[int] = []
+    consumed = 0
+    for piece in pieces:
+        offsets.append(len(joined[:consumed].decode("utf-8", errors="ignore")))
+        consumed += len(piece)
+    return text, offsets
+
+
+def parse_chat_response(data: Any) -> JudgeReply:
+    """A :class:`JudgeReply` from an OpenAI chat completions response body."""
+    try:
+        choice = data["choices"][0]
+        content = choice["message"].get("content") or ""
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return JudgeReply.failed(f"malformed response: {str(data)[:200]}")
+    if not isinstance(content, str):
+        return JudgeReply.failed(f"malformed response content: {str(content)[:200]}")
+    logprobs = choice.get("logprobs") if isinstance(choice, dict) else None
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return JudgeReply(text=content)
+    located = _token_offsets(content, entries)
+    if located is None:
+        return JudgeReply(text=content)
+    text, offsets = located
+    tokens: list[TokenLogprob] = []
+    for entry, offset in zip(entries, offsets, strict=True):
+        top = tuple(
+            (str(alt.get("token", "")), float(alt.get("logprob", float("-inf"))))
+            for alt in entry.get("top_logprobs") or []
+            if isinstance(alt, dict)
+        )
+        tokens.append(
+            TokenLogprob(
+                offset=offset,
+                token=text[offset : offset + len(str(entry.get("token", "")))],
+                logprob=float(entry.get("logprob", 0.0)),
+                top=top,
+            )
+        )
+    return JudgeReply(text=text, tokens=tuple(tokens))
+
+
+class OpenAIBackend:
+    """A judge reached over HTTP at an OpenAI-compatible ``/chat/completions``."""
+
+    def __init__(self, spec: OpenAIJudge, *, where: str) -> None:
+        self.spec = spec
+        self.where = where
+        self.base_url = spec.base_url.rstrip("/")
+        self._headers = {"Content-Type": "application/json"}
+        if spec.api_key_env is not None:
+            key = os.environ.get(spec.api_key_env, "")
+            if not key.strip():
+                raise UserError(
+                    f"{where}.api_key_env: the environment variable {spec.api_key_env} is not "
+                    "set (or empty). Export it with the API key before starting, e.g. "
+                    f"`export {spec.api_key_env}=...`."
+                )
+            self._headers["Authorization"] = f"Bearer {key.strip()}"
+        # None until the endpoint has answered a logprobs request one way or the other.
+        self.logprobs_supported: bool | None = None
+        self._loop = _LoopThread(name=f"grpokit-judge-{spec.model}")
+        self._client: httpx.AsyncClient | None = None
+        self._semaphore: asyncio.Semaphore | None = None
+        self._closed = False
+
+    @property
+    def identity(self) -> str:
+        s = self.spec
+        return json.dumps(
+            ["openai", self.base_url, s.model, s.temperature, s.max_tokens, s.top_logprobs]
+        )
+
+    @property
+    def description(self) -> str:
+        return f"openai {self.spec.model} @ {self.base_url}"
+
+    def check_reachable(self) -> None:
+        """Contact the endpoint once; raise :class:`UserError` if it cannot be reached or
+        rejects the key. Endpoints without ``/models`` are accepted."""
+        url = f"{self.base_url}/models"
+        try:
+            response = httpx.get(url, headers=self._headers, timeout=min(self.spec.timeout_s, 10.0))
+        except httpx.HTTPError as exc:
+            raise UserError(
+                f"{self.where}.base_url: the judge endpoint {self.base_url} is unreachable "
+                f"({type(exc).__name__}: {exc}). Start the server, fix base_url (it should end "
+                "in /v1), or set check_at_start: false to start anyway."
+            ) from exc
+        if response.status_code in (401, 403):
+            env = self.spec.api_key_env
+            hint = f"the key in {env} was rejected" if env else "it needs a key: set api_key_env"
+            raise UserError(
+                f"{self.where}: the judge endpoint {self.base_url} answered HTTP "
+                f"{response.status_code}: {hint}."
+            )
+        if response.status_code == 200:
+            try:
+                served = [m.get("id") for m in response.json().get("data", [])]
+            except (ValueError, AttributeError):
+                served = []
+            if served and self.spec.model not in served:
+                logger.warning(
+                    "%s: model %r is not among the models %s lists (%s); requests may fail",
+                    self.where,
+                    self.spec.model,
+                    self.base_url,
+                    ", ".join(str(m) for m in served[:10]),
+                )
+
+    def complete(self, prompts: Sequence[str], *, logprobs: bool) -> list[JudgeReply]:
+        if self._closed:
+            raise RuntimeError("this judge backend is closed")
+        if not prompts:
+            return []
+        return self._loop.run(self._complete_all(list(prompts), logprobs))
+
+    async def _complete_all(self, prompts: list[str], logprobs: bool) -> list[JudgeReply]:
+        if self._client is None:
+            limits = httpx.Limits(max_connections=self.spec.max_concurrency)
+            self._client = httpx.AsyncClient(
+                headers=self._headers, timeout=httpx.Timeout(self.spec.timeout_s), limits=limits
+            )
+            self._semaphore = asyncio.Semaphore(self.spec.max_concurrency)
+        return list(await asyncio.gather(*(self._complete_one(p, logprobs) for p in prompts)))
+
+    def _body(self, prompt: str, logprobs: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.spec.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": self.spec.temperature,
+            "max_tokens": self.spec.max_tokens,
+        }
+        if logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = self.spec.top_logprobs
+        return body
+
+    async def _complete_one(self, prompt: str, logprobs: bool) -> JudgeReply:
+        assert self._client is not None and self._semaphore is not None
+        url = f"{self.base_url}/chat/completions"
+        attempts = self.spec.max_retries + 1
+        error = "no attempt made"
+        attempt = 0
+        while attempt < attempts:
+            want_logprobs = logprobs and self.logprobs_supported is not False
+            retry_after: float | None = None
+            try:
+                async with self._semaphore:
+                    # httpx's timeout bounds each phase; wait_for bounds the whole request,
+                    # so a server trickling bytes still hits the limit.
+                    response = await asyncio.wait_for(
+                        self._client.post(url, json=self._body(prompt, want_logprobs)),
+                        timeout=self.spec.timeout_s,
+                    )
+            except (asyncio.TimeoutError, httpx.TimeoutException):
+                error = f"timeout after {self.spec.timeout_s:g} s"
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code == 200:
+                    try:
+                        data = response.json()
+                    except ValueError:
+                        return JudgeReply.failed(f"response is not JSON: {response.text[:200]}")
+                    reply = parse_chat_response(data)
+                    if want_logprobs and reply.text is not None:
+                        self.logprobs_supported = reply.tokens is not None
+                    return reply
+                if (
+                    response.status_code in (400, 422)
+                    and want_logprobs
+                    and "logprob" in response.text.lower()
+                ):
+                    # The endpoint refuses logprobs: remember, and ask again without.
+                    logger.warning(
+                        "%s: %s does not support logprobs (%s); expected mode falls back to the "
+                        "written number",
+                        self.where,
+                        self.base_url,
+                        response.text[:200],
+                    )
+                    self.logprobs_supported = False
+                    continue
+                error = f"HTTP {response.status_code}: {response.text[:200]}"
+                if response.status_code not in _RETRY_STATUS:
+                    return JudgeReply.failed(error)
+                retry_after = _retry_after(response)
+            attempt += 1
+            if attempt < attempts:
+                delay = min(_MAX_BACKOFF_S, self.spec.backoff_s * 2 ** (attempt - 1))
+                delay *= 1.0 + 0.25 * random.random()  # jitter: retries of a batch spread out
+                if retry_after is not None:
+                    delay = min(_MAX_BACKOFF_S, max(delay, retry_after))
+                await asyncio.sleep(delay)
+        return JudgeReply.failed(f"{error} (after {attempts} attempt(s))")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._client is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.run(self._client.aclose())
+        self._loop.stop()
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

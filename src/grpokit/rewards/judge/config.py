@@ -1,0 +1,214 @@
+"""The YAML parameters of a ``type: judge`` reward entry."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ScoreRange = tuple[float, float]
+
+
+def _forbid_inline_key(data: Any) -> Any:
+    if isinstance(data, dict) and "api_key" in data:
+        raise ValueError(
+            "api_key must not be written in the config file: put the key in an environment "
+            "variable and give that variable's name in api_key_env (e.g. api_key_env: "
+            "OPENAI_API_KEY)"
+        )
+    return data
+
+
+def _check_range(score_range: ScoreRange | None) -> None:
+    if score_range is not None and not score_range[0] < score_range[1]:
+        raise ValueError(f"score_range must be [low, high] with low < high, got {score_range}")
+
+
+class _JudgeOverrides(BaseModel):
+    """Per-judge settings shared by all backends; unset ones inherit from the reward entry."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(
+        default=None,
+        description="A label for this judge in metrics (judge/<name>/mean) and audit tables; "
+        "defaults to its position in the list (0, 1, ...).",
+    )
+    rubric: str | None = Field(
+        default=None,
+        description="This judge's own rubric template (a different phrasing for an ensemble); "
+        "defaults to the entry's rubric.",
+    )
+    rubric_file: str | None = Field(
+        default=None,
+        description="This judge's own rubric file, relative to the config file.",
+    )
+    score_range: ScoreRange | None = Field(
+        default=None,
+        description="This judge's score scale if its rubric uses another one; defaults to the "
+        "entry's score_range.",
+    )
+    temperature: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Sampling temperature of the judge. 0 (greedy) makes scores repeatable.",
+    )
+    max_tokens: int = Field(
+        default=32,
+        ge=1,
+        description="Most tokens the judge may write. The rubric asks for a number; a judge "
+        "that reasons before scoring needs more.",
+    )
+    top_logprobs: int = Field(
+        default=20,
+        ge=1,
+        le=20,
+        description="How many alternative tokens per position the expected mode reads "
+        "(OpenAI's limit is 20).",
+    )
+
+    @model_validator(mode="after")
+    def _one_rubric(self) -> _JudgeOverrides:
+        if self.rubric is not None and self.rubric_file is not None:
+            raise ValueError("give either rubric or rubric_file for a judge, not both")
+        _check_range(self.score_range)
+        return self
+
+
+class OpenAIJudge(_JudgeOverrides):
+    """A judge behind an OpenAI-compatible chat completions endpoint (vLLM, llama.cpp server,
+    Ollama, hosted APIs)."""
+
+    backend: Literal["openai"] = Field(description="An OpenAI-compatible HTTP endpoint.")
+    base_url: str = Field(
+        description="The API root, up to and including /v1, e.g. http://127.0.0.1:8080/v1."
+    )
+    model: str = Field(description="The model name the endpoint expects in requests.")
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the API key (never the key "
+        "itself). Unset: no Authorization header, as local servers need.",
+    )
+    timeout_s: float = Field(
+        default=60.0, gt=0, description="Seconds one request may take before it is abandoned."
+    )
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Retries after a timeout, connection error, HTTP 429 or 5xx, with "
+        "exponential back-off.",
+    )
+    backoff_s: float = Field(
+        default=0.5,
+        ge=0,
+        description="First back-off delay; doubled after each failed attempt (capped at 30 s), "
+        "or the server's Retry-After when given.",
+    )
+    max_concurrency: int = Field(
+        default=8,
+        ge=1,
+        description="Most requests in flight at once to this endpoint.",
+    )
+    check_at_start: bool = Field(
+        default=True,
+        description="Contact the endpoint when the reward is built, so an unreachable URL or "
+        "a rejected key stops the run before training.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_inline_key(cls, data: Any) -> Any:
+        return _forbid_inline_key(data)
+
+
+class LocalJudge(_JudgeOverrides):
+    """A judge model run in-process with transformers (no server needed)."""
+
+    backend: Literal["local"] = Field(description="An in-process Hugging Face causal LM.")
+    model: str = Field(
+        default="smollm2-135m-instruct",
+        description="The embedded default name, a local model directory, or a hub name.",
+    )
+    device: str = Field(
+        default="auto",
+        description="Torch device for the judge model; auto picks cuda when present, else cpu.",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="Weights' dtype; auto is bfloat16 on cuda and float32 on cpu.",
+    )
+    batch_size: int = Field(
+        default=8, ge=1, description="Judge prompts scored together in one generate call."
+    )
+
+
+JudgeSpec = Annotated[OpenAIJudge | LocalJudge, Field(discriminator="backend")]
+
+
+class JudgeParams(BaseModel):
+    """An LLM-as-a-judge reward: one or several judges score each completion against a rubric,
+    the score is read from their reply and normalised to [0, 1]."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rubric: str | None = Field(
+        default=None,
+        description="The judge prompt template. {completion} is replaced by the completion, "
+        "{prompt} by the user prompt, {column} by any dataset column; write {{ and }} for "
+        "literal braces.",
+    )
+    rubric_file: str | None = Field(
+        default=None,
+        description="A file holding the rubric template, relative to the config file.",
+    )
+    score_range: ScoreRange = Field(
+        default=(0.0, 1.0),
+        description="[low, high] of the scale the rubric asks for; scores are normalised from "
+        "it to [0, 1].",
+    )
+    mode: Literal["number", "expected"] = Field(
+        default="number",
+        description="number: parse the number the judge wrote. expected: the probability-"
+        "weighted mean over the score values the judge could have written (G-Eval), from token "
+        "logprobs; falls back to number where a backend returns none.",
+    )
+    judges: list[JudgeSpec] = Field(
+        min_length=1,
+        description="One judge, or several for an ensemble (backends, models or rubric phrasings).",
+    )
+    aggregate: Literal["mean", "median"] = Field(
+        default="mean",
+        description="How the ensemble's scores of one completion are combined (judges that "
+        "gave no score are left out).",
+    )
+    cache: bool = Field(
+        default=True,
+        description="Keep judge scores in a SQLite cache so the same completion is never "
+        "judged twice (eval, resume, rewards check).",
+    )
+    cache_path: str | None = Field(
+        default=None,
+        description="Where the cache lives, relative to the config file. Default: "
+        "judge_cache.sqlite in the run directory, else in the grpokit cache directory.",
+    )
+
+    @model_validator(mode="after")
+    def _rubric_given(self) -> JudgeParams:
+        if self.rubric is not None and self.rubric_file is not None:
+            raise ValueError("give either rubric or rubric_file, not both")
+        _check_range(self.score_range)
+        if self.rubric is None and self.rubric_file is None:
+            missing = [
+                str(i)
+                for i, judge in enumerate(self.judges)
+                if judge.rubric is None and judge.rubric_file is None
+            ]
+            if missing:
+                raise ValueError(
+                    "no rubric: set rubric (inline template) or rubric_file on the entry, or on "
+                    f"every judge (judges {', '.join(missing)} have none)"
+                )
+        labels = [j.name if j.name is not None else str(i) for i, j in enumerate(self.judges)]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"judge names must be unique, got {labels}")
+        return self

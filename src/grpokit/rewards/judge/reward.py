@@ -1,0 +1,368 @@
+"""The judge reward: render the rubric, ask each judge (through the cache), parse, aggregate.
+
+Per call it records metrics in ``last_metrics`` (merged into the step's metrics by the trainer):
+
+- ``judge/parse_failure_rate``: share of judge replies that came back without a usable score;
+- ``judge/request_failure_rate``: share of judge requests that failed (timeout, unreachable,
+  HTTP error after retries);
+- ``judge/none_rate``: share of completions left without any score (their reward is None);
+- ``judge/cache_hit_rate``: share of judge scores answered from the cache;
+- ``judge/<label>/mean``: each judge's mean normalised score over the completions it scored;
+- ``judge/disagreement``: mean over completions of the standard deviation across judges (only
+  with an ensemble);
+- ``judge/expected_fallback_rate``: in expected mode, share of fresh scores read from the written
+  number because the backend returned no usable logprobs;
+- ``judge/seconds``: wall time of the call.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from grpokit.errors import UserError
+from grpokit.rewards._text import completion_text
+from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
+from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
+from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
+from grpokit.rewards.judge.expected import expected_score
+from grpokit.rewards.judge.parse import parse_score
+from grpokit.rewards.judge.rubric import Rubric, load_rubric
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["number", "expected"]
+
+
+@dataclass
+class Judge:
+    """One member of the ensemble: a backend with its rubric and scale."""
+
+    label: str
+    backend: JudgeBackend
+    rubric: Rubric
+    score_range: tuple[float, float]
+    temperature: float = 0.0
+
+    def scoring_key(self, mode: Mode) -> str:
+        low, high = self.score_range
+        return f"{mode}:{low:g}:{high:g}"
+
+
+@dataclass(frozen=True)
+class JudgeOutcome:
+    """What one judge said about one completion."""
+
+    score: float | None
+    """Normalised to [0, 1]; None for a parse or request failure."""
+    reply: str | None
+    """The judge's text; None when the request failed."""
+    error: str | None = None
+    cached: bool = False
+    fallback: bool = False
+    """Expected mode only: scored from the written number because no logprobs came back."""
+
+
+@dataclass
+class ScoredBatch:
+    """All judges' outcomes for a batch: ``outcomes[j][i]`` is judge j on completion i."""
+
+    outcomes: list[list[JudgeOutcome]]
+    scores: list[float | None]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def prompt_text(prompt: Any) -> str:
+    """The user's request in a prompt: a string, or the last user message of a chat prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+        if users:
+            return completion_text(users[-1])
+    return completion_text(prompt)
+
+
+def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
+    """Turn a backend reply into a normalised score (None when it has none)."""
+    if reply.text is None:
+        return JudgeOutcome(score=None, reply=None, error=reply.error or "no reply")
+    if mode == "expected" and reply.tokens is not None:
+        return JudgeOutcome(
+            score=expected_score(reply.text, reply.tokens, low, high), reply=reply.text
+        )
+    return JudgeOutcome(
+        score=parse_score(reply.text, low, high),
+        reply=reply.text,
+        fallback=mode == "expected",
+    )
+
+
+def aggregate_scores(
+    values: Sequence[float | None], how: Literal["mean", "median"]
+) -> float | None:
+    """Combine the judges' scores of one completion, leaving out those that gave none."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    return statistics.fmean(present) if how == "mean" else statistics.median(present)
+
+
+class JudgeReward:
+    """An LLM-as-a-judge reward with TRL's calling convention.
+
+    ``reward(prompts, completions, **columns) -> list[float | None]``; a completion no judge
+    could score gets None (not 0), which the advantage computation treats as missing.
+    """
+
+    def __init__(
+        self,
+        judges: list[Judge],
+        *,
+        mode: Mode = "number",
+        aggregate: Literal["mean", "median"] = "mean",
+        cache: JudgeCache | None = None,
+        name: str = "judge",
+    ) -> None:
+        if not judges:
+            raise ValueError("a judge reward needs at least one judge")
+        self.judges = judges
+        self.mode = mode
+        self.aggregate = aggregate
+        self.cache = cache
+        self.__name__ = name
+        self.last_metrics: dict[str, float] = {}
+        self.last_outcomes: list[list[JudgeOutcome]] = []
+        self._pool = ThreadPoolExecutor(max_workers=len(judges), thread_name_prefix="grpokit-judge")
+
+    @property
+    def required_columns(self) -> frozenset[str]:
+        """Dataset columns the rubrics use (checked against the dataset before training)."""
+        names: set[str] = set()
+        for judge in self.judges:
+            names |= judge.rubric.placeholders
+        return frozenset(names - {"prompt", "completion"})
+
+    def __call__(
+        self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
+    ) -> list[float | None]:
+        batch = self.score(prompts, completions, columns)
+        self.last_metrics = batch.metrics
+        self.last_outcomes = batch.outcomes
+        return batch.scores
+
+    def render(
+        self,
+        judge: Judge,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: Mapping[str, Any],
+    ) -> list[str]:
+        """The judge prompts of a batch for one judge."""
+        if len(prompts) != len(completions):
+            raise ValueError(
+                f"judge reward: {len(prompts)} prompts but {len(completions)} completions"
+            )
+        rendered: list[str] = []
+        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
+            row = {
+                name: values[i]
+                for name, values in columns.items()
+                if isinstance(values, Sequence)
+                and not isinstance(values, (str, bytes))
+                and len(values) == len(completions)
+            }
+            rendered.append(
+                judge.rubric.render(prompt_text(prompt), completion_text(completion), row)
+            )
+        return rendered
+
+    def judge_prompts(
+        self, judge: Judge, texts: Sequence[str], *, use_cache: bool = True
+    ) -> list[JudgeOutcome]:
+        """Score already rendered judge prompts with one judge: cache, then the backend."""
+        scoring = judge.scoring_key(self.mode)
+        keys = [
+            cache_key(judge.backend.identity, judge.rubric.digest, scoring, text) for text in texts
+        ]
+        cached = self.cache.get_many(keys) if (self.cache is not None and use_cache) else {}
+        # Identical judge prompts in one batch (a policy repeating itself) are asked once.
+        todo: dict[str, str] = {}
+        for key, text in zip(keys, texts, strict=True):
+            if key not in cached and key not in todo:
+                todo[key] = text
+        fresh: dict[str, JudgeOutcome] = {}
+        if todo:
+            low, high = judge.score_range
+            replies = judge.backend.complete(list(todo.values()), logprobs=self.mode == "expected")
+            to_store: dict[str, CachedScore] = {}
+            for key, reply in zip(todo, replies, strict=True):
+                outcome = score_reply(reply, self.mode, low, high)
+                fresh[key] = outcome
+                if outcome.reply is not None:
+                    to_store[key] = CachedScore(outcome.score, outcome.reply)
+            if self.cache is not None and use_cache:
+                self.cache.put_many(judge.label, to_store)
+        outcomes: list[JudgeOutcome] = []
+        for key in keys:
+            if key in cached:
+                hit = cached[key]
+                outcomes.append(JudgeOutcome(score=hit.score, reply=hit.reply, cached=True))
+            else:
+                outcomes.append(fresh[key])
+        return outcomes
+
+    def score(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: Mapping[str, Any],
+        *,
+        use_cache: bool = True,
+    ) -> ScoredBatch:
+        """Score a batch with every judge (judges run in parallel) and aggregate."""
+        started = time.perf_counter()
+        rendered = [self.render(judge, prompts, completions, columns) for judge in self.judges]
+        futures = [
+            self._pool.submit(self.judge_prompts, judge, texts, use_cache=use_cache)
+            for judge, texts in zip(self.judges, rendered, strict=True)
+        ]
+        outcomes = [future.result() for future in futures]
+        per_item = [
+            [outcomes[j][i].score for j in range(len(self.judges))] for i in range(len(completions))
+        ]
+        scores = [aggregate_scores(values, self.aggregate) for values in per_item]
+        metrics = self._metrics(outcomes, per_item, scores)
+        metrics["judge/seconds"] = time.perf_counter() - started
+        failures = [o.error for row in outcomes for o in row if o.error is not None]
+        if failures:
+            logger.warning(
+                "judge: %d of %d requests failed (first: %s); those scores are None",
+                len(failures),
+                sum(len(row) for row in outcomes),
+                failures[0],
+            )
+        return ScoredBatch(outcomes=outcomes, scores=scores, metrics=metrics)
+
+    def _metrics(
+        self,
+        outcomes: list[list[JudgeOutcome]],
+        per_item: list[list[float | None]],
+        scores: list[float | None],
+    ) -> dict[str, float]:
+        flat = [o for row in outcomes for o in row]
+        if not flat:
+            return {}
+        answered = [o for o in flat if o.reply is not None]
+        metrics: dict[str, float] = {
+            "judge/parse_failure_rate": (
+                sum(o.score is None for o in answered) / len(answered) if answered else 0.0
+            ),
+            "judge/request_failure_rate": sum(o.reply is None for o in flat) / len(flat),
+            "judge/none_rate": sum(s is None for s in scores) / len(scores),
+            "judge/cache_hit_rate": sum(o.cached for o in flat) / len(flat),
+        }
+        for judge, row in zip(self.judges, outcomes, strict=True):
+            values = [o.score for o in row if o.score is not None]
+            metrics[f"judge/{judge.label}/mean"] = statistics.fmean(values) if values else math.nan
+        if len(self.judges) > 1:
+            spreads = [
+                statistics.pstdev(present)
+                for present in ([v for v in item if v is not None] for item in per_item)
+                if len(present) > 1
+            ]
+            metrics["judge/disagreement"] = statistics.fmean(spreads) if spreads else math.nan
+        if self.mode == "expected":
+            fresh = [o for o in answered if not o.cached]
+            metrics["judge/expected_fallback_rate"] = (
+                sum(o.fallback for o in fresh) / len(fresh) if fresh else 0.0
+            )
+        return metrics
+
+    def close(self) -> None:
+        """Release the judges' connections and models and the cache."""
+        self._pool.shutdown(wait=True)
+        for judge in self.judges:
+            judge.backend.close()
+        if self.cache is not None:
+            self.cache.close()
+
+
+def default_cache_path(params: JudgeParams, base_dir: Path, run_dir: Path | None) -> Path:
+    """Where the cache lives: the configured path, the run directory, or the grpokit cache."""
+    if params.cache_path is not None:
+        path = Path(params.cache_path).expanduser()
+        return path if path.is_absolute() else base_dir / path
+    if run_dir is not None:
+        return run_dir / "judge_cache.sqlite"
+    env = os.environ.get("GRPOKIT_CACHE")
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "grpokit"
+    return root / "judge_cache.sqlite"
+
+
+def build_backend(spec: OpenAIJudge | LocalJudge, where: str) -> JudgeBackend:
+    """Construct (and for HTTP, contact) one judge's backend."""
+    if isinstance(spec, OpenAIJudge):
+        from grpokit.rewards.judge.backends.openai import OpenAIBackend
+
+        backend = OpenAIBackend(spec, where=where)
+        if spec.check_at_start:
+            try:
+                backend.check_reachable()
+            except UserError:
+                backend.close()
+                raise
+        return backend
+    from grpokit.rewards.judge.backends.local import LocalBackend
+
+    return LocalBackend(spec, where=where)
+
+
+def build_judge_reward(
+    params: JudgeParams,
+    base_dir: Path,
+    run_dir: Path | None = None,
+    *,
+    where: str = "judge",
+    name: str = "judge",
+) -> JudgeReward:
+    """Build a judge reward from its params; every user error surfaces here, before training.
+
+    Checks: each rubric exists and has {completion}; API key variables are set; HTTP endpoints
+    answer; local models load.
+    """
+    rubrics: list[Rubric] = []
+    for i, spec in enumerate(params.judges):
+        if spec.rubric is not None or spec.rubric_file is not None:
+            rubrics.append(
+                load_rubric(spec.rubric, spec.rubric_file, base_dir, f"{where}.judges[{i}]")
+            )
+        else:
+            rubrics.append(load_rubric(params.rubric, params.rubric_file, base_dir, where))
+    judges: list[Judge] = []
+    try:
+        for i, (spec, rubric) in enumerate(zip(params.judges, rubrics, strict=True)):
+            backend = build_backend(spec, f"{where}.judges[{i}]")
+            judges.append(
+                Judge(
+                    label=spec.name if spec.name is not None else str(i),
+                    backend=backend,
+                    rubric=rubric,
+                    score_range=spec.score_range or params.score_range,
+                    temperature=spec.temperature,
+                )
+            )
+        cache = JudgeCache(default_cache_path(params, base_dir, run_dir)) if params.cache else None
+    except BaseException:
+        for judge in judges:
+            judge.backend.close()
+        raise
+    return JudgeReward(judges, mode=params.mode, aggregate=params.aggregate, cache=cache, name=name)

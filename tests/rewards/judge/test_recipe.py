@@ -1,0 +1,102 @@
+"""The business-ideas recipe end to end: configs load, and (slow) a few GRPO steps on the
+embedded model with the in-process judge, gated by the format reward as in the seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpokit.config import load_config
+from grpokit.rewards.judge.cache import JudgeCache
+
+RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "business-ideas"
+
+
+def _rows(name: str) -> list[str]:
+    lines = (RECIPE / name).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line)["prompt"] for line in lines if line.strip()]
+
+
+def test_recipe_files() -> None:
+    train_ja, heldout_ja = _rows("train_ja.jsonl"), _rows("heldout_ja.jsonl")
+    train_en, heldout_en = _rows("train_en.jsonl"), _rows("heldout_en.jsonl")
+    assert len(train_ja) == len(train_en) == 16
+    assert len(heldout_ja) == len(heldout_en) == 5
+    assert len(set(train_ja)) == 16
+    assert not set(train_ja) & set(heldout_ja)  # held-out topics are never trained on
+    assert train_ja[0] == "ターゲット：都心に住む多忙な独身会社員。 技術：IoTとサブスクリプション。"
+    assert all(p.startswith("ターゲット：") and "技術：" in p for p in train_ja + heldout_ja)
+    assert all(p.startswith("Target: ") and "Technology: " in p for p in train_en + heldout_en)
+    for lang in ("ja", "en"):
+        system = (RECIPE / f"system_prompt_{lang}.txt").read_text(encoding="utf-8")
+        assert "<thinking>" in system and "<proposal>" in system
+        rubric = (RECIPE / f"rubric_{lang}.txt").read_text(encoding="utf-8")
+        assert rubric.count("{completion}") == 1
+        assert rubric.count("0.2") >= 5
+
+
+def test_configs_differ_only_in_the_judges_block() -> None:
+    local = load_config(RECIPE / "config.yaml")
+    remote = load_config(RECIPE / "config.openai.yaml")
+    english = load_config(RECIPE / "config.en.yaml")
+    assert [r.display_name for r in local.rewards] == ["xml_format", "quality"]
+    local_judge, remote_judge = local.rewards[1].params, remote.rewards[1].params
+    assert local_judge.judges[0].backend == "local"  # type: ignore[attr-defined]
+    assert remote_judge.judges[0].backend == "openai"  # type: ignore[attr-defined]
+    assert local_judge.model_dump(exclude={"judges"}) == remote_judge.model_dump(exclude={"judges"})
+    assert local.model_dump(exclude={"rewards"}) == remote.model_dump(exclude={"rewards"})
+    assert local.rewards[1].gate == remote.rewards[1].gate
+    assert english.rewards[1].params.rubric_file == "rubric_en.txt"  # type: ignore[attr-defined]
+    assert local.training.num_generations == 4 and local.training.beta == 0.01
+
+
+def _train(tmp_path: Path, extra: list[str]) -> tuple[list[dict[str, float]], Path]:
+    from grpokit.train.run import train_from_config
+
+    overrides = [
+        "training.max_steps=2",
+        "training.per_device_train_batch_size=4",
+        "training.gradient_accumulation_steps=1",
+        "training.max_completion_length=32",
+        "training.report_to=[none]",
+        "training.num_completions_to_print=0",
+        *extra,
+    ]
+    run_dir = tmp_path / "run"
+    result = train_from_config(
+        RECIPE / "config.yaml", overrides, output_dir=run_dir, progress=False
+    )
+    assert result.global_step == 2
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()], run_dir
+
+
+@pytest.mark.slow
+def test_recipe_trains_with_the_gate(tmp_path: Path) -> None:
+    metrics, _ = _train(tmp_path, [])
+    steps = [m for m in metrics if "rewards/quality/gated_out_frac" in m]
+    assert len(steps) == 2
+    for m in steps:
+        # The gate's share is visible; a base 135M model rarely formats perfectly.
+        assert 0.0 <= m["rewards/quality/gated_out_frac"] <= 1.0
+        assert "rewards/xml_format/mean" in m
+
+
+@pytest.mark.slow
+def test_recipe_judge_scores_when_the_gate_is_open(tmp_path: Path) -> None:
+    # The same run with the gate opened for everything, so the local judge sees every
+    # completion during training (with the seed's gate it may see none in two steps).
+    metrics, run_dir = _train(tmp_path, ["rewards.1.gate.min=0.0"])
+    steps = [m for m in metrics if "rewards/quality/gated_out_frac" in m]
+    assert len(steps) == 2
+    assert all(m["rewards/quality/gated_out_frac"] == 0.0 for m in steps)
+    # Whether the 135M judge wrote a number or not (with the seed's rubric it mostly echoes the
+    # rubric), each completion got a score or a counted None, never a crash.
+    assert all(0.0 <= m["rewards/quality/none_frac"] <= 1.0 for m in steps)
+    cache = JudgeCache(run_dir / "judge_cache.sqlite")
+    try:
+        assert len(cache) > 0  # the judge ran, and its scores were kept
+    finally:
+        cache.close()
