@@ -1,7 +1,8 @@
 """The YAML config: pydantic models with help text, loading with line numbers in errors.
 
 Field names under `training:` follow TRL's GRPOConfig where the meaning is the same, so a TRL
-user's settings carry over one to one (the seed article's GRPOConfig is recipes/seed-config.yaml).
+user's settings carry over one to one (recipes/business-ideas/config.yaml holds the seed
+article's GRPOConfig).
 Batch arithmetic follows TRL too: `per_device_train_batch_size` counts completions, and one
 generation batch of `per_device_train_batch_size * world_size * gradient_accumulation_steps`
 completions (= prompts_per_step * num_generations) feeds one optimizer step per iteration.
@@ -182,6 +183,23 @@ class TrainingConfig(_Strict):
     )
     num_processes: int = Field(
         1, ge=1, description="Data-parallel processes (set by the launcher; 1 on a laptop)."
+    )
+    use_vllm: bool = Field(
+        False,
+        description="Generate with vLLM (GPU only; pip install 'grpokit[vllm]') instead of torch.",
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description=(
+            "colocate: vLLM shares the training GPU, weights copied after every optimizer step; "
+            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL."
+        ),
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.3, gt=0, le=1, description="Share of the GPU vLLM may take in colocate mode."
+    )
+    vllm_server_base_url: str = Field(
+        "http://127.0.0.1:8000", description="Address of the vLLM server (server mode)."
     )
 
     @model_validator(mode="before")

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval, zero_variance_share
+from grpokit.core.stats import (
+    paired_difference,
+    pass_at_k,
+    t_quantile_975,
+    wilson_interval,
+    zero_variance_share,
+)
 
 
 def test_wilson_known_values() -> None:
@@ -40,10 +46,13 @@ def test_pass_at_k() -> None:
 def test_paired_difference() -> None:
     # d = (1, 0, 1, 0): mean 0.5, Bessel variance (4 * 0.25) / 3 = 1/3, se = sqrt(1/12) = 0.2886751,
     # half = 1.959964 * 0.2886751 = 0.5657929.
-    mean, low, high = paired_difference([1, 1, 1, 0], [0, 1, 0, 0])
+    mean, low, high = paired_difference([1, 1, 1, 0], [0, 1, 0, 0], z=1.959963984540054)
     assert mean == pytest.approx(0.5)
     assert low == pytest.approx(0.5 - 0.5657929, abs=1e-6)
     assert high == pytest.approx(0.5 + 0.5657929, abs=1e-6)
+    # Default: Student t with 3 degrees of freedom, 3.182 * 0.2886751 = 0.9185642.
+    mean, low, high = paired_difference([1, 1, 1, 0], [0, 1, 0, 0])
+    assert (low, high) == pytest.approx((0.5 - 0.9185642, 0.5 + 0.9185642), abs=1e-6)
     assert paired_difference([2.0, 3.0], [1.0, 2.0]) == (1.0, 1.0, 1.0)
 
 
@@ -75,3 +84,9 @@ def test_bad_arguments() -> None:
         paired_difference([1.0], [1.0])
     with pytest.raises(ValueError, match="empty"):
         zero_variance_share([])
+
+
+def test_t_quantiles() -> None:
+    assert t_quantile_975(3) == pytest.approx(3.182)
+    assert t_quantile_975(40) == pytest.approx(2.0211, abs=2e-4)
+    assert t_quantile_975(1000) == pytest.approx(1.9623, abs=2e-4)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["Z_95", "pass_at_k", "paired_difference", "wilson_interval", "zero_variance_share"]
+__all__ = [
+    "Z_95",
+    "pass_at_k",
+    "paired_difference",
+    "t_quantile_975",
+    "wilson_interval",
+    "zero_variance_share",
+]
 
 Z_95 = 1.959963984540054
 """Two-sided 95% standard normal quantile."""
@@ -57,19 +64,39 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - fail
 
 
-def paired_difference(
-    a: Sequence[float], b: Sequence[float], *, z: float = Z_95
-) -> tuple[float, float, float]:
-    """Mean of a_i - b_i with a normal-approximation interval: (mean_diff, low, high).
+# Student t 97.5% quantiles for 1..30 degrees of freedom (two-sided 95%).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
 
-    a and b score the same samples (e.g. trained and base model on the same prompts), so the
-    pairing removes the per-sample difficulty from the variance. The interval is
-    mean +- z * sd(d) / sqrt(n) with the Bessel-corrected sd. It is trustworthy when n is large
-    (a few dozen pairs or more) and the differences are not dominated by a handful of discordant
-    pairs; for 0/1 scores with few discordant pairs an exact McNemar test is the better tool.
-    When every difference is equal the interval collapses to that value.
+
+def t_quantile_975(df: int) -> float:
+    """Student t 97.5% quantile: a table to 30 degrees of freedom, a Cornish-Fisher series above."""
+    if df < 1:
+        raise ValueError(f"df must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = Z_95
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def paired_difference(
+    a: Sequence[float], b: Sequence[float], *, z: float | None = None
+) -> tuple[float, float, float]:
+    """Mean of a_i - b_i with a 95% interval: (mean_diff, low, high).
+
+    a and b score the same units (e.g. trained and base model on the same prompts), so the
+    pairing removes the per-unit difficulty from the variance. The interval is
+    mean +- q * sd(d) / sqrt(n) with the Bessel-corrected sd, where q is Student's t quantile
+    with n - 1 degrees of freedom (the default: honest for the handful of held-out prompts
+    evals often have) or the given normal quantile z. It assumes roughly normal differences;
+    for 0/1 scores with few discordant pairs an exact McNemar test is the better tool. When
+    every difference is equal the interval collapses to that value.
     """
-    _check_z(z)
+    if z is not None:
+        _check_z(z)
     if len(a) != len(b):
         raise ValueError(
             f"a and b must have equal length (paired scores), got {len(a)} and {len(b)}"
@@ -82,7 +109,8 @@ def paired_difference(
         raise ValueError("a and b must hold finite scores")
     mean = math.fsum(diffs) / n
     var = math.fsum((d - mean) ** 2 for d in diffs) / (n - 1)
-    half = z * math.sqrt(var / n)
+    q = t_quantile_975(n - 1) if z is None else z
+    half = q * math.sqrt(var / n)
     return (mean, mean - half, mean + half)
 
 

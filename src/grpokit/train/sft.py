@@ -102,14 +102,13 @@ def run_sft(
         optimizer.zero_grad(set_to_none=True)
         assert entropy is not None
         ent = float((entropy * mask).sum() / mask.sum())
+        value = loss.item()
         history.append(
-            {"step": step, "loss": float(loss), "entropy": ent, "time": time.perf_counter() - t0}
+            {"step": step, "loss": value, "entropy": ent, "time": time.perf_counter() - t0}
         )
         if step == 1 or step % 5 == 0 or step == max_steps:
-            log(f"sft step {step}/{max_steps}: loss {float(loss):.3f}, entropy {ent:.3f}")
-        if not math.isfinite(float(loss)):
-            raise UserError(
-                f"SFT loss became {float(loss)} at step {step}; lower the learning rate"
-            )
+            log(f"sft step {step}/{max_steps}: loss {value:.3f}, entropy {ent:.3f}")
+        if not math.isfinite(value):
+            raise UserError(f"SFT loss became {value} at step {step}; lower the learning rate")
     model.eval()
     return history

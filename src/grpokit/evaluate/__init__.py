@@ -1,0 +1,1 @@
+"""Evaluation of trained models, the run report and run comparison."""

@@ -1,0 +1,597 @@
+"""``grpokit eval``: base vs trained models on held-out prompts, with intervals.
+
+Every model answers every held-out prompt K times with the same sampling settings and the same
+seeds (prompt chunk c is sampled with seed + c for each model), and every configured reward
+scores the answers (a judge reward keeps its cache under the output directory). The result is the
+seed article's per-prompt table, per-reward means and pass rates with 95% Wilson intervals,
+pass@k, mean length, and a paired comparison of each model with the first one (the base).
+
+Writes ``eval.json`` (format in :mod:`grpokit.evaluate.schema`), ``completions.jsonl`` (every
+sample) and ``eval.md`` (the tables) to the output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.config import GRPOKitConfig, load_config
+from grpokit.data.chat import prompt_text
+from grpokit.data.prompts import PromptRow, check_columns, load_prompts
+from grpokit.errors import UserError
+from grpokit.evaluate.report import write_atomic
+from grpokit.evaluate.schema import (
+    EvalResult,
+    ModelSummary,
+    PairedComparison,
+    RewardSummary,
+)
+from grpokit.evaluate.schema import (
+    PromptRow as TableRow,
+)
+from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval
+from grpokit.evaluate.tables import eval_tables, to_markdown
+from grpokit.monitor.config import MonitorConfig
+from grpokit.monitor.text_stats import (
+    DISTINCT_2,
+    MAX_GROUP_DUPLICATE_FRAC,
+    REPEATED_NGRAM_FRAC,
+    text_stats,
+)
+
+_LABEL_RE = re.compile(r"^(?P<label>[A-Za-z0-9_.\-]+)=(?P<path>.+)$")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load for one ``--model``: a base name or directory, and weights to apply on it."""
+
+    label: str
+    name_or_path: str
+    init_from: str | None
+    given: str
+    run_dir: Path | None = None
+    """The run directory the checkpoint comes from, if any (its config.yaml can be used)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scored completion."""
+
+    model: str
+    prompt_index: int
+    sample: int
+    text: str
+    total: float | None
+    rewards: dict[str, float | None]
+    length: int
+    truncated: bool
+
+
+def _latest_checkpoint(run_dir: Path) -> Path | None:
+    steps = []
+    for p in run_dir.glob("checkpoint-*"):
+        suffix = p.name.removeprefix("checkpoint-")
+        if p.is_dir() and suffix.isdigit():
+            steps.append((int(suffix), p))
+    return max(steps)[1] if steps else None
+
+
+def resolve_model(arg: str, *, embedded_default: str = "smollm2-135m-instruct") -> ModelSpec:
+    """Turn a ``--model`` argument into what to load.
+
+    Accepted: ``[LABEL=]X`` where X is the embedded model's name, a hub name, a model directory
+    (config.json), a grpokit checkpoint (``checkpoint-N/`` or its ``model/``; a LoRA adapter is
+    merged into the base model named in its grpokit_policy.json), or a run directory (its latest
+    checkpoint).
+    """
+    label: str | None = None
+    match = _LABEL_RE.match(arg)
+    if match and not Path(arg).exists():
+        label, arg = match.group("label"), match.group("path")
+    path = Path(arg).expanduser()
+    if not path.exists():
+        if arg.startswith((".", "/", "~")) or arg.count("/") > 1:
+            raise UserError(f"--model {arg}: no such directory")
+        return ModelSpec(label or arg.rsplit("/", 1)[-1], arg, None, arg)
+    if not path.is_dir():
+        raise UserError(f"--model {arg}: expected a model, checkpoint or run directory, got a file")
+    run_dir: Path | None = None
+    if _latest_checkpoint(path) is not None and not (path / "config.json").is_file():
+        run_dir = path
+        path = _latest_checkpoint(path) or path
+    if (path / "model").is_dir():
+        run_dir = run_dir or (path.parent if (path.parent / "config.yaml").is_file() else None)
+        default_label = f"{path.parent.name}/{path.name}"
+        path = path / "model"
+    else:
+        default_label = path.name
+    if (path / "adapter_config.json").is_file():
+        info_path = path / "grpokit_policy.json"
+        base = embedded_default
+        if info_path.is_file():
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            base = str(info.get("base_model") or base)
+        return ModelSpec(label or default_label, base, str(path), arg, run_dir)
+    if (path / "config.json").is_file():
+        return ModelSpec(label or default_label, str(path), None, arg, run_dir)
+    raise UserError(
+        f"--model {arg}: {path} holds neither a model (config.json), a LoRA adapter "
+        f"(adapter_config.json), nor checkpoint-N/ directories"
+    )
+
+
+def _unique_labels(specs: list[ModelSpec]) -> list[ModelSpec]:
+    seen: dict[str, int] = {}
+    out = []
+    for s in specs:
+        n = seen.get(s.label, 0)
+        seen[s.label] = n + 1
+        out.append(s if n == 0 else ModelSpec(f"{s.label}#{n + 1}", s.name_or_path, s.init_from,
+                                              s.given, s.run_dir))  # fmt: skip
+    return out
+
+
+def parse_thresholds(items: Sequence[str], names: Sequence[str]) -> dict[str, float]:
+    """``NAME=VALUE`` pass thresholds from the command line."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or name not in names:
+            raise UserError(
+                f"--pass {item!r}: expected REWARD=VALUE with REWARD one of {', '.join(names)}"
+            )
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise UserError(f"--pass {item!r}: {value!r} is not a number") from None
+    return out
+
+
+# ---- the tables, from scored samples (pure) ------------------------------------------------------
+
+
+def _passes(value: float | None, threshold: float) -> bool:
+    return value is not None and value >= threshold - 1e-9
+
+
+def _ks(k_max: int) -> list[int]:
+    ks, k = [], 1
+    while k <= k_max:
+        ks.append(k)
+        k *= 2
+    if ks[-1] != k_max:
+        ks.append(k_max)
+    return ks
+
+
+def _reward_summary(
+    values: list[float | None], per_prompt: list[list[float | None]], threshold: float | None
+) -> RewardSummary:
+    present = [v for v in values if v is not None]
+    n = len(present)
+    mean = sum(present) / n if n else None
+    std = (
+        math.sqrt(sum((v - mean) ** 2 for v in present) / (n - 1))
+        if mean is not None and n > 1
+        else None
+    )
+    passed = pass_rate = ci = None
+    at_k: dict[int, float] = {}
+    if threshold is not None and n:
+        passed = sum(_passes(v, threshold) for v in present)
+        pass_rate = passed / n
+        ci = wilson_interval(passed, n)
+        k_max = min(len(p) for p in per_prompt)
+        if k_max >= 1:
+            for k in _ks(k_max):
+                at_k[k] = sum(
+                    pass_at_k(len(p), sum(_passes(v, threshold) for v in p), k) for p in per_prompt
+                ) / len(per_prompt)
+    return RewardSummary(
+        mean=mean,
+        std=std,
+        n=n,
+        none_count=len(values) - n,
+        threshold=threshold,
+        passed=passed,
+        pass_rate=pass_rate,
+        pass_ci=ci,
+        pass_at_k=at_k,
+    )
+
+
+def _prompt_means(
+    samples: list[Sample], n_prompts: int, key: str | None, thresholds: Mapping[str, float]
+) -> list[float | None]:
+    """Per prompt: the mean of a reward (key) or, with key None, the compliant share."""
+    out: list[float | None] = []
+    for i in range(n_prompts):
+        at = [s for s in samples if s.prompt_index == i]
+        if key is None:
+            out.append(sum(_compliant(s, thresholds) for s in at) / len(at) if at else None)
+        else:
+            vals = [s.rewards.get(key) for s in at]
+            present = [v for v in vals if v is not None]
+            out.append(sum(present) / len(present) if present else None)
+    return out
+
+
+def _compliant(sample: Sample, thresholds: Mapping[str, float]) -> bool:
+    return all(_passes(sample.rewards.get(n), t) for n, t in thresholds.items())
+
+
+def eval_alerts(
+    config: MonitorConfig, base: ModelSummary, other: ModelSummary
+) -> list[dict[str, object]]:
+    """Monitor rules that compare a model's samples with the base model's.
+
+    The training monitors watch trends over steps; here there are two points, the base and the
+    trained model, so each rule compares the two with its own thresholds.
+    """
+    alerts: list[dict[str, object]] = []
+
+    def add(rule: str, value: float, message: str) -> None:
+        alerts.append({"rule": rule, "model": other.label, "value": value, "message": message})
+
+    bt, ot = base.text, other.text
+    if config.repetition.enabled and REPEATED_NGRAM_FRAC in bt and REPEATED_NGRAM_FRAC in ot:
+        rise = ot[REPEATED_NGRAM_FRAC] - bt[REPEATED_NGRAM_FRAC]
+        if rise >= config.repetition.max_increase:
+            add("repetition", ot[REPEATED_NGRAM_FRAC],
+                f"{other.label}: repeated n-gram share {ot[REPEATED_NGRAM_FRAC]:.2f} vs "
+                f"{bt[REPEATED_NGRAM_FRAC]:.2f} for {base.label}")  # fmt: skip
+        elif ot.get(DISTINCT_2, 1.0) < config.repetition.min_distinct_ratio * bt.get(
+            DISTINCT_2, 1.0
+        ):
+            add("repetition", ot[DISTINCT_2],
+                f"{other.label}: distinct-2 {ot[DISTINCT_2]:.2f} vs {bt[DISTINCT_2]:.2f} for "
+                f"{base.label}")  # fmt: skip
+    if config.group_dominance.enabled and MAX_GROUP_DUPLICATE_FRAC in ot:
+        dup = ot[MAX_GROUP_DUPLICATE_FRAC]
+        if dup >= config.group_dominance.max_duplicate_frac > bt.get(MAX_GROUP_DUPLICATE_FRAC, 0):
+            add("group_dominance", dup,
+                f"{other.label}: one text fills {dup:.0%} of a prompt's samples")  # fmt: skip
+    if config.length_reward.enabled and base.mean_length > 0:
+        growth = (other.mean_length - base.mean_length) / base.mean_length
+        higher = [
+            r for r, s in other.rewards.items()
+            if s.mean is not None and (b := base.rewards.get(r)) is not None and b.mean is not None
+            and s.mean > b.mean
+        ]  # fmt: skip
+        if growth >= config.length_reward.min_rel_growth and higher:
+            add("length_reward", growth,
+                f"{other.label}: completions {growth:.0%} longer than {base.label}'s "
+                f"({base.mean_length:.0f} -> {other.mean_length:.0f} tokens) with higher "
+                f"{', '.join(higher)}: check that the reward does not pay for length")  # fmt: skip
+    return alerts
+
+
+def summarize_eval(
+    samples: Sequence[Sample],
+    *,
+    labels: Sequence[str],
+    paths: Mapping[str, str],
+    prompts: Sequence[str],
+    samples_per_prompt: int,
+    reward_names: Sequence[str],
+    thresholds: Mapping[str, float],
+    seed: int,
+    sampling: Mapping[str, float | int | None],
+    heldout: str,
+    monitors: MonitorConfig | None = None,
+    seconds: Mapping[str, float] | None = None,
+    group_texts: Mapping[str, list[str]] | None = None,
+) -> EvalResult:
+    """Build the eval tables from scored samples (no model needed: testable by hand).
+
+    ``thresholds`` holds the pass threshold of each reward that has one; a sample is compliant
+    when it passes all of them (no thresholds: no compliant counts).
+    """
+    n_prompts = len(prompts)
+    models: list[ModelSummary] = []
+    by_model = {label: [s for s in samples if s.model == label] for label in labels}
+    for label in labels:
+        mine = by_model[label]
+        if not mine:
+            raise ValueError(f"no samples for model {label!r}")
+        rewards = {}
+        for name in reward_names:
+            per_prompt = [
+                [s.rewards.get(name) for s in mine if s.prompt_index == i] for i in range(n_prompts)
+            ]
+            rewards[name] = _reward_summary(
+                [s.rewards.get(name) for s in mine], per_prompt, thresholds.get(name)
+            )
+        compliant = sum(_compliant(s, thresholds) for s in mine) if thresholds else None
+        texts = (group_texts or {}).get(label, [s.text for s in mine])
+        models.append(
+            ModelSummary(
+                label=label,
+                path=paths.get(label, label),
+                samples=len(mine),
+                compliant=compliant,
+                compliant_rate=compliant / len(mine) if compliant is not None else None,
+                compliant_ci=wilson_interval(compliant, len(mine))
+                if compliant is not None
+                else None,
+                mean_length=sum(s.length for s in mine) / len(mine),
+                truncated_frac=sum(s.truncated for s in mine) / len(mine),
+                text=text_stats(texts, samples_per_prompt),
+                rewards=rewards,
+                seconds=(seconds or {}).get(label, 0.0),
+            )
+        )
+    rows = []
+    for i, prompt in enumerate(prompts):
+        compliant_counts: dict[str, int] = {}
+        means: dict[str, dict[str, float | None]] = {}
+        for label in labels:
+            at = [s for s in by_model[label] if s.prompt_index == i]
+            if thresholds:
+                compliant_counts[label] = sum(_compliant(s, thresholds) for s in at)
+            means[label] = {}
+            for name in reward_names:
+                present = [v for s in at if (v := s.rewards.get(name)) is not None]
+                means[label][name] = sum(present) / len(present) if present else None
+        rows.append(
+            TableRow(
+                index=i,
+                prompt=prompt,
+                samples=samples_per_prompt,
+                compliant=compliant_counts,
+                reward_mean=means,
+            )
+        )
+    paired: list[PairedComparison] = []
+    metrics: list[str | None] = list(reward_names) + ([None] if thresholds else [])
+    base = labels[0]
+    for other in labels[1:]:
+        for key in metrics:
+            a = _prompt_means(by_model[base], n_prompts, key, thresholds)
+            b = _prompt_means(by_model[other], n_prompts, key, thresholds)
+            pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+            if not pairs:
+                continue
+            xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+            # other - base, with a t interval over prompts (None with a single prompt).
+            result = paired_difference(ys, xs) if len(pairs) > 1 else None
+            diff = sum(y - x for x, y in pairs) / len(pairs)
+            paired.append(
+                PairedComparison(
+                    metric=key or "compliant",
+                    base=base,
+                    other=other,
+                    diff=diff,
+                    ci=(result[1], result[2]) if result else None,
+                    n_prompts=len(pairs),
+                )
+            )
+    alerts: list[dict[str, object]] = []
+    if monitors is not None and monitors.enabled:
+        for m in models[1:]:
+            alerts.extend(eval_alerts(monitors, models[0], m))
+    return EvalResult(
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        heldout=heldout,
+        samples_per_prompt=samples_per_prompt,
+        seed=seed,
+        sampling=dict(sampling),
+        rewards=list(reward_names),
+        thresholds=dict(thresholds),
+        models=models,
+        prompts=rows,
+        paired=paired,
+        alerts=alerts,
+    )
+
+
+# ---- sampling --------------------------------------------------------------------------------------
+
+
+def _score_model(
+    spec: ModelSpec,
+    rows: list[PromptRow],
+    reward_set: Any,
+    cfg: GRPOKitConfig,
+    *,
+    samples: int,
+    seed: int,
+    device: torch.device,
+    batch_size: int,
+) -> list[Sample]:
+    from grpokit.models.loading import load_policy
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.torch_engine import TorchEngine
+    from grpokit.train.scoring import sample_and_score
+    from grpokit.train.trainer import seed_everything
+
+    seed_everything(seed)
+    policy = load_policy(
+        spec.name_or_path,
+        dtype=cfg.model.dtype,
+        lora=None,
+        need_reference=False,
+        init_from=spec.init_from,
+        device=device,
+    )
+    policy.model.eval()
+    tok = policy.tokenizer
+    eos = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
+    extra = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
+    if isinstance(extra, int):
+        eos.add(extra)
+    elif isinstance(extra, list):
+        eos.update(int(x) for x in extra)
+    if not eos:
+        raise UserError(f"--model {spec.given}: the tokenizer has no eos_token")
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else min(eos))
+    engine = TorchEngine(policy.model, eos_token_ids=sorted(eos), pad_token_id=pad)
+    args = cfg.training
+    sampling = SamplingParams(
+        max_completion_length=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k or 0,
+    )
+    per_chunk = max(1, batch_size // samples)
+    out: list[Sample] = []
+    with torch.no_grad():
+        for c, start in enumerate(range(0, len(rows), per_chunk)):
+            chunk = rows[start : start + per_chunk]
+            scored = sample_and_score(
+                engine,
+                tok,
+                chunk,
+                reward_set,
+                num_generations=samples,
+                sampling=sampling,
+                system_prompt=cfg.system_prompt,
+                max_prompt_length=args.max_prompt_length,
+                # The same seed per chunk for every model: same randomness, different weights.
+                generator=torch.Generator().manual_seed(seed + c),
+            )
+            per_fn = scored.scores.per_function
+            for b, text in enumerate(scored.texts):
+                total = float(scored.scores.total[b])
+                out.append(
+                    Sample(
+                        model=spec.label,
+                        prompt_index=start + b // samples,
+                        sample=b % samples,
+                        text=text,
+                        total=None if math.isnan(total) else total,
+                        rewards={
+                            name: None if math.isnan(v := float(per_fn[b, j])) else v
+                            for j, name in enumerate(scored.scores.names)
+                        },
+                        length=len(scored.rollout.completion_ids[b]),
+                        truncated=scored.rollout.finish_reason[b] == "length",
+                    )
+                )
+    del policy, engine
+    return out
+
+
+def run_eval(
+    models: Sequence[str],
+    prompts_path: Path,
+    *,
+    samples: int,
+    out_dir: Path,
+    config: Path | None = None,
+    seed: int = 0,
+    max_prompts: int | None = None,
+    thresholds: Sequence[str] = (),
+    batch_size: int = 32,
+    device: str | None = None,
+    log: Any = print,
+) -> EvalResult:
+    """Sample, score and tabulate; writes eval.json, completions.jsonl and eval.md to out_dir."""
+    if not models:
+        raise UserError("give at least one --model (the base model first)")
+    if samples < 1:
+        raise UserError("--samples must be at least 1")
+    specs = _unique_labels([resolve_model(m) for m in models])
+    if config is None:
+        found = next((s.run_dir / "config.yaml" for s in specs if s.run_dir is not None), None)
+        if found is None:
+            raise UserError(
+                "give --config CONFIG.yaml (its rewards score the samples, its training section "
+                "sets the sampling), or a --model from a run directory, whose config.yaml is used"
+            )
+        config = found
+        log(f"using the rewards and sampling of {config}")
+    cfg = load_config(config)
+    rows = load_prompts(prompts_path, prompt_column=cfg.data.prompt_column)
+    if max_prompts is not None:
+        rows = rows[:max_prompts]
+    from grpokit.rewards.compose import build_reward_set
+    from grpokit.rewards.registry import BuildContext
+    from grpokit.train.trainer import resolve_device
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    reward_set = build_reward_set(
+        cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=out_dir, seed=seed)
+    )
+    names = list(reward_set.names)
+    check_columns(rows, reward_set.required_columns, str(prompts_path))
+    limits = {
+        n: float(m) for n, m in zip(names, reward_set.max_values, strict=True) if m is not None
+    }
+    limits.update(parse_thresholds(thresholds, names))
+    dev = resolve_device(device or cfg.model.device)
+    all_samples: list[Sample] = []
+    seconds: dict[str, float] = {}
+    try:
+        for spec in specs:
+            log(f"{spec.label}: {len(rows)} prompts x {samples} samples ({spec.given})")
+            t0 = time.perf_counter()
+            all_samples += _score_model(
+                spec, rows, reward_set, cfg, samples=samples, seed=seed, device=dev,
+                batch_size=batch_size,
+            )  # fmt: skip
+            seconds[spec.label] = time.perf_counter() - t0
+    finally:
+        reward_set.close()
+    result = summarize_eval(
+        all_samples,
+        labels=[s.label for s in specs],
+        paths={s.label: s.given for s in specs},
+        prompts=[prompt_text(r.prompt) for r in rows],
+        samples_per_prompt=samples,
+        reward_names=names,
+        thresholds=limits,
+        seed=seed,
+        sampling={
+            "temperature": cfg.training.temperature,
+            "top_p": cfg.training.top_p,
+            "top_k": cfg.training.top_k,
+            "max_completion_length": cfg.training.max_completion_length,
+        },
+        heldout=str(prompts_path),
+        monitors=cfg.monitors,
+        seconds=seconds,
+    )
+    lines = "".join(
+        json.dumps(
+            {
+                "model": s.model,
+                "prompt_index": s.prompt_index,
+                "sample": s.sample,
+                "prompt": result.prompts[s.prompt_index].prompt,
+                "completion": s.text,
+                "reward": s.total,
+                "rewards": s.rewards,
+                "length": s.length,
+                "truncated": s.truncated,
+            },
+            ensure_ascii=False,
+        )
+        + "\n"
+        for s in all_samples
+    )
+    write_atomic(out_dir / "completions.jsonl", lines.encode("utf-8"))
+    write_atomic(out_dir / "eval.md", render_markdown(result).encode("utf-8"))
+    write_atomic(out_dir / "eval.json", result.model_dump_json(indent=1).encode("utf-8"))
+    return result
+
+
+def render_markdown(result: EvalResult) -> str:
+    """The tables and alerts as Markdown, for the terminal and eval.md."""
+    text = to_markdown(eval_tables(result))
+    if result.alerts:
+        text += "\n### Monitor alerts\n\n" + "\n".join(
+            f"- [{a.get('rule')}] {a.get('message')}" for a in result.alerts
+        )
+        text += "\n"
+    return text

@@ -1,0 +1,390 @@
+"""``grpokit report``: one self-contained HTML page about a run, plus its plots as PNG files.
+
+The page needs no network and no scripts: plots are PNGs embedded as data URIs, styles inline.
+Sections, each meant to fit one screen: run (config, versions, key numbers), rewards, training
+dynamics, completions, time per phase, pass rate against the preflight forecast, held-out checks,
+monitor alerts, sample completions early vs late, and the eval table when one is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pydantic
+from matplotlib.figure import Figure
+
+from grpokit.errors import UserError
+from grpokit.evaluate import plots
+from grpokit.evaluate.html import esc, img, page, section, table
+from grpokit.evaluate.rundir import RunData, load_run
+from grpokit.evaluate.schema import EvalResult
+from grpokit.evaluate.tables import eval_tables, to_html
+from grpokit.monitor.series import ema, mean
+
+MAX_SAMPLES = 4
+"""Completions shown per side (early, late)."""
+MAX_CHARS = 1500
+"""Longer completions are cut in the page (the full text is in completions.jsonl)."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same directory, then rename: no half-written files."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def prompt_text(prompt: Any) -> str:
+    """The user text of a prompt: a string, or the last user message of a chat."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        chosen = users[-1] if users else (prompt[-1] if prompt else "")
+        if isinstance(chosen, dict):
+            return str(chosen.get("content", ""))
+        return str(chosen)
+    if isinstance(prompt, dict):
+        return str(prompt.get("content", json.dumps(prompt, ensure_ascii=False)))
+    return json.dumps(prompt, ensure_ascii=False)
+
+
+def completion_text(completion: Any) -> str:
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    if isinstance(completion, dict):
+        return str(completion.get("content", ""))
+    return json.dumps(completion, ensure_ascii=False)
+
+
+def load_eval(eval_dir: Path) -> EvalResult:
+    path = Path(eval_dir) / "eval.json"
+    if not path.is_file():
+        raise UserError(
+            f"--eval {eval_dir}: no eval.json there; run `grpokit eval ... --out {eval_dir}`"
+        )
+    try:
+        return EvalResult.model_validate_json(path.read_text(encoding="utf-8"))
+    except pydantic.ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise UserError(
+            f"{path}: not a grpokit eval file ({where}: {first['msg']}); re-run `grpokit eval`"
+        ) from None
+
+
+# ---- samples ------------------------------------------------------------------------------------
+
+
+def _step_of(row: dict[str, Any]) -> int | None:
+    step = row.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def pick_samples(
+    completions: Sequence[dict[str, Any]],
+) -> tuple[tuple[int, str, list[dict[str, Any]]], tuple[int, str, list[dict[str, Any]]]] | None:
+    """Early and late samples to set side by side: (step, prompt, rows) for each.
+
+    Prefers one prompt seen both in the first and the last quarter of the logged steps, so the
+    two columns answer the same question; otherwise the first prompt of the first and last step.
+    """
+    rows = [r for r in completions if _step_of(r) is not None and "completion" in r]
+    if not rows:
+        return None
+    steps = sorted({_step_of(r) or 0 for r in rows})
+    if len(steps) < 2:
+        return None
+    quarter = max(1, len(steps) // 4)
+    early_steps, late_steps = set(steps[:quarter]), set(steps[-quarter:])
+    by_prompt: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for r in rows:
+        text = prompt_text(r.get("prompt"))
+        by_prompt.setdefault(text, {}).setdefault(_step_of(r) or 0, []).append(r)
+    for text, per_step in by_prompt.items():
+        early = sorted(s for s in per_step if s in early_steps)
+        late = sorted(s for s in per_step if s in late_steps)
+        if early and late and early[0] != late[-1]:
+            return (early[0], text, per_step[early[0]]), (late[-1], text, per_step[late[-1]])
+
+    def first_group(step: int) -> tuple[int, str, list[dict[str, Any]]]:
+        at = [r for r in rows if _step_of(r) == step]
+        text = prompt_text(at[0].get("prompt"))
+        return step, text, [r for r in at if prompt_text(r.get("prompt")) == text]
+
+    return first_group(steps[0]), first_group(steps[-1])
+
+
+def _sample_card(row: dict[str, Any]) -> str:
+    text = completion_text(row.get("completion"))
+    cut = ""
+    if len(text) > MAX_CHARS:
+        cut = f'<div class="meta">… {len(text) - MAX_CHARS} more characters in completions.jsonl</div>'
+        text = text[:MAX_CHARS]
+    meta = []
+    reward = row.get("reward")
+    if isinstance(reward, int | float):
+        meta.append(f"<b>reward {reward:.3g}</b>")
+    for name, value in (row.get("rewards") or {}).items():
+        shown = (
+            "None"
+            if value is None
+            else (f"{value:.3g}" if isinstance(value, int | float) else value)
+        )
+        meta.append(f"{esc(name)} {esc(shown)}")
+    adv = row.get("advantage")
+    if isinstance(adv, int | float):
+        meta.append(f"advantage {adv:+.2f}")
+    return (
+        f'<div class="sample"><div class="meta">{" · ".join(meta)}</div>'
+        f"<pre>{esc(text)}</pre>{cut}</div>"
+    )
+
+
+def samples_html(completions: Sequence[dict[str, Any]]) -> str:
+    picked = pick_samples(completions)
+    if picked is None:
+        return '<p class="muted">completions.jsonl has no samples from two different steps.</p>'
+    cols = []
+    for label, (step, prompt, rows) in zip(("Early", "Late"), picked, strict=True):
+        ordered = sorted(
+            rows,
+            key=lambda r: -(r["reward"] if isinstance(r.get("reward"), int | float) else -1e9),
+        )
+        cards = "".join(_sample_card(r) for r in ordered[:MAX_SAMPLES])
+        more = len(rows) - min(len(rows), MAX_SAMPLES)
+        extra = f'<p class="muted">{more} more in completions.jsonl</p>' if more else ""
+        cols.append(
+            f"<div><h3>{label}: step {step}</h3>"
+            f'<div class="meta"><b>prompt</b></div><pre>{esc(prompt[:600])}</pre>'
+            f"{cards}{extra}</div>"
+        )
+    return f'<div class="cols">{"".join(cols)}</div>'
+
+
+# ---- other sections -----------------------------------------------------------------------------
+
+
+def _first_last(run: RunData, key: str) -> tuple[float | None, float | None]:
+    """The smoothed value at the first and last step that have the metric."""
+    values = [v for v in run.series(key)[1] if v is not None]
+    if not values:
+        return None, None
+    smooth = [v for v in ema(values, plots.smoothing_for(len(values))) if v is not None]
+    return smooth[0], smooth[-1]
+
+
+def summary_rows(run: RunData, alerts: Sequence[dict[str, Any]]) -> list[list[object]]:
+    steps = run.steps
+    rows: list[list[object]] = [["steps logged", f"{len(steps)} ({steps[0]} - {steps[-1]})"]]
+    for key in ["reward", *[f"rewards/{n}/mean" for n in run.reward_names()], "kl", "entropy",
+                "frac_reward_zero_std", "completions/mean_length"]:  # fmt: skip
+        first, last = _first_last(run, key)
+        if first is not None and last is not None:
+            rows.append([key, f"{first:.3g} → {last:.3g} (smoothed)"])
+    total = [v for v in run.series("step_time")[1] if v is not None]
+    if total:
+        rows.append(["training time", f"{sum(total) / 60:.1f} min ({mean(total):.1f} s a step)"])
+    rows.append(["monitor alerts", str(len(alerts))])
+    return rows
+
+
+def timing_rows(run: RunData) -> list[list[object]]:
+    totals = [
+        (label, sum(v for v in run.series(key)[1] if v is not None))
+        for key, label in plots.PHASES
+        if run.has(key)
+    ]
+    whole = sum(t for _, t in totals)
+    return [[label, round(t, 1), f"{t / whole:.0%}" if whole else "–"] for label, t in totals]
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for k, v in value.items():
+            out.extend(_flatten(v, f"{prefix}/{k}" if prefix else str(k)))
+        return out
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return [(prefix, text if len(text) <= 200 else text[:199] + "…")]
+
+
+def forecast_rows(run: RunData, names: Sequence[str]) -> list[list[object]]:
+    rows: list[list[object]] = []
+    for n in names:
+        forecast = [v for v in run.series(f"forecast/{n}/pass_rate")[1] if v is not None]
+        observed = [v for v in run.series(f"pass_rate/{n}")[1] if v is not None]
+        held = [v for v in run.series(f"eval/{n}/pass_rate")[1] if v is not None]
+        if not (forecast or observed or held):
+            continue
+        tail = observed[-max(1, len(observed) // 5) :] if observed else []
+        rows.append(
+            [
+                n,
+                f"{forecast[-1]:.0%}" if forecast else "–",
+                f"{observed[0]:.0%}" if observed else "–",
+                f"{mean(tail):.0%}" if tail else "–",
+                f"{held[-1]:.0%}" if held else "–",
+            ]
+        )
+    return rows
+
+
+def alerts_html(alerts: Sequence[dict[str, Any]]) -> str:
+    if not alerts:
+        return '<p class="muted">No monitor fired.</p>'
+    rows = [[a.get("step"), a.get("rule"), a.get("value"), a.get("message", "")] for a in alerts]
+    return (
+        f'<div class="alert">{len(alerts)} monitor alert(s); red dotted lines mark them on the '
+        f"plots.</div>" + table(["step", "rule", "value", "message"], rows)
+    )
+
+
+def _figure(name: str, fig: Figure | None, report_dir: Path, written: list[Path], alt: str) -> str:
+    if fig is None:
+        return ""
+    data = plots.png_bytes(fig)
+    path = report_dir / f"{name}.png"
+    write_atomic(path, data)
+    written.append(path)
+    return img(data, alt)
+
+
+def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | None = None) -> Path:
+    """Write the HTML report of a run and its plots as PNG files; returns the HTML path.
+
+    Args:
+        run_dir: the run directory (metrics.jsonl required; the rest optional).
+        eval_dir: a directory with the eval.json of ``grpokit eval``, shown as the eval section.
+        out: the HTML file; default ``<run_dir>/report/report.html``. PNGs always go to
+            ``<run_dir>/report/``.
+    """
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    evaluation = load_eval(eval_dir) if eval_dir is not None else None
+    report_dir = run_dir / "report"
+    out = Path(out) if out is not None else report_dir / "report.html"
+    alerts = run.alerts()
+    names = run.reward_names()
+    pngs: list[Path] = []
+    parts: list[str] = []
+
+    generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    parts.append(f"<h1>grpokit run report: {esc(run.name)}</h1>")
+    parts.append(f'<p class="muted">{esc(run_dir.resolve())} · generated {generated}</p>')
+    if run.skipped:
+        listed = "".join(f"<li>{esc(s)}</li>" for s in run.skipped[:10])
+        more = f"<li>… and {len(run.skipped) - 10} more</li>" if len(run.skipped) > 10 else ""
+        parts.append(
+            f'<div class="warn"><b>Skipped {len(run.skipped)} unreadable line(s)</b>; the report '
+            f"shows the rest.<ul>{listed}{more}</ul></div>"
+        )
+    for note in run.notes:
+        parts.append(f'<div class="warn">{esc(note)}</div>')
+
+    versions = (
+        table(["package", "version"], sorted(run.versions.items()))
+        if run.versions
+        else ('<p class="muted">no versions.json</p>')
+    )
+    config = (
+        f'<pre class="config">{esc(run.config_text)}</pre>'
+        if run.config_text is not None
+        else '<p class="muted">no config.yaml</p>'
+    )
+    parts.append(
+        section(
+            "run",
+            "Run: summary, versions, config",
+            f'<div class="cols"><div>{table(["metric", "value"], summary_rows(run, alerts))}</div>'
+            f"<div>{versions}</div></div>{config}",
+        )
+    )
+    parts.append(
+        section(
+            "rewards",
+            "Rewards",
+            _figure("rewards", plots.fig_rewards(run, alerts), report_dir, pngs, "rewards")
+            + '<p class="muted">Faint: per step; bold: exponential moving average.</p>',
+        )
+    )
+    parts.append(
+        section(
+            "dynamics",
+            "KL, entropy, equal-reward groups, clipping",
+            _figure("dynamics", plots.fig_dynamics(run, alerts), report_dir, pngs, "dynamics")
+            + '<p class="muted">A share of equal-reward groups near 1 means no learning signal '
+            "(all completions of a prompt scored alike).</p>",
+        )
+    )
+    parts.append(
+        section(
+            "completions",
+            "Completions: length, truncation, repetition",
+            _figure("completions", plots.fig_lengths(run, alerts), report_dir, pngs, "lengths"),
+        )
+    )
+    timing = plots.fig_timing(run)
+    if timing is not None:
+        parts.append(
+            section(
+                "timing",
+                "Time per phase",
+                _figure("timing", timing, report_dir, pngs, "time per phase")
+                + table(["phase", "seconds", "share"], timing_rows(run)),
+            )
+        )
+    forecast = plots.fig_pass_rates(run, names)
+    pre = run.preflight
+    if forecast is not None or pre is not None:
+        content = _figure("pass_rates", forecast, report_dir, pngs, "pass rates vs forecast")
+        rows = forecast_rows(run, names)
+        if rows:
+            content += table(
+                [
+                    "reward",
+                    "forecast",
+                    "observed, first step",
+                    "observed, last 20%",
+                    "held-out, last",
+                ],
+                rows,
+            )
+        if pre is not None:
+            content += "<h3>preflight.json</h3>" + table(["key", "value"], _flatten(pre)[:40])
+        parts.append(section("forecast", "Pass rate against the preflight forecast", content))
+    heldout = plots.fig_heldout(run, names, alerts)
+    if heldout is not None:
+        parts.append(
+            section(
+                "heldout",
+                "Held-out checks during training",
+                _figure("heldout", heldout, report_dir, pngs, "held-out"),
+            )
+        )
+    parts.append(section("alerts", "Monitor alerts", alerts_html(alerts)))
+    parts.append(section("samples", "Samples: early vs late", samples_html(run.completions)))
+    if evaluation is not None:
+        parts.append(
+            section(
+                "eval",
+                f"Eval on held-out prompts ({evaluation.heldout})",
+                to_html(eval_tables(evaluation)),
+            )
+        )
+    write_atomic(out, page(f"grpokit report: {run.name}", "".join(parts)).encode("utf-8"))
+    return out

@@ -1,0 +1,135 @@
+"""The eval tables, built once and rendered as Markdown (terminal) or HTML (report)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grpokit.evaluate.html import esc, table
+from grpokit.evaluate.schema import EvalResult, RewardSummary
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+def pct(rate: float | None, ci: tuple[float, float] | None = None) -> str:
+    """A rate as a percentage, with its interval when given: '41% [27, 56]'."""
+    if rate is None:
+        return "–"
+    if ci is None:
+        return f"{rate:.0%}"
+    return f"{rate:.0%} [{ci[0] * 100:.0f}, {ci[1] * 100:.0f}]"
+
+
+def num(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}g}"
+
+
+def shorten(text: str, limit: int = 60) -> str:
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 1] + "…"
+
+
+def _reward_cell(r: RewardSummary) -> str:
+    if r.pass_rate is None:
+        return f"{num(r.mean)}"
+    return f"{num(r.mean)} · pass {pct(r.pass_rate, r.pass_ci)}"
+
+
+def eval_tables(result: EvalResult) -> list[Table]:
+    """Per-prompt table, per-model summary, pass@k and the paired comparison."""
+    labels = [m.label for m in result.models]
+    k = result.samples_per_prompt
+    per_prompt = Table(
+        title="Per prompt: compliant samples per model",
+        header=["#", "prompt", "samples", *labels],
+        rows=[
+            [str(p.index), shorten(p.prompt), str(p.samples)]
+            + [
+                f"{p.compliant[label]}/{p.samples}" if label in p.compliant else "–"
+                for label in labels
+            ]
+            for p in result.prompts
+        ],
+        note="compliant: every reward with a pass threshold reached it ("
+        + (
+            ", ".join(f"{n} >= {t:g}" for n, t in result.thresholds.items())
+            or "no reward has a threshold; set one with --pass NAME=VALUE"
+        )
+        + ")",
+    )
+    summary = Table(
+        title="Per model: reward means and pass rates (95% Wilson intervals)",
+        header=["model", "compliant", *result.rewards, "mean length", "truncated"],
+        rows=[
+            [m.label, pct(m.compliant_rate, m.compliant_ci)]
+            + [_reward_cell(m.rewards[r]) if r in m.rewards else "–" for r in result.rewards]
+            + [f"{m.mean_length:.1f}", pct(m.truncated_frac)]
+            for m in result.models
+        ],
+        note=f"{k} samples per prompt, {len(result.prompts)} prompts, seed {result.seed}",
+    )
+    tables = [per_prompt, summary]
+    ks = sorted({kk for m in result.models for r in m.rewards.values() for kk in r.pass_at_k})
+    binary = [
+        r
+        for r in result.rewards
+        if any(m.rewards.get(r) and m.rewards[r].pass_at_k for m in result.models)
+    ]
+    if ks and binary:
+        rows = []
+        for m in result.models:
+            for r in binary:
+                s = m.rewards.get(r)
+                rows.append(
+                    [m.label, r] + [pct(s.pass_at_k.get(kk)) if s is not None else "–" for kk in ks]
+                )
+        tables.append(Table("pass@k", ["model", "reward", *[f"pass@{kk}" for kk in ks]], rows))
+    if result.paired:
+        tables.append(
+            Table(
+                title="Paired comparison against the first model (per-prompt means)",
+                header=["metric", "model", "difference", "95% interval", "prompts"],
+                rows=[
+                    [
+                        c.metric,
+                        f"{c.other} - {c.base}",
+                        f"{c.diff:+.3g}",
+                        f"[{c.ci[0]:+.3g}, {c.ci[1]:+.3g}]" if c.ci else "–",
+                        str(c.n_prompts),
+                    ]
+                    for c in result.paired
+                ],
+                note="an interval that excludes 0 is a difference the prompts support",
+            )
+        )
+    return tables
+
+
+def to_markdown(tables: Sequence[Table]) -> str:
+    out: list[str] = []
+    for t in tables:
+        out.append(f"### {t.title}\n")
+        out.append("| " + " | ".join(t.header) + " |")
+        out.append("|" + "|".join("---" for _ in t.header) + "|")
+        for row in t.rows:
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        if t.note:
+            out.append(f"\n_{t.note}_")
+        out.append("")
+    return "\n".join(out)
+
+
+def to_html(tables: Sequence[Table]) -> str:
+    parts = []
+    for t in tables:
+        parts.append(f"<h3>{esc(t.title)}</h3>")
+        parts.append(table(t.header, t.rows, numeric=False))
+        if t.note:
+            parts.append(f'<p class="muted">{esc(t.note)}</p>')
+    return "".join(parts)

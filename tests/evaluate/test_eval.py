@@ -1,0 +1,222 @@
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from grpokit.errors import UserError
+from grpokit.evaluate.cli import eval_cmd
+from grpokit.evaluate.eval import (
+    Sample,
+    eval_alerts,
+    render_markdown,
+    resolve_model,
+    run_eval,
+    summarize_eval,
+)
+from grpokit.evaluate.report import build_report
+from grpokit.evaluate.schema import EvalResult
+from grpokit.core.stats import wilson_interval
+from grpokit.monitor import MonitorConfig
+
+
+def _samples(model: str, fmt: list[list[float | None]], length: int, text: str) -> list[Sample]:
+    out = []
+    for i, values in enumerate(fmt):
+        for j, v in enumerate(values):
+            out.append(
+                Sample(
+                    model,
+                    i,
+                    j,
+                    f"{text} {i} {j}",
+                    v,
+                    {"fmt": v, "score": 2.0 * i + j},
+                    length,
+                    j == 0,
+                )  # fmt: skip
+            )
+    return out
+
+
+def _hand_result(monitors: MonitorConfig | None = None) -> EvalResult:
+    samples = _samples("base", [[1, 0, 0, 0], [0, 0, 0, 0]], 10, "plain") + _samples(
+        "trained", [[1, 1, 1, 0], [1, 1, 0, None]], 30, "long"
+    )
+    return summarize_eval(
+        samples,
+        labels=["base", "trained"],
+        paths={"base": "smollm2", "trained": "runs/x/checkpoint-30"},
+        prompts=["prompt A", "prompt B"],
+        samples_per_prompt=4,
+        reward_names=["fmt", "score"],
+        thresholds={"fmt": 1.0},
+        seed=0,
+        sampling={"temperature": 1.0},
+        heldout="heldout.jsonl",
+        monitors=monitors,
+    )
+
+
+def test_summarize_eval_hand_checked_table() -> None:
+    result = _hand_result()
+    base, trained = result.models
+    assert (base.compliant, trained.compliant) == (1, 5)  # a None is not a pass
+    assert base.compliant_ci == pytest.approx(wilson_interval(1, 8))
+    fmt_b, fmt_t = base.rewards["fmt"], trained.rewards["fmt"]
+    assert (fmt_t.n, fmt_t.none_count, fmt_t.passed) == (7, 1, 5)
+    assert fmt_t.pass_rate == pytest.approx(5 / 7)
+    # pass@k of base: prompt A has 1 of 4 (pass@1 .25, @2 .5, @4 1), prompt B none
+    assert fmt_b.pass_at_k == pytest.approx({1: 0.125, 2: 0.25, 4: 0.5})
+    assert base.rewards["score"].threshold is None and base.rewards["score"].pass_rate is None
+    assert base.rewards["score"].mean == pytest.approx(2.5)
+    assert (base.mean_length, trained.mean_length) == (10, 30)
+    assert base.truncated_frac == pytest.approx(0.25)
+    assert [p.compliant for p in result.prompts] == [
+        {"base": 1, "trained": 3},
+        {"base": 0, "trained": 2},
+    ]
+    paired = {c.metric: c for c in result.paired}
+    # per-prompt fmt means: base 0.25, 0; trained 0.75, 2/3 -> differences 0.5, 0.667
+    assert paired["fmt"].diff == pytest.approx(7 / 12)
+    half = 12.706 * (1 / 6 / 2**0.5) / 2**0.5
+    assert paired["fmt"].ci == pytest.approx((7 / 12 - half, 7 / 12 + half))
+    assert paired["compliant"].diff == pytest.approx(0.5)
+    assert paired["compliant"].ci == pytest.approx((0.5, 0.5))
+    assert paired["score"].diff == pytest.approx(0.0, abs=1e-12)
+    md = render_markdown(result)
+    assert "| 0 | prompt A | 4 | 1/4 | 3/4 |" in md
+    assert "| 1 | prompt B | 4 | 0/4 | 2/4 |" in md
+    assert "| fmt | trained - base | +0.583 |" in md
+    assert "fmt >= 1" in md
+
+
+def test_eval_alerts_compare_with_the_base() -> None:
+    result = _hand_result(MonitorConfig())
+    # 3x longer with a higher fmt mean: the length rule fires; the texts are not repetitive
+    assert [(a["rule"], a["model"]) for a in result.alerts] == [("length_reward", "trained")]
+    base, trained = result.models
+    looping = trained.model_copy(
+        update={"text": {**trained.text, "completions/repeated_ngram_frac": 0.6}}
+    )
+    rules = [a["rule"] for a in eval_alerts(MonitorConfig(), base, looping)]
+    assert rules == ["repetition", "length_reward"]
+    off = MonitorConfig.model_validate({"length_reward": {"enabled": False}})
+    assert eval_alerts(off, base, trained) == []
+
+
+def test_resolve_model_arguments(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    for step in (10, 30):
+        model = run / f"checkpoint-{step}" / "model"
+        model.mkdir(parents=True)
+        (model / "adapter_config.json").write_text("{}")
+        (model / "grpokit_policy.json").write_text(json.dumps({"base_model": "/models/base"}))
+    (run / "config.yaml").write_text("x: 1\n")
+    spec = resolve_model(str(run))
+    assert (spec.label, spec.name_or_path, spec.run_dir) == (
+        "run/checkpoint-30",
+        "/models/base",
+        run,
+    )
+    assert spec.init_from == str(run / "checkpoint-30" / "model")
+    spec = resolve_model(f"early={run / 'checkpoint-10'}")
+    assert spec.label == "early" and spec.init_from == str(run / "checkpoint-10" / "model")
+    assert resolve_model("smollm2-135m-instruct").name_or_path == "smollm2-135m-instruct"
+    with pytest.raises(UserError, match="no such directory"):
+        resolve_model("./missing/model")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="neither a model"):
+        resolve_model(str(tmp_path / "empty"))
+
+
+@pytest.fixture
+def eval_setup(tmp_path: Path, tiny_model_dir: Path) -> tuple[Path, Path]:
+    prompts = tmp_path / "heldout.jsonl"
+    prompts.write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in ["Say hello.", "Count to 3.", "2+2?"])
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"model: {{name_or_path: {tiny_model_dir}}}\n"
+        "data: {train: heldout.jsonl}\n"
+        "rewards:\n"
+        "  - {type: regex_match, name: has_e, pattern: 'e'}\n"
+        "  - {type: repetition_penalty, ngram_size: 2}\n"
+        "training: {max_completion_length: 12, temperature: 1.0, num_generations: 4}\n"
+    )
+    return prompts, config
+
+
+def test_eval_end_to_end_on_tiny_models(
+    eval_setup: tuple[Path, Path],
+    tiny_model_dir: Path,
+    tiny_model_factory: Callable[..., Path],
+    tmp_path: Path,
+) -> None:
+    prompts, config = eval_setup
+    other = tiny_model_factory(seed=1)
+    out = tmp_path / "eval"
+    result = run_eval(
+        [f"base={tiny_model_dir}", f"again={tiny_model_dir}", f"other={other}"],
+        prompts,
+        samples=4,
+        out_dir=out,
+        config=config,
+        seed=3,
+        batch_size=8,  # 2 prompts per chunk: chunking must not change the pairing
+        log=lambda _: None,
+    )
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 3 * 4
+    by_model: dict[str, list[str]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], []).append(r["completion"])
+        assert r["rewards"]["has_e"] == (1.0 if re.search("e", r["completion"]) else 0.0)
+    # same weights, same seeds: the same completions
+    assert by_model["base"] == by_model["again"]
+    assert by_model["base"] != by_model["other"]
+    # the table holds exactly what the completions say
+    for p in result.prompts:
+        for label in ("base", "other"):
+            hits = sum(
+                r["rewards"]["has_e"] == 1.0 and r["rewards"]["repetition_penalty"] >= 0
+                for r in rows
+                if r["model"] == label and r["prompt_index"] == p.index
+            )
+            assert p.compliant[label] == hits
+    again = [c for c in result.paired if c.other == "again"]
+    assert {c.metric for c in again} == {"has_e", "repetition_penalty", "compliant"}
+    assert all(c.diff == 0 and c.ci == (0.0, 0.0) for c in again)
+    assert result.thresholds == {"has_e": 1.0, "repetition_penalty": 0.0}
+    saved = EvalResult.model_validate_json((out / "eval.json").read_text())
+    assert saved.prompts == result.prompts
+    assert "| 0 | Say hello. | 4 |" in (out / "eval.md").read_text()
+
+    # the report shows it next to a run
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.6}\n')
+    html = build_report(run, eval_dir=out).read_text()
+    assert '<section id="eval">' in html and "Say hello." in html
+
+
+def test_eval_cli_prints_the_table_and_reports_user_errors(
+    eval_setup: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    prompts, config = eval_setup
+    runner = CliRunner()
+    args = ["--model", str(tiny_model_dir), "--prompts", str(prompts), "--samples", "2",
+            "--config", str(config), "--max-prompts", "1", "--out", str(tmp_path / "o")]  # fmt: skip
+    res = runner.invoke(eval_cmd, [*args, "--pass", "repetition_penalty=-0.5"])
+    assert res.exit_code == 0, res.output
+    assert "Per prompt: compliant samples per model" in res.output
+    assert "repetition_penalty >= -0.5" in res.output
+    res = runner.invoke(eval_cmd, [*args, "--pass", "nope=1"])
+    assert isinstance(res.exception, UserError) and "--pass 'nope=1'" in str(res.exception)
+    res = runner.invoke(eval_cmd, args[:6])
+    assert isinstance(res.exception, UserError) and "--config" in str(res.exception)

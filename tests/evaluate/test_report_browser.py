@@ -1,0 +1,88 @@
+"""Open the report in a real headless Chromium: images render, no console output, a screenshot."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from grpokit.evaluate.report import build_report
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)"
+)
+SCREENSHOT_COPY = Path("/tmp/grpokit_report_screenshot.png")
+
+# Appended to a copy of the page only: the report itself carries no script.
+PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "grpokit-probe";
+  out.textContent = JSON.stringify([...document.images].map(
+    (i) => ({w: i.naturalWidth, h: i.naturalHeight, data: i.src.startsWith("data:image/png")})));
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    cmd = [
+        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+        "--no-first-run", "--disable-background-networking", "--disable-component-update",
+        "--disable-sync", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+        "--virtual-time-budget=5000", *extra, page.as_uri(),
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+
+
+def console_lines(stderr: str) -> list[str]:
+    """Chromium logs every console message (any level) and page error as a CONSOLE line."""
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def probe_images(page: Path, tmp: Path) -> tuple[list[dict[str, object]], list[str]]:
+    """(natural sizes of the page's images after load, console lines of the load)."""
+    copy = tmp / f"probe-{page.name}"
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"))
+    res = chromium(copy, tmp / "profile-probe", "--dump-dom")
+    match = re.search(r'<pre id="grpokit-probe">(.*?)</pre>', res.stdout, re.S)
+    assert match, "the probe did not run: page not loaded"
+    images = json.loads(match.group(1).replace("&quot;", '"'))
+    # The probe itself logs nothing, so console lines come from the page.
+    return images, console_lines(res.stderr)
+
+
+def test_probe_detects_broken_images_and_console_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.html"
+    bad.write_text(
+        '<html><body><img src="missing.png"><script>console.error("boom")</script></body></html>'
+    )
+    images, console = probe_images(bad, tmp_path)
+    assert images == [{"w": 0, "h": 0, "data": False}]
+    assert any('"boom"' in line for line in console)
+
+
+def test_report_renders_in_headless_chromium(run_dir: Path, tmp_path: Path) -> None:
+    report = build_report(run_dir)
+    images, console = probe_images(report, tmp_path)
+    assert len(images) == 6
+    for image in images:
+        assert image["data"] is True
+        assert isinstance(image["w"], int) and image["w"] >= 800
+        assert isinstance(image["h"], int) and image["h"] >= 250
+    assert console == []
+
+    shot = tmp_path / "report.png"
+    res = chromium(
+        report, tmp_path / "profile-shot", f"--screenshot={shot}", "--window-size=1240,7200",
+        "--hide-scrollbars",
+    )  # fmt: skip
+    assert console_lines(res.stderr) == []
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 100_000
+    shutil.copyfile(shot, SCREENSHOT_COPY)

@@ -1,0 +1,53 @@
+"""The logic-tree recipe: configs load, and its rewards and monitors judge the seed's two trees."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from grpokit.config import load_config
+from grpokit.data.prompts import load_prompts
+from grpokit.monitor import MonitorConfig, MonitorSet, text_stats
+from grpokit.rewards.compose import build_reward_set
+from grpokit.rewards.registry import BuildContext
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "logic-tree"
+EXAMPLES = json.loads((RECIPE / "seed_examples_ja.json").read_text(encoding="utf-8"))
+
+
+def _score(config: str, texts: list[str]) -> list[float]:
+    cfg = load_config(RECIPE / config)
+    rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=RECIPE))
+    scores = rewards([EXAMPLES["prompt"]] * len(texts), texts, {})
+    return [float(x) for x in scores.total]
+
+
+@pytest.mark.parametrize("config", ["config.hackable.yaml", "config.guarded.yaml"])
+def test_recipe_configs_and_data_load(config: str) -> None:
+    cfg = load_config(RECIPE / config)
+    assert len(load_prompts(cfg.resolve(cfg.data.train))) == 12
+    assert cfg.data.heldout is not None
+    assert len(load_prompts(cfg.resolve(cfg.data.heldout))) == 4
+    assert cfg.system_prompt is not None and "├─ / └─ / │" in cfg.system_prompt
+    assert cfg.training.prompts_per_step == 2
+
+
+def test_hackable_reward_prefers_the_hacked_tree_and_guarded_does_not() -> None:
+    base, hacked = EXAMPLES["base"], EXAMPLES["hacked"]
+    assert _score("config.hackable.yaml", [base, hacked]) == [6.0, 7.0]
+    guarded = _score("config.guarded.yaml", [base, hacked])
+    assert guarded[0] == pytest.approx(1.0)
+    assert guarded[1] == pytest.approx(1.0 - 0.6242, abs=1e-3)
+
+
+def test_repetition_monitor_fires_when_samples_turn_into_the_hacked_tree() -> None:
+    monitors = MonitorSet(MonitorConfig(), ["logic_tree_depth"])
+    alerts = []
+    for step in range(1, 13):
+        texts = [EXAMPLES["base"]] * 4 if step <= 6 else [EXAMPLES["hacked"]] * 4
+        alerts += monitors.update(step, text_stats(texts, group_size=4))
+    rules = {(a.rule, a.step) for a in alerts}
+    # repeated 3-gram share 0.07 -> 0.43: fires once the 3-step mean has moved by 0.15
+    assert ("repetition", 8) in rules
