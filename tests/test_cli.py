@@ -55,6 +55,10 @@ def test_train_runs_and_resumes_from_the_cli(tmp_path: Path, tiny_model_dir: Pat
     out = grpokit("train", str(config), "--no-progress", "--output-dir", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "run" / "checkpoint-1").is_dir()
+    first = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    # The success-amplification forecast is recorded at the first step, beside the pass rate.
+    assert 0.0 <= first["forecast/regex_match/pass_rate"] <= 1.0
+    assert "pass_rate/regex_match" in first
     # Resuming a finished run with a longer schedule continues from its checkpoint.
     out = grpokit("train", str(tmp_path / "run"), "--no-progress")
     assert out.returncode == 0, out.stderr
@@ -84,3 +88,13 @@ def test_user_errors_exit_2_with_one_message(tmp_path: Path, tiny_model_dir: Pat
     (tmp_path / "train.jsonl").write_text('{"prompt": "ok"}\n{"prompt": \n')
     out = grpokit("train", str(config))
     assert out.returncode == 2 and "train.jsonl:2: not valid JSON" in out.stderr
+
+
+def test_train_nproc_runs_two_data_parallel_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    # 2 prompts x 2 generations per step: one whole group per process.
+    config = _tiny_config(tmp_path, tiny_model_dir, per_device_train_batch_size=2)
+    out = grpokit("train", str(config), "--nproc", "2", "--output-dir", str(tmp_path / "dp"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = (tmp_path / "dp" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [1]  # rank 0 alone logs
+    assert [p.name for p in (tmp_path / "dp").glob("checkpoint-*")] == ["checkpoint-1"]

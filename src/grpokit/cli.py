@@ -51,14 +51,33 @@ def main() -> None:
 )
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run directory.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs and CI).")
+@click.option(
+    "--nproc",
+    type=int,
+    default=None,
+    help="Data-parallel processes on this machine (runs torchrun; the same as "
+    "`torchrun --nproc-per-node N -m grpokit train ...`).",
+)
 def train(
-    config: Path, overrides: tuple[str, ...], output_dir: Path | None, no_progress: bool
+    config: Path,
+    overrides: tuple[str, ...],
+    output_dir: Path | None,
+    no_progress: bool,
+    nproc: int | None,
 ) -> None:
-    """Train with GRPO. CONFIG is a YAML file, or a run directory with --resume semantics.
+    """Train with GRPO. CONFIG is a YAML file, or a run directory to resume.
 
     Passing a run directory (one holding config.yaml and checkpoint-N/) resumes it from its
     latest checkpoint with the same data order, optimizer state and random state.
     """
+    if nproc is not None:
+        from grpokit.train.distributed import launch
+
+        args = ["train", str(config), *(f"--set={o}" for o in overrides), "--no-progress"]
+        if output_dir is not None:
+            args += ["--output-dir", str(output_dir)]
+        sys.exit(launch(nproc, args))
+
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from grpokit.core.stats import wilson_interval
 from grpokit.errors import UserError
 from grpokit.evaluate.cli import eval_cmd
 from grpokit.evaluate.eval import (
@@ -20,7 +21,6 @@ from grpokit.evaluate.eval import (
 )
 from grpokit.evaluate.report import build_report
 from grpokit.evaluate.schema import EvalResult
-from grpokit.core.stats import wilson_interval
 from grpokit.monitor import MonitorConfig
 
 

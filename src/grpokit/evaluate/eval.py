@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOKitConfig, load_config
+from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
@@ -38,7 +39,6 @@ from grpokit.evaluate.schema import (
 from grpokit.evaluate.schema import (
     PromptRow as TableRow,
 )
-from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval
 from grpokit.evaluate.tables import eval_tables, to_markdown
 from grpokit.monitor.config import MonitorConfig
 from grpokit.monitor.text_stats import (
@@ -426,16 +426,9 @@ def _score_model(
     )
     policy.model.eval()
     tok = policy.tokenizer
-    eos = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
-    extra = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
-    if isinstance(extra, int):
-        eos.add(extra)
-    elif isinstance(extra, list):
-        eos.update(int(x) for x in extra)
-    if not eos:
-        raise UserError(f"--model {spec.given}: the tokenizer has no eos_token")
+    eos = policy.eos_token_ids()
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else min(eos))
-    engine = TorchEngine(policy.model, eos_token_ids=sorted(eos), pad_token_id=pad)
+    engine = TorchEngine(policy.model, eos_token_ids=eos, pad_token_id=pad)
     args = cfg.training
     sampling = SamplingParams(
         max_completion_length=args.max_completion_length,

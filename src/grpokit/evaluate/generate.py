@@ -86,18 +86,6 @@ def prompt_rows(
     return rows
 
 
-def _eos_ids(tokenizer: Any, model: torch.nn.Module, given: str) -> list[int]:
-    ids = {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif isinstance(extra, list):
-        ids.update(int(x) for x in extra)
-    if not ids:
-        raise UserError(f"--model {given}: the tokenizer has no eos_token; set one in its config")
-    return sorted(ids)
-
-
 def _model_samples(
     spec: Any,
     rows: list[PromptRow],
@@ -120,7 +108,7 @@ def _model_samples(
     )
     policy.model.eval()
     tok = policy.tokenizer
-    eos = _eos_ids(tok, policy.model, spec.given)
+    eos = policy.eos_token_ids()
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos[0])
     engine = TorchEngine(policy.model, eos_token_ids=eos, pad_token_id=pad)
     per_chunk = max(1, batch_size // samples)

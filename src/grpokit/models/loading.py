@@ -172,6 +172,9 @@ def _merge_adapter(model: torch.nn.Module, adapter_dir: Path) -> torch.nn.Module
             "Use the same base model the adapter was trained on."
         ) from exc
     merged: torch.nn.Module = peft_model.merge_and_unload()
+    # peft loads an adapter for inference (base frozen); the merged weights are the new base,
+    # trainable unless a fresh LoRA freezes them again.
+    merged.requires_grad_(True)
     return merged
 
 
@@ -238,6 +241,21 @@ class Policy:
                 "This policy has no reference model: load it with need_reference=True "
                 "(needed when beta > 0)."
             )
+
+    def eos_token_ids(self) -> list[int]:
+        """Token ids that end a completion: the tokenizer's EOS and any the generation config lists."""
+        tok = self.tokenizer
+        ids = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
+        extra = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(extra, int):
+            ids.add(extra)
+        elif isinstance(extra, list):
+            ids.update(int(x) for x in extra)
+        if not ids:
+            raise UserError(
+                "the tokenizer has no eos_token; set one in the model's tokenizer config"
+            )
+        return sorted(ids)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer updates (LoRA weights only under LoRA)."""

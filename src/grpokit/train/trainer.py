@@ -32,6 +32,7 @@ from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.monitor import MonitorSet, text_stats
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import missing_tracker_packages, tracker_sinks
+from grpokit.preflight.forecast import forecast_for_reward, std_normalized_for
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rollout.base import RolloutEngine, SamplingParams
@@ -285,7 +286,9 @@ class GRPOTrainer:
     def _build_engine(self) -> RolloutEngine:
         if not self.args.use_vllm:
             return TorchEngine(
-                self.policy.model, eos_token_ids=self._eos_ids(), pad_token_id=self.pad_token_id
+                self.policy.model,
+                eos_token_ids=self.policy.eos_token_ids(),
+                pad_token_id=self.pad_token_id,
             )
         from grpokit.models.loading import resolve_model_path
         from grpokit.rollout.vllm_engine import VLLMEngine
@@ -294,7 +297,7 @@ class GRPOTrainer:
         engine = VLLMEngine(
             self.policy.model,
             model_path=resolve_model_path(self.cfg.model.name_or_path),
-            eos_token_ids=self._eos_ids(),
+            eos_token_ids=self.policy.eos_token_ids(),
             mode=a.vllm_mode,
             gpu_memory_utilization=a.vllm_gpu_memory_utilization,
             server_url=a.vllm_server_base_url,
@@ -317,21 +320,6 @@ class GRPOTrainer:
         )
         n = rewards.shape[0]
         return advantages[self.dist.rank * n : (self.dist.rank + 1) * n]
-
-    def _eos_ids(self) -> list[int]:
-        tok = self.policy.tokenizer
-        ids = {int(tok.eos_token_id)} if tok.eos_token_id is not None else set()
-        gen_cfg = getattr(self.policy.model, "generation_config", None)
-        extra = getattr(gen_cfg, "eos_token_id", None)
-        if isinstance(extra, int):
-            ids.add(extra)
-        elif isinstance(extra, list):
-            ids.update(int(x) for x in extra)
-        if not ids:
-            raise UserError(
-                "the tokenizer has no eos_token; set one in the model's tokenizer config"
-            )
-        return sorted(ids)
 
     def _total_steps(self) -> int:
         if self.args.max_steps > 0:
@@ -529,6 +517,8 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             self.scheduler.step()
         shared["time/update"] = time.perf_counter() - t1
+        if self.state.global_step == 0:
+            shared.update(self._forecast(shared))
         shared["num_tokens"] = float(
             sum(len(p) for p in scored.prompt_ids) * scored.group_size
             + sum(len(c) for c in scored.rollout.completion_ids)
@@ -577,6 +567,22 @@ class GRPOTrainer:
                 metrics[f"pass_rate/{r.name}"] = r.pass_rate
         metrics.update(text_stats(scored.texts, g, n=self.cfg.monitors.text_ngram))
         return metrics
+
+    def _forecast(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Success-amplification forecast from the first step's pass rates (math.md section 5).
+
+        The idealised optimum of the KL-regularised objective, logged once so the report can hold
+        the observed pass rates against it.
+        """
+        out = {}
+        std = std_normalized_for(self.args.scale_rewards)
+        for name in self.rewards.names:
+            rate = metrics.get(f"pass_rate/{name}")
+            if rate is not None:
+                value = forecast_for_reward(rate, beta=self.args.beta, std_normalized=std)
+                if value is not None:
+                    out[f"forecast/{name}/pass_rate"] = value
+        return out
 
     def _log_completions(self, scored: ScoredBatch) -> None:
         a = self.args

@@ -1,0 +1,116 @@
+"""Shared pieces of the benchmarks: the model under test, prompts, timing, reporting.
+
+Benchmarks compare grpokit with a peer measured in the same script, with runs interleaved and
+the median of repeats taken, so that a busy machine slows both sides alike; every report line
+carries the load average, since absolute numbers on a shared machine mean little.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+QUESTIONS = [
+    "What is 17 + 25? Answer with the number.",
+    "Name three rivers in Europe.",
+    "Write one sentence about the moon.",
+    "What is the capital of Japan?",
+    "Explain in one line what a prime number is.",
+    "What is 9 times 7?",
+    "Give a synonym for 'happy'.",
+    "Say hello in French.",
+    "What colour is the sky on a clear day?",
+    "Count from one to five.",
+    "What is 100 minus 37?",
+    "Name a fruit that is yellow.",
+    "What is the opposite of 'cold'?",
+    "Write a four-word sentence.",
+    "What is 12 divided by 4?",
+    "Which planet is closest to the sun?",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
+
+
+def model_path(smoke: bool, model: str | None) -> str:
+    """The model a benchmark runs: the given one, the embedded SmolLM2 (converted once), or with
+    ``smoke`` a tiny random model with SmolLM2's tokenizer (a temporary directory)."""
+    if model:
+        from grpokit.models.loading import resolve_model_path
+
+        return resolve_model_path(model)
+    from grpokit.models.embedded import embedded_model_dir
+
+    if smoke:
+        from grpokit.models.tiny import make_tiny_model_dir
+
+        out = Path(tempfile.mkdtemp(prefix="grpokit-bench-tiny-"))
+        return str(make_tiny_model_dir(out, seed=0, tokenizer_dir=embedded_model_dir()))
+    return str(embedded_model_dir())
+
+
+def chat_prompts(tokenizer: Any, n: int) -> list[list[int]]:
+    """``n`` chat-formatted prompts (token ids), cycling through :data:`QUESTIONS`."""
+    from grpokit.data.chat import encode_prompt
+
+    return [encode_prompt(tokenizer, QUESTIONS[i % len(QUESTIONS)]) for i in range(n)]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def emit_result(result: dict[str, Any]) -> None:
+    """How a child process hands its measurement to :func:`run_child`."""
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def run_child(script: Path, args: list[str], timeout: float = 1800) -> dict[str, Any]:
+    """Run ``python script args`` in a fresh process (so its peak memory is its own)."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            parsed: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            return parsed
+    raise RuntimeError(
+        f"{script.name} {' '.join(args)} failed (exit {proc.returncode}):\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+
+
+def print_ratios(title: str, ratios: list[tuple[str, float, str]]) -> None:
+    """The closing block every benchmark prints last: name, ratio, target/verdict."""
+    print(f"\n== {title} ({load_average()})")
+    for name, value, note in ratios:
+        print(f"{name:<60} {value:8.2f}x  {note}")

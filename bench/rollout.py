@@ -1,0 +1,189 @@
+"""Rollout speed: grpokit's torch engine against transformers' ``generate`` and the decode floor.
+
+Same model, prompts, sampling settings (temperature 1, no top-k / top-p) and batch sizes; a batch
+of B completions is B / G prompts with G completions each, as in a GRPO step. Tokens counted are
+real completion tokens (up to and including EOS; ``generate``'s padding after EOS is not counted).
+The decode floor is a bare batched forward per token with a KV cache (no sampling, no stopping),
+at the full batch for the same number of steps: what the hardware does per token at that batch.
+
+    python bench/rollout.py                      # embedded SmolLM2-135M, batches 8 and 32
+    python bench/rollout.py --smoke              # tiny random model, seconds (used by the tests)
+    python bench/rollout.py --batch-sizes 8 32 64 --max-new-tokens 128 --repeats 5
+
+Prints per-run lines, then the ratios last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    chat_prompts,
+    load_average,
+    median,
+    model_path,
+    print_ratios,
+    timed,
+)
+
+from grpokit.rollout.base import SamplingParams  # noqa: E402
+from grpokit.rollout.torch_engine import TorchEngine, left_pad  # noqa: E402
+
+TARGET_VS_GENERATE = 1.8
+
+
+def hf_generate(
+    model: Any, prompts: list[list[int]], g: int, max_new: int, eos: list[int], pad: int, seed: int
+) -> int:
+    """Completion tokens sampled by ``generate`` (G per prompt, up to and including EOS)."""
+    ids, mask, _ = left_pad(prompts, pad, torch.device("cpu"))
+    torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max_new,
+            num_return_sequences=g,
+            eos_token_id=eos,
+            pad_token_id=pad,
+        )
+    completions = out[:, ids.shape[1] :]
+    is_eos = torch.isin(completions, torch.tensor(eos))
+    # Length = position of the first EOS + 1, or the whole row when there is none.
+    first = torch.where(is_eos.any(-1), is_eos.float().argmax(-1) + 1, completions.shape[1])
+    return int(first.sum())
+
+
+def engine_generate(
+    engine: TorchEngine, prompts: list[list[int]], g: int, max_new: int, seed: int
+) -> int:
+    params = SamplingParams(max_completion_length=max_new, temperature=1.0)
+    batch = engine.generate(prompts, g, params, generator=torch.Generator().manual_seed(seed))
+    return sum(batch.completion_lengths)
+
+
+def decode_floor(model: Any, prompts: list[list[int]], g: int, steps: int, pad: int) -> int:
+    """B x steps tokens of bare cached decoding: prefill the B rows, then one forward per token."""
+    from transformers import DynamicCache
+
+    ids, mask, pos = left_pad(prompts, pad, torch.device("cpu"))
+    ids, mask, pos = (t.repeat_interleave(g, dim=0) for t in (ids, mask, pos))
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        nxt = pos[:, -1:] + 1
+        for _ in range(steps - 1):
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            out = model(
+                input_ids=token,
+                attention_mask=mask,
+                position_ids=nxt,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            token = out.logits[:, -1].argmax(-1, keepdim=True)
+            nxt = nxt + 1
+    return ids.shape[0] * steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default=None, help="model dir or name (default: embedded SmolLM2)")
+    ap.add_argument("--smoke", action="store_true", help="tiny random model, 1 repeat, 8 tokens")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
+    ap.add_argument("--num-generations", type=int, default=4, help="completions per prompt (G)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = ap.parse_args()
+    if args.smoke:
+        args.repeats, args.max_new_tokens = 1, 8
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = model_path(args.smoke, args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    eos = [int(tokenizer.eos_token_id)]
+    pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
+    engine = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad)
+    g = args.num_generations
+    print(
+        f"model {path}; G = {g}; max_new_tokens {args.max_new_tokens}; "
+        f"{torch.get_num_threads()} threads; {load_average()}"
+    )
+
+    # One untimed pass of each so lazy initialisation is not measured.
+    warm = chat_prompts(tokenizer, 1)
+    engine_generate(engine, warm, 2, 4, 0)
+    hf_generate(model, warm, 2, 4, eos, pad, 0)
+
+    ratios: list[tuple[str, float, str]] = []
+    for batch in args.batch_sizes:
+        if batch % g:
+            raise SystemExit(f"batch size {batch} is not a multiple of G = {g}")
+        prompts = chat_prompts(tokenizer, batch // g)
+        rates: dict[str, list[float]] = {"grpokit": [], "generate": [], "floor": []}
+        for rep in range(args.repeats):  # interleaved: a load spike hits every method alike
+            seed = 1000 * batch + rep
+            n_new = args.max_new_tokens
+            runs = {
+                "grpokit": partial(engine_generate, engine, prompts, g, n_new, seed),
+                "generate": partial(hf_generate, model, prompts, g, n_new, eos, pad, seed),
+                "floor": partial(decode_floor, model, prompts, g, n_new, pad),
+            }
+            for name, fn in runs.items():
+                seconds, tokens = timed(fn)
+                rates[name].append(tokens / seconds)
+                print(
+                    f"batch {batch:3d} rep {rep} {name:<8} {tokens:6d} tokens "
+                    f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s",
+                    flush=True,
+                )
+        ours, theirs, floor = (median(rates[k]) for k in ("grpokit", "generate", "floor"))
+        print(
+            f"batch {batch:3d} median tok/s: grpokit {ours:.1f}, generate {theirs:.1f}, "
+            f"floor {floor:.1f}"
+        )
+        verdict = "meets" if ours / theirs >= TARGET_VS_GENERATE else "MISSES"
+        ratios.append(
+            (
+                f"batch {batch}: grpokit / generate tokens per second",
+                ours / theirs,
+                f"target >= {TARGET_VS_GENERATE} ({verdict})",
+            )
+        )
+        ratios.append(
+            (
+                f"batch {batch}: grpokit / decode floor tokens per second",
+                ours / floor,
+                "(1.0 = the hardware's cached decode rate at this batch)",
+            )
+        )
+    print_ratios("rollout ratios", ratios)
+
+
+if __name__ == "__main__":
+    main()

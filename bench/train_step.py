@@ -1,0 +1,260 @@
+"""Seconds per GRPO step and peak memory: grpokit against TRL's GRPOTrainer on the same config.
+
+Same model, prompts, reward, G, batch, max_completion_length, learning rate, sampling and loss
+(dapo), for full fine-tuning and LoRA (r 16, alpha 32, all linear layers), beta 0 and 0.04.
+Gradient checkpointing is off on both sides (TRL's default is on; ``--gradient-checkpointing``
+turns it on for both). Each (library, setting) runs in a fresh process, so its peak resident
+memory is its own; the two libraries alternate, and a step's time is the median of the measured
+steps after one warm-up step. A step is rollout + reward + update on both sides.
+
+    python bench/train_step.py                 # embedded SmolLM2-135M: 1 prompt x 4, 64 tokens
+    python bench/train_step.py --smoke         # tiny model, 1 setting, 1 step (the tests)
+    python bench/train_step.py --steps 5 --settings full-beta0.04 lora-beta0.04
+
+Prints per-setting lines, then the ratios last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    QUESTIONS,
+    emit_result,
+    load_average,
+    median,
+    model_path,
+    peak_rss_mib,
+    print_ratios,
+    run_child,
+)
+
+SETTINGS = {
+    "full-beta0": {"lora": False, "beta": 0.0},
+    "full-beta0.04": {"lora": False, "beta": 0.04},
+    "lora-beta0": {"lora": True, "beta": 0.0},
+    "lora-beta0.04": {"lora": True, "beta": 0.04},
+}
+LORA = {"r": 16, "alpha": 32}
+TARGET_TIME = 0.5
+
+REWARD_SOURCE = '''
+def brevity(prompts, completions, **kwargs):
+    """1 for an answer of at most 20 words, less for longer ones: a cheap, varying reward."""
+    out = []
+    for c in completions:
+        text = c if isinstance(c, str) else c[0]["content"]
+        out.append(min(1.0, 20 / max(1, len(text.split()))))
+    return out
+'''
+
+
+def _brevity(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    namespace: dict[str, Any] = {}
+    exec(REWARD_SOURCE, namespace)  # the very function grpokit loads from its file
+    result: list[float] = namespace["brevity"](prompts, completions, **kwargs)
+    return result
+
+
+def run_grpokit(
+    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1
+) -> dict[str, Any]:
+    import torch
+    import yaml
+
+    from grpokit.config import load_config
+    from grpokit.train.trainer import GRPOTrainer
+
+    torch.set_num_threads(args.threads) if args.threads else None
+    work = Path(tempfile.mkdtemp(prefix="grpokit-bench-"))
+    (work / "reward.py").write_text(REWARD_SOURCE)
+    (work / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": [{"role": "user", "content": q}]}) + "\n" for q in QUESTIONS)
+    )
+    doc = {
+        "model": {
+            "name_or_path": args.model_path,
+            "lora": LORA if setting["lora"] else None,
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "device": "cpu",
+        },
+        "data": {"train": "train.jsonl", "shuffle": False},
+        "rewards": [{"type": "python", "name": "brevity", "function": "reward.py:brevity"}],
+        "training": {
+            "num_generations": args.num_generations,
+            "per_device_train_batch_size": args.num_generations * args.prompts,
+            "max_completion_length": args.max_completion_length,
+            "beta": setting["beta"],
+            "learning_rate": 1e-6,
+            "loss_type": "dapo",
+            "max_steps": args.steps + warmup,
+            "report_to": ["none"],
+            "log_completions": False,
+            "output_dir": str(work / "run"),
+        },
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(doc))
+    trainer = GRPOTrainer(load_config(work / "config.yaml"), progress=False, log=lambda m: None)
+    times, lengths = [], []
+    for _ in range(args.steps + warmup):
+        t0 = time.perf_counter()
+        record = trainer.step()[0]
+        times.append(time.perf_counter() - t0)
+        lengths.append(record["completions/mean_length"])
+    return {
+        "step_times": times[warmup:],
+        "mean_length": median(lengths[warmup:]),
+        "rss_mib": peak_rss_mib(),
+    }
+
+
+def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads) if args.threads else None
+    work = Path(tempfile.mkdtemp(prefix="trl-bench-"))
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS])
+    config = GRPOConfig(
+        output_dir=str(work),
+        num_generations=args.num_generations,
+        per_device_train_batch_size=args.num_generations * args.prompts,
+        max_completion_length=args.max_completion_length,
+        beta=setting["beta"],
+        learning_rate=1e-6,
+        loss_type="dapo",
+        max_steps=args.steps + 1,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=args.gradient_checkpointing,
+        shuffle_dataset=False,
+        seed=0,
+    )
+    peft_config = None
+    if setting["lora"]:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=LORA["r"],
+            lora_alpha=LORA["alpha"],
+            target_modules="all-linear",
+            task_type="CAUSAL_LM",
+        )
+    times: list[float] = []
+
+    class Timer(TrainerCallback):  # type: ignore[misc]
+        def on_step_begin(self, *a: Any, **k: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **k: Any) -> None:
+            times.append(time.perf_counter() - self.t0)
+
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[_brevity],
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[Timer()],
+    )
+    trainer.train()
+    lengths = [
+        h["completions/mean_length"]
+        for h in trainer.state.log_history
+        if "completions/mean_length" in h
+    ]
+    return {"step_times": times[1:], "mean_length": median(lengths[1:]), "rss_mib": peak_rss_mib()}
+
+
+def child(args: argparse.Namespace) -> None:
+    setting = SETTINGS[args.setting]
+    fn = run_grpokit if args.child == "grpokit" else run_trl
+    emit_result(fn(args, setting))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default=None, help="model dir or name (default: embedded SmolLM2)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model, one setting, one step")
+    ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    ap.add_argument("--steps", type=int, default=2, help="measured steps (after 1 warm-up)")
+    ap.add_argument("--prompts", type=int, default=1, help="prompts per step")
+    ap.add_argument("--num-generations", type=int, default=4)
+    ap.add_argument("--max-completion-length", type=int, default=64)
+    ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--peers", nargs="+", default=["grpokit", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--setting", help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    if args.smoke:
+        args.settings, args.steps, args.max_completion_length = ["full-beta0.04"], 1, 8
+    path = model_path(args.smoke, args.model)
+    common = [
+        f"--model-path={path}",
+        f"--steps={args.steps}",
+        f"--prompts={args.prompts}",
+        f"--num-generations={args.num_generations}",
+        f"--max-completion-length={args.max_completion_length}",
+        f"--threads={args.threads}",
+    ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
+    print(
+        f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "
+        f"{args.max_completion_length} tokens; {args.steps} measured steps; {load_average()}"
+    )
+    ratios: list[tuple[str, float, str]] = []
+    script = Path(__file__).resolve()
+    for name in args.settings:
+        results = {}
+        for peer in args.peers:
+            results[peer] = run_child(script, [*common, f"--child={peer}", f"--setting={name}"])
+            r = results[peer]
+            print(
+                f"{name:<14} {peer:<8} step {median(r['step_times']):7.2f} s "
+                f"(steps {', '.join(f'{t:.2f}' for t in r['step_times'])}), "
+                f"peak RSS {r['rss_mib'] / 1024:.2f} GiB, mean completion "
+                f"{r['mean_length']:.1f} tokens ({load_average()})",
+                flush=True,
+            )
+        if set(args.peers) >= {"grpokit", "trl"}:
+            ours, theirs = results["grpokit"], results["trl"]
+            t = median(ours["step_times"]) / median(theirs["step_times"])
+            m = ours["rss_mib"] / theirs["rss_mib"]
+            ratios.append(
+                (
+                    f"{name}: grpokit / TRL seconds per step",
+                    t,
+                    f"target <= {TARGET_TIME} ({'meets' if t <= TARGET_TIME else 'MISSES'})",
+                )
+            )
+            ratios.append(
+                (
+                    f"{name}: grpokit / TRL peak memory",
+                    m,
+                    f"target <= 1.0 ({'meets' if m <= 1.0 else 'MISSES'})",
+                )
+            )
+    print_ratios("training step ratios", ratios)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,235 @@
+"""preflight.json and the console table.
+
+preflight.json (schema ``grpokit.preflight/1``), written atomically::
+
+    {
+      "schema": "grpokit.preflight/1",
+      "created": "2025-01-01T12:00:00+00:00",
+      "config": "/abs/config.yaml",        "model": "smollm2-135m-instruct",
+      "init_from": "/abs/sft" | null,      "seconds": 21.4,
+      "settings": {prompts, generations, samples, temperature, top_p, top_k,
+                   max_completion_length, beta, scale_rewards, seed},
+      "verdict": {"status": "go" | "low_signal" | "cold_start" | "saturated", "exit_code": 0 | 1,
+                  "reasons": [...], "advice": [...], "notes": [...]},
+      "total": {"mean": float | null, "zero_variance_share": float},
+      "completions": {mean_length, min_length, max_length, truncated_share,
+                      mean_terminated_length, entropy, distinct_share},
+      "rewards": {"<name>": {
+          "type", "max_value", "samples", "applicable", "mean", "passed",
+          "measured_pass_rate", "pass_rate_interval": [low, high],
+          "zero_variance_share", "none_share", "gated_out_share",
+          "forecast": p* under the configured scaling | null,
+          "forecast_interval": [p* at low, p* at high], "forecast_with_std",
+          "forecast_without_std", "forecast_std_normalized", "beta"}},
+      "partial_credit": [{"reward", "type", "tags", "mean", "zero_variance_share"}],
+      "examples": [{"completion", "finish_reason", "rewards": {...}}]
+    }
+
+Pass-rate fields are null for rewards without a maximum. NaN is written as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from grpokit.preflight.forecast import FORECAST_EPS
+from grpokit.preflight.measure import Measurement, RewardStats
+from grpokit.preflight.verdict import Verdict
+
+SCHEMA = "grpokit.preflight/1"
+
+DISCLAIMER = (
+    "The forecast is the idealised optimum of the KL-regularised GRPO objective iterated from the "
+    "measured pass rate (success amplification, Mroueh 2025; docs math section 5): a reference "
+    "point to hold training against, not a promise."
+)
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or math.isnan(x) else x
+
+
+def _reward_json(m: Measurement, r: RewardStats) -> dict[str, Any]:
+    info = m.info(r.name)
+    fc = r.forecast
+    return {
+        "type": info.type,
+        "max_value": info.max_value,
+        "samples": r.samples,
+        "applicable": r.applicable,
+        "mean": _num(r.mean),
+        "passed": r.passed,
+        "measured_pass_rate": r.pass_rate,
+        "pass_rate_interval": list(r.interval) if r.interval else None,
+        "zero_variance_share": r.zero_variance_share,
+        "none_share": r.none_share,
+        "gated_out_share": r.gated_out_share,
+        "forecast": fc.p_star if fc else None,
+        "forecast_interval": [fc.p_star_low, fc.p_star_high] if fc else None,
+        "forecast_with_std": fc.with_std if fc else None,
+        "forecast_without_std": fc.without_std if fc else None,
+        "forecast_std_normalized": fc.std_normalized if fc else None,
+        "beta": m.settings.beta,
+    }
+
+
+def preflight_json(
+    m: Measurement, v: Verdict, *, meta: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The preflight.json document (see the module docstring)."""
+    settings = asdict(m.settings)
+    settings.pop("system_prompt")
+    settings["samples"] = m.settings.samples
+    completions = {
+        k: _num(x) if isinstance(x, float) else x for k, x in asdict(m.completions).items()
+    }
+    return {
+        "schema": SCHEMA,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **(meta or {}),
+        "settings": settings,
+        "verdict": {
+            "status": v.status,
+            "exit_code": v.exit_code,
+            "reasons": v.reasons,
+            "advice": v.advice,
+            "notes": v.notes,
+        },
+        "total": {"mean": _num(m.total_mean), "zero_variance_share": m.total_zero_variance_share},
+        "completions": completions,
+        "rewards": {r.name: _reward_json(m, r) for r in m.rewards},
+        "partial_credit": [{**asdict(pc), "tags": list(pc.tags)} for pc in m.partial_credit],
+        "examples": m.examples,
+    }
+
+
+def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write JSON to a temporary file beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.1%}"
+
+
+def reward_rows(m: Measurement) -> list[list[str]]:
+    """The table's rows: reward, mean, passed, 95% CI, flat groups, None, gated out."""
+    rows = []
+    for r in m.rewards:
+        passed = "-" if r.passed is None else f"{r.passed}/{r.applicable}"
+        ci = "-" if r.interval is None else f"{r.interval[0]:.1%}-{r.interval[1]:.1%}"
+        rows.append(
+            [
+                r.name,
+                "-" if math.isnan(r.mean) else f"{r.mean:.3f}",
+                passed,
+                ci,
+                f"{r.zero_variance_share:.0%}",
+                f"{r.none_share:.0%}",
+                f"{r.gated_out_share:.0%}",
+            ]
+        )
+    return rows
+
+
+def forecast_lines(m: Measurement) -> list[str]:
+    """One line per reward with a maximum: measured rate against the forecast p*."""
+    lines = []
+    s = m.settings
+    used = "std-normalised" if s.scale_rewards != "none" else "not std-normalised"
+    for r in m.rewards:
+        fc = r.forecast
+        if fc is None or r.interval is None:
+            continue
+        if r.passed == 0:
+            lines.append(
+                f"{r.name}: measured 0/{r.applicable} -> forecast p* = 0: nothing to amplify "
+                f"(cold start); at the interval's upper end {r.interval[1]:.1%} it would be "
+                f"{_pct(fc.p_star_high)}"
+            )
+            continue
+        line = (
+            f"{r.name}: measured {_pct(r.pass_rate)} ({r.interval[0]:.1%}-{r.interval[1]:.1%}) "
+            f"-> forecast p* {_pct(fc.p_star)} ({_pct(fc.p_star_low)}-{_pct(fc.p_star_high)}) "
+            f"with beta {s.beta:g}, advantages {used} (scale_rewards: {s.scale_rewards}); "
+            f"with std {_pct(fc.with_std)}, without {_pct(fc.without_std)}"
+        )
+        lines.append(line)
+    if lines and s.beta == 0.0:
+        lines.append(
+            "beta = 0: without a KL term the optimum is degenerate: p* = 1 for any measured rate "
+            "above 0 (0 stays 0). Set training.beta > 0 for an informative forecast."
+        )
+    if lines:
+        lines.append(f"(eps = {FORECAST_EPS:g} inside the std.) " + DISCLAIMER)
+    return lines
+
+
+def render(m: Measurement, v: Verdict, console: Console, *, title: str = "preflight") -> None:
+    """Print the table, the forecast and the verdict with its advice."""
+    s, c = m.settings, m.completions
+    table = Table(
+        title=f"{title}: {s.prompts} prompts x {s.generations} generations = {s.samples} samples, "
+        f"temperature {s.temperature:g}"
+    )
+    for col in ("reward", "mean", "at max", "95% CI", "flat groups", "None", "gated out"):
+        table.add_column(col, justify="left" if col == "reward" else "right")
+    for row in reward_rows(m):
+        table.add_row(*row)
+    table.add_row(
+        "total",
+        "-" if math.isnan(m.total_mean) else f"{m.total_mean:.3f}",
+        "",
+        "",
+        f"{m.total_zero_variance_share:.0%}",
+        "",
+        "",
+        style="bold",
+    )
+    console.print(table)
+    term = "-" if c.mean_terminated_length is None else f"{c.mean_terminated_length:.0f}"
+    ent = "-" if c.entropy is None else f"{c.entropy:.2f}"
+    console.print(
+        f"completions: length mean {c.mean_length:.0f} (min {c.min_length}, max {c.max_length}, "
+        f"ended by EOS {term}) tokens; truncated at {s.max_completion_length}: "
+        f"{c.truncated_share:.0%}; entropy {ent} nats/token; distinct per group "
+        f"{c.distinct_share:.0%}"
+    )
+    console.print(
+        f"flat groups = share of the {s.prompts} groups whose values are all equal: they give no "
+        "gradient (the total column is what training sees, TRL's frac_reward_zero_std)."
+    )
+    lines = forecast_lines(m)
+    if lines:
+        console.print("[bold]forecast[/]")
+        for line in lines:
+            console.print(f"  {line}", markup=False, highlight=False)
+    colour = {"go": "green", "low_signal": "yellow", "cold_start": "red", "saturated": "red"}
+    console.print(v.headline, style=f"bold {colour[v.status]}", markup=False)
+    for reason in v.reasons:
+        console.print(f"  - {reason}", markup=False, highlight=False)
+    if v.advice:
+        console.print("[bold]options[/]")
+        for i, item in enumerate(v.advice, 1):
+            console.print(f"  {i}. {item}", markup=False, highlight=False)
+    for note in v.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)

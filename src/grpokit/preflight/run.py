@@ -1,0 +1,88 @@
+"""`grpokit preflight`: sample, measure, decide, print and write preflight.json."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from grpokit.config import GRPOKitConfig
+from grpokit.preflight.measure import Measurement, measure
+from grpokit.preflight.report import preflight_json, render, write_json_atomic
+from grpokit.preflight.sampling import choose_prompts, open_sampler, reward_infos
+from grpokit.preflight.verdict import Verdict, decide
+
+DEFAULT_PROMPTS = 8
+
+
+@dataclass
+class PreflightResult:
+    measurement: Measurement
+    verdict: Verdict
+    path: Path
+    document: dict[str, Any]
+
+
+def default_output(cfg: GRPOKitConfig, checkpoint: Path | None) -> Path:
+    """preflight.json in the run directory; preflight-<checkpoint>.json for a checkpoint, so the
+    measurement a run starts from is not overwritten by the one after training."""
+    if checkpoint is None:
+        return cfg.output_dir / "preflight.json"
+    name = checkpoint.resolve().name
+    if name == "model":
+        name = checkpoint.resolve().parent.name
+    return cfg.output_dir / f"preflight-{name}.json"
+
+
+def run_preflight(
+    cfg: GRPOKitConfig,
+    *,
+    prompts: int = DEFAULT_PROMPTS,
+    generations: int | None = None,
+    seed: int | None = None,
+    checkpoint: Path | None = None,
+    out: Path | None = None,
+    console: Console | None = None,
+) -> PreflightResult:
+    """Sample `generations` completions (default: training.num_generations) for `prompts`
+    training prompts with the configured model (or `checkpoint`), score them with the configured
+    rewards, print the table, forecast and verdict, and write the JSON to `out` (a directory
+    gets preflight.json inside it; default: the run directory)."""
+    console = console or Console()
+    g = generations if generations is not None else cfg.training.num_generations
+    seed = cfg.training.seed if seed is None else seed
+    t0 = time.perf_counter()
+    sampler = open_sampler(cfg, checkpoint=checkpoint)
+    try:
+        rows = choose_prompts(sampler.rows, prompts, seed=seed)
+        model = sampler.init_from or cfg.model.name_or_path
+        console.print(
+            f"preflight: sampling {len(rows)} prompts x {g} generations from {model} "
+            f"(max {cfg.training.max_completion_length} new tokens) ...",
+            markup=False,
+        )
+        batches = sampler.sample(rows, g, seed=seed)
+        infos = reward_infos(cfg, sampler.rewards)
+        settings = sampler.settings(len(rows), g, seed)
+    finally:
+        sampler.close()
+    m = measure(batches, infos, settings)
+    v = decide(m)
+    render(m, v, console)
+    if out is None:
+        path = default_output(cfg, checkpoint)
+    else:
+        path = out / "preflight.json" if (out.is_dir() or not out.suffix) else out
+    meta = {
+        "config": str(cfg.config_path) if cfg.config_path else None,
+        "model": cfg.model.name_or_path,
+        "init_from": sampler.init_from,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    doc = preflight_json(m, v, meta=meta)
+    write_json_atomic(path, doc)
+    console.print(f"written: {path}", markup=False)
+    return PreflightResult(m, v, path, doc)

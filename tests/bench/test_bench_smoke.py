@@ -1,0 +1,58 @@
+"""The benchmarks still run: each script with --smoke on the tiny model, checking the ratios block.
+
+They measure nothing here (a tiny random model on a shared machine); they only keep the scripts
+from rotting. TRL is a dev dependency, so the training-step benchmark runs its real peer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+RATIO_LINE = re.compile(r"^(.+?)\s+(\d+\.\d+)x\s", re.M)
+
+
+def _run(script: str, *extra: str) -> dict[str, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--smoke", "--threads", "1", *extra],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tail = proc.stdout.split("\n== ")[-1]  # the ratios come last
+    ratios = {m.group(1).strip(): float(m.group(2)) for m in RATIO_LINE.finditer(tail)}
+    assert ratios, proc.stdout[-3000:]
+    assert "load average" in tail.splitlines()[0]
+    return ratios
+
+
+def test_rollout_benchmark_prints_its_ratios() -> None:
+    ratios = _run("rollout.py", "--batch-sizes", "8")
+    assert set(ratios) == {
+        "batch 8: grpokit / generate tokens per second",
+        "batch 8: grpokit / decode floor tokens per second",
+    }
+    assert all(v > 0 for v in ratios.values())
+
+
+def test_training_step_benchmark_against_trl_prints_its_ratios() -> None:
+    pytest.importorskip("trl")
+    ratios = _run("train_step.py")
+    assert set(ratios) == {
+        "full-beta0.04: grpokit / TRL seconds per step",
+        "full-beta0.04: grpokit / TRL peak memory",
+    }
+
+
+def test_scaling_benchmark_prints_its_ratios() -> None:
+    ratios = _run("scaling.py")
+    assert len(ratios) == 3  # a 2 x 2 grid against its first point
