@@ -10,10 +10,8 @@ import json
 import math
 import platform
 import random
-import signal
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,15 +22,13 @@ import torch
 import grpokit
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
-from grpokit.core.losses import PolicyLossOutput, policy_loss
-from grpokit.data.chat import prompt_text
+from grpokit.core.losses import policy_loss
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.models.loading import LoraSettings, Policy, load_policy
-from grpokit.monitor import MonitorSet, text_stats
+from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import missing_tracker_packages, tracker_sinks
-from grpokit.preflight.forecast import forecast_for_reward, std_normalized_for
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rollout.base import RolloutEngine, SamplingParams
@@ -43,6 +39,7 @@ from grpokit.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from grpokit.train.console import interrupt_guard, progress_bar
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_gradients,
@@ -56,6 +53,12 @@ from grpokit.train.distributed import (
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs, pack
 from grpokit.train.scoring import ScoredBatch, sample_and_score, summarize
+from grpokit.train.step_metrics import (
+    completion_records,
+    forecast_metrics,
+    loss_metrics,
+    rollout_metrics,
+)
 
 
 @dataclass
@@ -118,17 +121,6 @@ def versions() -> dict[str, str]:
 
 
 _STEP_NORMALISED = ("dapo", "dr_grpo")
-
-
-def _loss_metrics(out: PolicyLossOutput) -> dict[str, float]:
-    metrics = {
-        "clip_ratio/low_mean": float(out.clip_ratio_low),
-        "clip_ratio/high_mean": float(out.clip_ratio_high),
-        "clip_ratio/region_mean": float(out.clip_ratio_region),
-    }
-    if out.kl is not None:
-        metrics["kl"] = float(out.kl)
-    return metrics
 
 
 def _mean(values: list[float]) -> float:
@@ -476,7 +468,7 @@ class GRPOTrainer:
                 n_tok = float(mask.sum().item())
                 tokens_seen += n_tok
                 sums["loss"] = sums.get("loss", 0.0) + float(out.loss.item()) * weight
-                for key, value in _loss_metrics(out).items():
+                for key, value in loss_metrics(out).items():
                     sums[key] = sums.get(key, 0.0) + value * n_tok
                 if entropy is not None and n_tok > 0:
                     entropies.append(float((entropy * mask).sum().item() / n_tok))
@@ -540,49 +532,14 @@ class GRPOTrainer:
         return out
 
     def _rollout_metrics(self, scored: ScoredBatch) -> dict[str, float]:
-        s = scored.scores
-        total = s.total
-        valid = total[~torch.isnan(total)]
-        lengths = torch.tensor([float(len(c)) for c in scored.rollout.completion_ids])
-        truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
-        terminated = lengths[~truncated]
-        g = scored.group_size
-        metrics: dict[str, float] = {
-            "reward": float(valid.mean()) if len(valid) else float("nan"),
-            "reward_std": float(total.view(-1, g).nan_to_num(0).std(dim=1).mean())
-            if len(valid)
-            else float("nan"),
-            "frac_reward_zero_std": float(reward_zero_std_mask(total, g).float().mean()),
-            "completions/mean_length": float(lengths.mean()),
-            "completions/min_length": float(lengths.min()),
-            "completions/max_length": float(lengths.max()),
-            "completions/clipped_ratio": float(truncated.float().mean()),
-            "completions/mean_terminated_length": float(terminated.mean())
-            if len(terminated)
-            else float("nan"),
-        }
-        metrics.update(s.metrics)
-        for r in summarize(s, self.rewards.max_values):
-            if r.pass_rate is not None:
-                metrics[f"pass_rate/{r.name}"] = r.pass_rate
-        metrics.update(text_stats(scored.texts, g, n=self.cfg.monitors.text_ngram))
-        return metrics
+        return rollout_metrics(
+            scored, self.rewards.max_values, text_ngram=self.cfg.monitors.text_ngram
+        )
 
     def _forecast(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Success-amplification forecast from the first step's pass rates (math.md section 5).
-
-        The idealised optimum of the KL-regularised objective, logged once so the report can hold
-        the observed pass rates against it.
-        """
-        out = {}
-        std = std_normalized_for(self.args.scale_rewards)
-        for name in self.rewards.names:
-            rate = metrics.get(f"pass_rate/{name}")
-            if rate is not None:
-                value = forecast_for_reward(rate, beta=self.args.beta, std_normalized=std)
-                if value is not None:
-                    out[f"forecast/{name}/pass_rate"] = value
-        return out
+        return forecast_metrics(
+            metrics, self.rewards.names, beta=self.args.beta, scale_rewards=self.args.scale_rewards
+        )
 
     def _log_completions(self, scored: ScoredBatch) -> None:
         a = self.args
@@ -592,26 +549,20 @@ class GRPOTrainer:
             or self.state.global_step % a.log_completions_steps
         ):
             return
-        g = scored.group_size
-        adv = compute_advantages(
-            scored.scores.total, g, estimator=a.advantage_estimator, scale=a.scale_rewards
+        advantages = compute_advantages(
+            scored.scores.total,
+            scored.group_size,
+            estimator=a.advantage_estimator,
+            scale=a.scale_rewards,
+        )
+        rows = completion_records(
+            scored,
+            step=self.state.global_step,
+            limit=a.num_completions_to_print,
+            advantages=advantages,
         )
         with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
-            for j in range(min(a.num_completions_to_print, len(scored.texts))):
-                per = scored.scores.per_function[j].tolist()
-                total = float(scored.scores.total[j])
-                row = {
-                    "step": self.state.global_step,
-                    "prompt": prompt_text(scored.rows[j // g].prompt),
-                    "completion": scored.texts[j],
-                    "reward": None if math.isnan(total) else total,
-                    "rewards": {
-                        n: (None if math.isnan(v) else v)
-                        for n, v in zip(scored.scores.names, per, strict=True)
-                    },
-                    "advantage": float(adv[j]),
-                }
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
     # ---- held-out check ------------------------------------------------------------------------
 
@@ -666,7 +617,12 @@ class GRPOTrainer:
     def train(self) -> TrainResult:
         a = self.args
         ckpt: Path | None = None
-        with self._progress() as advance, _interrupt_guard() as interrupted:
+        with (
+            progress_bar(
+                self.total_steps, self.state.global_step, enabled=self.show_progress
+            ) as advance,
+            interrupt_guard() as interrupted,
+        ):
             while self.state.global_step < self.total_steps and not interrupted():
                 records = self.step()
                 first_step = self.state.global_step - len(records) + 1
@@ -701,52 +657,3 @@ class GRPOTrainer:
             sink.close()
         self.sinks = []
         self.rewards.close()
-
-    @contextmanager
-    def _progress(self) -> Iterator[Callable[[int, dict[str, Any]], None]]:
-        if not self.show_progress:
-            yield lambda step, record: None
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-        columns = (
-            TextColumn("[bold]GRPO"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TextColumn("{task.fields[info]}"),
-            TimeRemainingColumn(),
-        )
-        with Progress(*columns, transient=False) as bar:
-            task = bar.add_task(
-                "train", total=self.total_steps, info="", completed=self.state.global_step
-            )
-
-            def advance(step: int, record: dict[str, Any]) -> None:
-                info = f"reward {record.get('reward', float('nan')):.3f}"
-                if "kl" in record:
-                    info += f"  kl {record['kl']:.4f}"
-                info += f"  zero-std {record.get('frac_reward_zero_std', 0):.2f}"
-                bar.update(task, completed=step, info=info)
-
-            yield advance
-
-
-@contextmanager
-def _interrupt_guard() -> Iterator[Callable[[], bool]]:
-    """First Ctrl-C finishes the current step, then the trainer saves and stops."""
-    flag = {"hit": False}
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag["hit"]:
-            raise KeyboardInterrupt
-        flag["hit"] = True
-
-    try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: no signal handling
-        yield lambda: False
-        return
-    try:
-        yield lambda: flag["hit"]
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,109 @@
+"""What a training step reports: TRL-named metrics, the forecast, and sampled completions.
+
+Pure functions of the step's scored batch and loss outputs, so the loop stays readable and the
+numbers can be tested without training.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from grpokit.core.advantages import reward_zero_std_mask
+from grpokit.core.losses import PolicyLossOutput
+from grpokit.data.chat import prompt_text
+from grpokit.monitor import text_stats
+from grpokit.preflight.forecast import forecast_for_reward, std_normalized_for
+from grpokit.train.scoring import ScoredBatch, summarize
+
+
+def rollout_metrics(
+    scored: ScoredBatch, max_values: list[float | None], *, text_ngram: int = 3
+) -> dict[str, float]:
+    """reward, reward_std, frac_reward_zero_std, completion lengths, per-reward metrics and pass
+    rates, and the text statistics the reward-hacking monitors read."""
+    s = scored.scores
+    total = s.total
+    valid = total[~torch.isnan(total)]
+    lengths = torch.tensor([float(len(c)) for c in scored.rollout.completion_ids])
+    truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
+    terminated = lengths[~truncated]
+    g = scored.group_size
+    nan = float("nan")
+    metrics: dict[str, float] = {
+        "reward": float(valid.mean()) if len(valid) else nan,
+        # TRL's reward_std: the mean over groups of the within-group std.
+        "reward_std": float(total.view(-1, g).nan_to_num(0).std(dim=1).mean())
+        if len(valid)
+        else nan,
+        "frac_reward_zero_std": float(reward_zero_std_mask(total, g).float().mean()),
+        "completions/mean_length": float(lengths.mean()),
+        "completions/min_length": float(lengths.min()),
+        "completions/max_length": float(lengths.max()),
+        "completions/clipped_ratio": float(truncated.float().mean()),
+        "completions/mean_terminated_length": float(terminated.mean()) if len(terminated) else nan,
+    }
+    metrics.update(s.metrics)
+    for r in summarize(s, max_values):
+        if r.pass_rate is not None:
+            metrics[f"pass_rate/{r.name}"] = r.pass_rate
+    metrics.update(text_stats(scored.texts, g, n=text_ngram))
+    return metrics
+
+
+def loss_metrics(out: PolicyLossOutput) -> dict[str, float]:
+    """Clip ratios (TRL's names) and the KL of one micro-batch's loss."""
+    metrics = {
+        "clip_ratio/low_mean": float(out.clip_ratio_low),
+        "clip_ratio/high_mean": float(out.clip_ratio_high),
+        "clip_ratio/region_mean": float(out.clip_ratio_region),
+    }
+    if out.kl is not None:
+        metrics["kl"] = float(out.kl)
+    return metrics
+
+
+def forecast_metrics(
+    metrics: dict[str, float], reward_names: list[str], *, beta: float, scale_rewards: str
+) -> dict[str, float]:
+    """Success-amplification forecast from measured pass rates (math.md section 5).
+
+    The idealised optimum of the KL-regularised objective; the trainer logs it once, at the first
+    step, so the report can hold the observed pass rates against it.
+    """
+    out = {}
+    std = std_normalized_for(scale_rewards)
+    for name in reward_names:
+        rate = metrics.get(f"pass_rate/{name}")
+        if rate is not None:
+            value = forecast_for_reward(rate, beta=beta, std_normalized=std)
+            if value is not None:
+                out[f"forecast/{name}/pass_rate"] = value
+    return out
+
+
+def completion_records(
+    scored: ScoredBatch, *, step: int, limit: int, advantages: torch.Tensor
+) -> list[dict[str, Any]]:
+    """The first `limit` completions of a step as completions.jsonl rows (None for no reward)."""
+    g = scored.group_size
+    rows = []
+    for j in range(min(limit, len(scored.texts))):
+        per = scored.scores.per_function[j].tolist()
+        total = float(scored.scores.total[j])
+        rows.append(
+            {
+                "step": step,
+                "prompt": prompt_text(scored.rows[j // g].prompt),
+                "completion": scored.texts[j],
+                "reward": None if math.isnan(total) else total,
+                "rewards": {
+                    n: (None if math.isnan(v) else v)
+                    for n, v in zip(scored.scores.names, per, strict=True)
+                },
+                "advantage": float(advantages[j]),
+            }
+        )
+    return rows
