@@ -86,3 +86,30 @@ def test_report_renders_in_headless_chromium(run_dir: Path, tmp_path: Path) -> N
     assert console_lines(res.stderr) == []
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 100_000
     shutil.copyfile(shot, SCREENSHOT_COPY)
+
+
+def test_report_of_a_real_training_run_renders(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A real (tiny) GRPO run, then its report in Chromium: what a user gets after `train`."""
+    import yaml
+
+    from grpokit.config import load_config
+    from grpokit.train.trainer import GRPOTrainer
+
+    (tmp_path / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(4))
+    )
+    doc = {
+        "model": {"name_or_path": str(tiny_model_dir)},
+        "data": {"train": "train.jsonl"},
+        "rewards": [{"type": "regex_match", "pattern": "[aeiou]"}, {"type": "repetition_penalty"}],
+        "training": {"num_generations": 4, "per_device_train_batch_size": 8, "beta": 0.04,
+                     "max_completion_length": 8, "max_steps": 3, "report_to": ["none"],
+                     "output_dir": "run"},
+    }  # fmt: skip
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
+    result = GRPOTrainer(load_config(tmp_path / "config.yaml"), progress=False).train()
+    report = build_report(result.run_dir)
+    images, console = probe_images(report, tmp_path)
+    assert len(images) >= 5 and all(i["data"] is True and i["w"] >= 800 for i in images), images
+    assert console == []
+    assert "regex_match" in report.read_text(encoding="utf-8")
