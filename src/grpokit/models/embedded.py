@@ -82,6 +82,16 @@ def source_gguf(model_dir: str | Path) -> Path | None:
     if marker is None or not isinstance(marker.get("gguf_path"), str):
         return None
     path = Path(marker["gguf_path"])
+    if path.name == EMBEDDED_GGUF_NAME:
+        # The cache is shared by every environment on the machine; the embedded file of *this*
+        # environment is the one to use when it is the same file (another checkout's venv may
+        # have made the cache, and may be gone).
+        try:
+            current = find_embedded_gguf().resolve()
+        except UserError:
+            current = None
+        if current is not None and current.stat().st_size == marker.get("gguf_size"):
+            return current
     return path if path.is_file() else None
 
 
