@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 import click
 
 from grpokit.errors import UserError
+
+# peft still calls transformers' renamed gradient-checkpointing helpers; the warning is theirs to
+# fix and says nothing to a grpokit user.
+warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*", category=FutureWarning)
 
 
 class _Group(click.Group):
