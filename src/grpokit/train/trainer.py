@@ -330,7 +330,9 @@ class GRPOTrainer:
 
     # ---- the algorithm -------------------------------------------------------------------------
 
-    def collect(self) -> tuple[Experience | None, ScoredBatch, dict[str, float]]:
+    def collect(
+        self,
+    ) -> tuple[Experience | None, ScoredBatch, torch.Tensor, dict[str, float]]:
         """Rollout and reward: G completions for each of the step's prompts, and advantages.
 
         With dynamic_sampling, groups whose rewards are all equal (no signal) are dropped and more
@@ -339,7 +341,7 @@ class GRPOTrainer:
         a = self.args
         want_groups = a.prompts_per_step
         kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
-        first: ScoredBatch | None = None
+        first: tuple[ScoredBatch, torch.Tensor] | None = None
         timings = {"time/generate": 0.0, "time/score": 0.0}
         n_groups = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
@@ -363,8 +365,8 @@ class GRPOTrainer:
             self.state.generation_round += 1
             timings["time/generate"] += scored.generate_seconds
             timings["time/score"] += scored.score_seconds
-            first = first or scored
             advantages = self._local_advantages(scored.scores.total)
+            first = first or (scored, advantages)
             keep = torch.ones(len(rows), dtype=torch.bool)
             if a.dynamic_sampling:
                 keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
@@ -373,7 +375,9 @@ class GRPOTrainer:
             if n_groups >= want_groups:
                 break
         assert first is not None
-        return self._experience(kept), first, timings
+        # The first round's batch (and its advantages, exactly as trained on) is what the step
+        # reports and logs; later dynamic-sampling rounds only top up the groups with signal.
+        return self._experience(kept), *first, timings
 
     def _experience(
         self, kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]]
@@ -489,7 +493,7 @@ class GRPOTrainer:
     def step(self) -> list[dict[str, Any]]:
         """One generation round and its num_iterations optimizer steps; returns their metrics."""
         t0 = time.perf_counter()
-        exp, scored, timings = self.collect()
+        exp, scored, advantages, timings = self.collect()
         t1 = time.perf_counter()
         shared = self._rollout_metrics(scored) | timings
         if self.dist.enabled:
@@ -527,7 +531,7 @@ class GRPOTrainer:
                 "step_time": time.perf_counter() - t0,
             }
             out.append(record)
-        self._log_completions(scored)
+        self._log_completions(scored, advantages)
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
         return out
 
@@ -541,7 +545,7 @@ class GRPOTrainer:
             metrics, self.rewards.names, beta=self.args.beta, scale_rewards=self.args.scale_rewards
         )
 
-    def _log_completions(self, scored: ScoredBatch) -> None:
+    def _log_completions(self, scored: ScoredBatch, advantages: torch.Tensor) -> None:
         a = self.args
         if (
             not self.dist.is_main
@@ -549,12 +553,6 @@ class GRPOTrainer:
             or self.state.global_step % a.log_completions_steps
         ):
             return
-        advantages = compute_advantages(
-            scored.scores.total,
-            scored.group_size,
-            estimator=a.advantage_estimator,
-            scale=a.scale_rewards,
-        )
         rows = completion_records(
             scored,
             step=self.state.global_step,
