@@ -65,6 +65,16 @@ class ModelConfig(_Strict):
     device: str = Field(
         "auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda:0'."
     )
+    cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
+        "auto",
+        description=(
+            "Library for float32 linear layers on CPU: 'onednn' runs them (forward, backward, "
+            "and decoding with prepacked weights) through oneDNN, several times faster than "
+            "PyTorch's default MKL path on some CPUs (bench/rollout.py, bench/train_step.py "
+            "measure it); 'auto' uses it when the PyTorch build has oneDNN; 'torch' keeps "
+            "PyTorch's default. No effect on GPU or in 16-bit dtypes."
+        ),
+    )
 
 
 class DataConfig(_Strict):

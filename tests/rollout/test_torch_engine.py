@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from grpokit.rollout.torch_engine import TorchEngine, left_pad
+from grpokit.rollout.decoders import HFDecoder, StaticLlamaDecoder
+from grpokit.rollout.torch_engine import COMPACT_WHEN_DONE, TorchEngine, left_pad
 
 EOS = 2  # <|im_end|> in the SmolLM2 tokenizer
 PROMPTS = [[1, 2000, 300, 45, 7], [88, 99], [5, 6, 7, 8, 9, 10, 11, 12, 13], [400], [17, 4096, 31]]
@@ -31,8 +32,20 @@ def model(peaked_model_dir: Path) -> PreTrainedModel:
     return loaded.eval()
 
 
-def engine_for(model: torch.nn.Module, eos: list[int] | None = None) -> TorchEngine:
-    return TorchEngine(model, eos_token_ids=eos or [EOS], pad_token_id=EOS)
+EngineFor = Callable[..., TorchEngine]
+
+
+@pytest.fixture(params=["static", "hf"])
+def engine_for(request: pytest.FixtureRequest) -> EngineFor:
+    """``engine_for(model, eos=None)``: an engine on each decoder (the tiny model is a Llama, so
+    "static" really runs the static decoder: it raises where it cannot)."""
+
+    def make(model: torch.nn.Module, eos: list[int] | None = None) -> TorchEngine:
+        return TorchEngine(
+            model, eos_token_ids=eos or [EOS], pad_token_id=EOS, decoder=request.param
+        )
+
+    return make
 
 
 def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new: int, eos: list[int]) -> list[int]:
@@ -63,7 +76,7 @@ def recomputed_logprobs(
     return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
-def test_is_a_rollout_engine(model: PreTrainedModel) -> None:
+def test_is_a_rollout_engine(model: PreTrainedModel, engine_for: EngineFor) -> None:
     assert isinstance(engine_for(model), RolloutEngine)
 
 
@@ -74,7 +87,7 @@ def test_left_pad_positions() -> None:
     assert pos.tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
-def test_greedy_equals_hf_generate(model: PreTrainedModel) -> None:
+def test_greedy_equals_hf_generate(model: PreTrainedModel, engine_for: EngineFor) -> None:
     limit = 16
     # the greedy text of one prompt, its 5th token as an extra EOS: some rows stop early
     stop = hf_greedy(model, PROMPTS[0], limit, [EOS])[4]
@@ -91,7 +104,9 @@ def test_greedy_equals_hf_generate(model: PreTrainedModel) -> None:
             assert batch.finish_reason[row] == ("eos" if want[-1] in eos else "length")
 
 
-def test_logprobs_equal_full_forward_recomputation(model: PreTrainedModel) -> None:
+def test_logprobs_equal_full_forward_recomputation(
+    model: PreTrainedModel, engine_for: EngineFor
+) -> None:
     # many EOS tokens make completions end at different steps, so rows leave the batch mid-way
     eos = list(range(0, 49152, 40))
     params = SamplingParams(max_completion_length=16, temperature=0.7, top_k=50, top_p=0.9)
@@ -105,7 +120,7 @@ def test_logprobs_equal_full_forward_recomputation(model: PreTrainedModel) -> No
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
-def test_group_layout_and_eos(model: PreTrainedModel) -> None:
+def test_group_layout_and_eos(model: PreTrainedModel, engine_for: EngineFor) -> None:
     eos = list(range(0, 49152, 25))
     eos_set = set(eos)
     limit, n = 12, 3
@@ -130,7 +145,7 @@ def test_group_layout_and_eos(model: PreTrainedModel) -> None:
         torch.testing.assert_close(batch.logprobs[row], want, rtol=0, atol=1e-4)
 
 
-def test_seeding_is_deterministic(model: PreTrainedModel) -> None:
+def test_seeding_is_deterministic(model: PreTrainedModel, engine_for: EngineFor) -> None:
     engine = engine_for(model, list(range(0, 49152, 30)))
     params = SamplingParams(max_completion_length=10, temperature=1.0, top_p=0.95)
 
@@ -146,7 +161,9 @@ def test_seeding_is_deterministic(model: PreTrainedModel) -> None:
 
 
 @pytest.mark.parametrize("params", [{"top_k": 1}, {"top_p": 1e-6}], ids=["top_k=1", "top_p~0"])
-def test_truncation_to_one_token_is_greedy(model: PreTrainedModel, params: dict[str, Any]) -> None:
+def test_truncation_to_one_token_is_greedy(
+    model: PreTrainedModel, params: dict[str, Any], engine_for: EngineFor
+) -> None:
     engine = engine_for(model)
     greedy = engine.generate(PROMPTS, 1, SamplingParams(max_completion_length=8, temperature=0))
     sampled = engine.generate(
@@ -161,33 +178,49 @@ def test_truncation_to_one_token_is_greedy(model: PreTrainedModel, params: dict[
     assert all(bool((lp < -1e-3).all()) for lp in sampled.logprobs)
 
 
-def test_prompts_encoded_once_and_finished_rows_dropped(model: PreTrainedModel) -> None:
-    shapes: list[tuple[int, int]] = []
+def test_prompts_encoded_once_and_finished_rows_dropped(
+    model: PreTrainedModel, engine_for: EngineFor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, int, int]] = []  # (method, rows, new tokens per row)
 
-    def record(_module: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
-        shapes.append(tuple(kwargs["input_ids"].shape))
+    def spy(cls: type, name: str) -> None:
+        real = getattr(cls, name)
 
-    handle = model.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        engine = engine_for(model, list(range(0, 49152, 10)))
-        batch = engine.generate(
-            PROMPTS,
-            4,
-            SamplingParams(max_completion_length=20),
-            generator=torch.Generator().manual_seed(1),
-        )
-    finally:
-        handle.remove()
-    # one prefill of the P prompts (not P * n), then one token per live row per step
-    assert shapes[0] == (len(PROMPTS), max(len(p) for p in PROMPTS))
-    sizes = [rows for rows, width in shapes[1:]]
-    assert all(width == 1 for _, width in shapes[1:])
+        def wrapped(self: Any, tokens: torch.Tensor, *args: Any) -> torch.Tensor:
+            calls.append((name, tokens.shape[0], tokens.shape[1] if tokens.dim() == 2 else 1))
+            out: torch.Tensor = real(self, tokens, *args)
+            return out
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    for cls in (HFDecoder, StaticLlamaDecoder):
+        spy(cls, "prefill")
+        spy(cls, "step")
+    engine = engine_for(model, list(range(0, 49152, 10)))
+    batch = engine.generate(
+        PROMPTS,
+        4,
+        SamplingParams(max_completion_length=20),
+        generator=torch.Generator().manual_seed(1),
+    )
+    # one prefill of the P prompts (not P * n), then one token per row per step
+    assert calls[0] == ("prefill", len(PROMPTS), max(len(p) for p in PROMPTS))
+    steps = calls[1:]
+    assert all(name == "step" and width == 1 for name, _, width in steps)
+    sizes = [rows for _, rows, _ in steps]
     assert sizes == sorted(sizes, reverse=True) and sizes[0] <= len(PROMPTS) * 4
     assert sizes[-1] < sizes[0]  # finished rows left the batch
-    assert len(shapes) == max(batch.completion_lengths)  # prefill + (longest - 1) steps
+    assert len(calls) == max(batch.completion_lengths)  # prefill + (longest - 1) steps
+    # at every step, rows still in the decoder that had finished are fewer than 1 / COMPACT_WHEN_DONE
+    lengths = batch.completion_lengths
+    for step, rows in enumerate(sizes, start=1):
+        going = sum(length > step for length in lengths)
+        assert going <= rows and (rows - going) * COMPACT_WHEN_DONE < rows + COMPACT_WHEN_DONE
 
 
-def test_mode_restored_and_gradient_checkpointing(peaked_model_dir: Path) -> None:
+def test_mode_restored_and_gradient_checkpointing(
+    peaked_model_dir: Path, engine_for: EngineFor
+) -> None:
     reference = AutoModelForCausalLM.from_pretrained(peaked_model_dir).eval()
     want = engine_for(reference).generate(
         PROMPTS, 1, SamplingParams(max_completion_length=10, temperature=0)
@@ -203,7 +236,9 @@ def test_mode_restored_and_gradient_checkpointing(peaked_model_dir: Path) -> Non
     policy.model(input_ids=torch.tensor([PROMPTS[0]])).logits.mean().backward()
 
 
-def test_peft_model_generates_with_its_adapter(peaked_model_dir: Path, tmp_path: Path) -> None:
+def test_peft_model_generates_with_its_adapter(
+    peaked_model_dir: Path, tmp_path: Path, engine_for: EngineFor
+) -> None:
     lora = LoraSettings(r=4, alpha=8.0)
     policy = load_policy(str(peaked_model_dir), lora=lora, need_reference=False)
     gen = torch.Generator().manual_seed(0)
@@ -221,7 +256,7 @@ def test_peft_model_generates_with_its_adapter(peaked_model_dir: Path, tmp_path:
     assert policy.model.training
 
 
-def test_input_validation(model: PreTrainedModel) -> None:
+def test_input_validation(model: PreTrainedModel, engine_for: EngineFor) -> None:
     engine = engine_for(model)
     params = SamplingParams(max_completion_length=4)
     with pytest.raises(ValueError, match="n must be"):

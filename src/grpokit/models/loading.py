@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
 from grpokit.models.embedded import EMBEDDED_MODEL, embedded_model_dir
+from grpokit.models.onednn import CpuMatmul, use_onednn_linears
 
 DType = Literal["float32", "bfloat16", "float16"]
 
@@ -309,6 +310,7 @@ def load_policy(
     need_reference: bool,
     init_from: str | Path | None = None,
     device: str | torch.device = "cpu",
+    cpu_matmul: CpuMatmul = "auto",
 ) -> Policy:
     """Load the policy to train, with its tokenizer and (if needed) its reference.
 
@@ -322,6 +324,7 @@ def load_policy(
         init_from: a grpokit checkpoint to start from (full model or LoRA adapter; an adapter is
             merged into the base first). The reference is these starting weights.
         device: where the model lives.
+        cpu_matmul: linear layers' library on CPU (see grpokit.models.onednn).
 
     The returned model is in train mode; the reference (a copy) is in eval mode and frozen.
     """
@@ -369,6 +372,9 @@ def load_policy(
             model = get_peft_model(model, peft_config)
         except ValueError as exc:
             raise UserError(f"LoRA target_modules {lora.target_modules!r}: {exc}") from exc
+    for module in (model, reference):
+        if module is not None:
+            use_onednn_linears(module, cpu_matmul)
     model.train()
     return Policy(
         model=model,

@@ -2,28 +2,33 @@
 
 Each prompt is encoded once (a left-padded prefill of the P prompts); the cache is then repeated
 n times per prompt, so a group shares its prompt's encoding. Each step runs one forward of a
-single token for all live sequences, and finished sequences leave the batch (their cache rows are
-dropped), so late steps cost only what is still generating.
+single token for all live sequences (see grpokit.rollout.decoders for the two decoders), and
+finished sequences leave the batch: their cache rows are dropped once a quarter of the rows have
+finished (:data:`COMPACT_WHEN_DONE`), so late steps cost only what is still generating without
+copying the cache every time one sequence ends.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from grpokit.models.onednn import CpuMatmul
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
+from grpokit.rollout.decoders import (
+    Decoder,
+    HFDecoder,
+    StaticLlamaDecoder,
+    static_decoder_unsupported,
+)
 from grpokit.rollout.sampling import sample_next_tokens
 
-
-def _hf_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model inside a peft wrapper (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    base = get_base() if callable(get_base) else model
-    return base if isinstance(base, torch.nn.Module) else model
+COMPACT_WHEN_DONE = 4
+"""Finished rows are dropped from the decoder once they are at least 1 / this of its rows: each
+drop copies the whole KV cache, while a finished row left in costs only its share of a step."""
 
 
 def left_pad(
@@ -93,42 +98,28 @@ class TorchEngine:
             training mode).
         eos_token_ids: tokens that end a completion (kept in it).
         pad_token_id: token used for left padding of prompts (never attended to).
+        decoder: "auto" uses the static Llama-family decoder where it applies and transformers'
+            forward elsewhere; "static" requires the former; "hf" always uses the latter.
+        cpu_matmul: "torch" keeps the static decoder from prepacking weights for oneDNN (see
+            grpokit.models.onednn); "auto" / "onednn" pack where oneDNN applies.
     """
 
     def __init__(
-        self, model: torch.nn.Module, *, eos_token_ids: list[int], pad_token_id: int
+        self,
+        model: torch.nn.Module,
+        *,
+        eos_token_ids: list[int],
+        pad_token_id: int,
+        decoder: Literal["auto", "static", "hf"] = "auto",
+        cpu_matmul: CpuMatmul = "auto",
     ) -> None:
         if not eos_token_ids:
             raise ValueError("TorchEngine needs at least one EOS token id")
         self.model = model
+        self.decoder = decoder
+        self.cpu_matmul = cpu_matmul
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
-        forward_params = inspect.signature(_hf_model(model).forward).parameters
-        # transformers 5 renamed past_key_values to cache; accept either generation.
-        self._cache_kwarg = "cache" if "cache" in forward_params else "past_key_values"
-        self._keep_kwarg: str | None = next(
-            (k for k in ("logits_to_keep", "num_logits_to_keep") if k in forward_params), None
-        )
-
-    def _forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        position_ids: torch.Tensor,
-        cache: Any,
-    ) -> torch.Tensor:
-        """One forward; returns the last position's logits (B, V) in float32."""
-        kwargs: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            self._cache_kwarg: cache,
-            "use_cache": True,
-        }
-        if self._keep_kwarg is not None:
-            kwargs[self._keep_kwarg] = 1
-        logits: torch.Tensor = self.model(**kwargs).logits
-        return logits[:, -1, :].float()
 
     def generate(
         self,
@@ -170,6 +161,18 @@ class TorchEngine:
             group_size=n,
         )
 
+    def _decoder(self, prompt_width: int, max_new_tokens: int) -> Decoder:
+        """The static Llama-family decoder where it applies (and is not switched off), else
+        transformers' own forward."""
+        if self.decoder != "hf":
+            why = static_decoder_unsupported(self.model, prompt_width + max_new_tokens)
+            if why is None:
+                pack = self.cpu_matmul != "torch"
+                return StaticLlamaDecoder(self.model, max_new_tokens, pack=pack)
+            if self.decoder == "static":
+                raise ValueError(f"decoder 'static' cannot run this model: {why}")
+        return HFDecoder(self.model)
+
     def _decode(
         self,
         prompt_ids: list[list[int]],
@@ -184,55 +187,49 @@ class TorchEngine:
             tokens (B, T) int64 (pad after the end), logprobs (B, T) float32, lengths (B,) int64,
             ended_by_eos (B,) bool, with B = P * n and T = max_completion_length.
         """
-        from transformers import DynamicCache
-
-        config = getattr(_hf_model(self.model), "config", None)
-        cache = DynamicCache(config=config) if config is not None else DynamicCache()
         input_ids, mask, positions = left_pad(prompt_ids, self.pad_token_id, device)
-        logits = self._forward(input_ids, mask, positions, cache)
+        limit = params.max_completion_length
+        decoder = self._decoder(input_ids.shape[1], limit)
+        logits = decoder.prefill(input_ids, mask, positions)
 
         # Share each prompt's encoding across its group: rows i*n .. i*n+n-1 are prompt i.
-        cache.batch_repeat_interleave(n)
+        decoder.expand(n)
         logits = logits.repeat_interleave(n, dim=0)
-        mask = mask.repeat_interleave(n, dim=0)
-        next_position = positions[:, -1].repeat_interleave(n) + 1
 
-        batch, limit = logits.shape[0], params.max_completion_length
+        batch = logits.shape[0]
         tokens = torch.full((batch, limit), self.pad_token_id, dtype=torch.long, device=device)
         logps = torch.zeros((batch, limit), dtype=torch.float32, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
-        live = torch.arange(batch, device=device)  # batch rows still generating
+        live = torch.arange(batch, device=device)  # the decoder's rows, as batch rows
+        going = torch.ones(batch, dtype=torch.bool, device=device)  # per decoder row
 
         for step in range(limit):
             token, logp = sample_next_tokens(
-                logits,
+                logits.float(),
                 temperature=params.temperature,
                 top_k=params.top_k,
                 top_p=params.top_p,
                 generator=generator,
             )
-            tokens[live, step] = token
-            logps[live, step] = logp
-            lengths[live] += 1
-            is_eos = torch.isin(token, eos)
-            ended[live] |= is_eos
+            # Rows that already ended stay in the decoder until compaction; nothing of theirs
+            # is recorded.
+            rec = live[going]
+            tokens[rec, step] = token[going]
+            logps[rec, step] = logp[going]
+            lengths[rec] += 1
+            stopped = going & torch.isin(token, eos)
+            ended[live[stopped]] = True
+            going = going & ~stopped
             if step == limit - 1:
                 break
-            going = ~is_eos
-            if not bool(going.any()):
+            n_going = int(going.sum())
+            if n_going == 0:
                 break
-            if not bool(going.all()):
+            if (going.numel() - n_going) * COMPACT_WHEN_DONE >= going.numel():
                 keep = going.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                live, token, mask, next_position = (
-                    live[keep],
-                    token[keep],
-                    mask[keep],
-                    next_position[keep],
-                )
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
-            logits = self._forward(token[:, None], mask, next_position[:, None], cache)
-            next_position = next_position + 1
+                decoder.select(keep)
+                live, token, going = live[keep], token[keep], going[keep]
+            logits = decoder.step(token)
         return tokens, logps, lengths, ended

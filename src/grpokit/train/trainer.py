@@ -178,6 +178,7 @@ class GRPOTrainer:
             need_reference=self.args.beta > 0,
             init_from=init_from,
             device=self.device,
+            cpu_matmul=m.cpu_matmul,
         )
         tok = self.policy.tokenizer
         self.pad_token_id = int(
@@ -281,6 +282,7 @@ class GRPOTrainer:
                 self.policy.model,
                 eos_token_ids=self.policy.eos_token_ids(),
                 pad_token_id=self.pad_token_id,
+                cpu_matmul=self.cfg.model.cpu_matmul,
             )
         from grpokit.models.loading import resolve_model_path
         from grpokit.rollout.vllm_engine import VLLMEngine

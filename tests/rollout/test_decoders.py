@@ -1,0 +1,133 @@
+"""The static Llama-family decoder computes what transformers' forward computes, for every
+architecture it accepts, with and without oneDNN-prepacked weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from grpokit.models.loading import LoraSettings, load_policy
+from grpokit.models.onednn import onednn_available
+from grpokit.rollout.decoders import (
+    HFDecoder,
+    StaticLlamaDecoder,
+    static_decoder_unsupported,
+)
+from grpokit.rollout.torch_engine import left_pad, lora_merged
+
+PROMPTS = [[5, 17, 300, 42, 9], [88, 99], [7, 8, 9, 10, 11, 12, 13]]
+SMALL = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # grouped-query attention, as in SmolLM2
+    "max_position_embeddings": 128,
+    "initializer_range": 0.3,  # context-dependent outputs (see test_torch_engine)
+}
+ARCHITECTURES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "llama-rope-scaling": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            }
+        },
+    ),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 64}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # biased q/k/v projections
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),  # per-head q/k norms
+}
+
+
+def build(arch: str, seed: int = 0) -> torch.nn.Module:
+    config_name, model_name, extra = ARCHITECTURES[arch]
+    config = getattr(transformers, config_name)(**SMALL, **extra)
+    torch.manual_seed(seed)
+    model: torch.nn.Module = getattr(transformers, model_name)(config)
+    if arch == "qwen2":  # random biases, so a missing bias would show
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_proj.bias.normal_()
+                layer.self_attn.k_proj.bias.normal_()
+    return model.eval()
+
+
+def full_forward_logits(model: torch.nn.Module, row: list[int]) -> torch.Tensor:
+    """Next-token logits (len(row), V) of one unpadded sequence, no cache."""
+    with torch.no_grad():
+        logits: torch.Tensor = model(input_ids=torch.tensor([row])).logits[0]
+    return logits
+
+
+def decode(decoder: Any, steps: list[list[int]], n: int) -> list[torch.Tensor]:
+    """Logits after the prompts and after each forced token: [(P*n, V)] * (len(steps) + 1)."""
+    ids, mask, pos = left_pad(PROMPTS, 0, torch.device("cpu"))
+    with torch.inference_mode():
+        out = [decoder.prefill(ids, mask, pos).repeat_interleave(n, dim=0)]
+        decoder.expand(n)
+        for tokens in steps:
+            out.append(decoder.step(torch.tensor(tokens)))
+    return out
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_static_decoder_equals_full_forward(arch: str, pack: bool) -> None:
+    if pack and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    model = build(arch)
+    assert static_decoder_unsupported(model, 30) is None
+    n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92, 93, 94, 95]]
+    # forced[t][row]: the token appended at step t to each of the P * n rows
+    got = decode(StaticLlamaDecoder(model, len(forced), pack=pack), forced, n)
+    for row in range(len(PROMPTS) * n):
+        prompt = PROMPTS[row // n]
+        want = full_forward_logits(model, prompt + [forced[t][row] for t in range(len(forced))])
+        for t, logits in enumerate(got):
+            torch.testing.assert_close(logits[row], want[len(prompt) - 1 + t], rtol=1e-4, atol=1e-4)
+
+
+def test_select_keeps_rows_and_matches_hf_decoder() -> None:
+    model = build("llama", seed=3)
+    decoders = [
+        StaticLlamaDecoder(model, 4, pack=False),
+        HFDecoder(model),
+    ]
+    keep = torch.tensor([0, 2, 5])
+    results = []
+    for decoder in decoders:
+        first = decode(decoder, [[1, 2, 3, 4, 5, 6]], 2)
+        with torch.inference_mode():
+            decoder.select(keep)
+            results.append([*first, decoder.step(torch.tensor([7, 8, 9]))])
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert results[0][-1].shape[0] == len(keep)
+
+
+def test_unsupported_models_are_named(tiny_model_dir: Path) -> None:
+    gpt2 = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)
+    )
+    assert "gpt2" in str(static_decoder_unsupported(gpt2, 10))
+    mistral = build("mistral")  # sliding window 64
+    assert static_decoder_unsupported(mistral, 64) is None
+    assert "sliding window" in str(static_decoder_unsupported(mistral, 65))
+    policy = load_policy(
+        str(tiny_model_dir), lora=LoraSettings(r=2, alpha=4.0), need_reference=False
+    )
+    assert "LoRA" in str(static_decoder_unsupported(policy.model, 10))
+    with lora_merged(policy.model):
+        assert static_decoder_unsupported(policy.model, 10) is None
