@@ -18,12 +18,12 @@ than halves a decoding step there.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
+from grpokit.models.compat import cache_kwarg, hf_model, logits_to_keep_kwarg
 from grpokit.models.onednn import PackedLinear
 
 LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -50,13 +50,6 @@ class Decoder(Protocol):
     def select(self, rows: torch.Tensor) -> None: ...
 
 
-def hf_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The transformers model inside a peft wrapper (or the model itself)."""
-    get_base = getattr(model, "get_base_model", None)
-    base = get_base() if callable(get_base) else model
-    return base if isinstance(base, torch.nn.Module) else model
-
-
 class HFDecoder:
     """Decoding through the model's own forward and a transformers ``DynamicCache``.
 
@@ -68,12 +61,7 @@ class HFDecoder:
         from transformers import DynamicCache
 
         self.model = model
-        params = inspect.signature(hf_model(model).forward).parameters
-        # transformers 5 renamed past_key_values to cache; accept either generation.
-        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        self.keep_kwarg: str | None = next(
-            (k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None
-        )
+        self.cache_kwarg, self.keep_kwarg = cache_kwarg(model), logits_to_keep_kwarg(model)
         config = getattr(hf_model(model), "config", None)
         self.cache = DynamicCache(config=config) if config is not None else DynamicCache()
         self.mask = torch.zeros(0, 0, dtype=torch.long)
