@@ -89,6 +89,43 @@ def test_overrides_and_legacy_scale_rewards(tmp_path: Path) -> None:
         load_config(_write(tmp_path, BASE), ["training.beta"])
 
 
+def test_fsdp_takes_transformers_settings_and_legacy_strings(tmp_path: Path) -> None:
+    cfg = load_config(_write(tmp_path, BASE))
+    assert not cfg.training.fsdp and cfg.training.fsdp_config.reshard_after_forward
+    text = BASE + "  fsdp: true\n  fsdp_config:\n    reshard_after_forward: false\n"
+    fc = load_config(_write(tmp_path, text)).training.fsdp_config
+    assert (fc.reshard_after_forward, fc.cpu_offload) == (False, False)
+    # transformers' legacy strings, translated as TrainingArguments translates them for FSDP2.
+    cases = {
+        "full_shard auto_wrap": (True, True, False),
+        "shard_grad_op offload": (True, False, True),
+        "": (False, True, False),
+    }
+    for value, (on, reshard, offload) in cases.items():
+        t = load_config(_write(tmp_path, BASE + f"  fsdp: '{value}'\n")).training
+        assert (t.fsdp, t.fsdp_config.reshard_after_forward, t.fsdp_config.cpu_offload) == (
+            on,
+            reshard,
+            offload,
+        ), value
+    # An explicit fsdp_config key wins over the string, as in transformers.
+    text = BASE + "  fsdp: shard_grad_op\n  fsdp_config: {reshard_after_forward: true}\n"
+    assert load_config(_write(tmp_path, text)).training.fsdp_config.reshard_after_forward
+
+
+def test_fsdp_errors_name_the_line(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"line 12: training.fsdp: unknown FSDP option 'hybrid'"):
+        load_config(_write(tmp_path, BASE + "  fsdp: full_shard hybrid\n"))
+    with pytest.raises(UserError, match="line 12: training.fsdp: choose one of full_shard"):
+        load_config(_write(tmp_path, BASE + "  fsdp: full_shard shard_grad_op\n"))
+    with pytest.raises(
+        UserError, match=r"line 13: training.fsdp_config.version: Input should be 2"
+    ):
+        load_config(_write(tmp_path, BASE + "  fsdp: true\n  fsdp_config: {version: 1}\n"))
+    with pytest.raises(UserError, match="line 7: training: fsdp and use_vllm cannot be combined"):
+        load_config(_write(tmp_path, BASE + "  fsdp: true\n  use_vllm: true\n"))
+
+
 def test_missing_file_and_unknown_reward_type(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="does not exist"):
         load_config(tmp_path / "nope.yaml")

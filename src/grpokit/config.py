@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from grpokit.errors import UserError
 from grpokit.monitor.config import MonitorConfig
@@ -98,6 +106,60 @@ class DataConfig(_Strict):
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("set either system_prompt or system_prompt_file, not both")
         return self
+
+
+_FSDP_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap")
+
+
+def _legacy_fsdp(value: str) -> dict[str, bool]:
+    """transformers' legacy ``fsdp`` string ("full_shard offload", ...) as fsdp_config settings,
+    translated the way TrainingArguments translates it for FSDP2."""
+    items = value.split()
+    unknown = [x for x in items if x not in _FSDP_OPTIONS]
+    if unknown:
+        raise ValueError(
+            f"unknown FSDP option {unknown[0]!r}: use true, or transformers' options "
+            f"{', '.join(_FSDP_OPTIONS)} (space-separated)"
+        )
+    if "full_shard" in items and "shard_grad_op" in items:
+        raise ValueError("choose one of full_shard and shard_grad_op")
+    settings: dict[str, bool] = {}
+    if "full_shard" in items or "shard_grad_op" in items:
+        settings["reshard_after_forward"] = "full_shard" in items
+    if "offload" in items:
+        settings["cpu_offload"] = True
+    return settings  # auto_wrap: decoder layers are always wrapped one by one
+
+
+class FSDPConfig(_Strict):
+    """transformers' ``fsdp_config`` keys for FSDP2 that grpokit implements."""
+
+    version: Literal[2] = Field(
+        2, description="FSDP version: 2 (torch's fully_shard), the only one grpokit implements."
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description=(
+            "Free each layer's gathered weights after its forward and gather them again for its "
+            "backward (transformers' full_shard: least memory). false keeps them from forward to "
+            "backward (shard_grad_op: one all-gather less per layer, a full layer more memory)."
+        ),
+    )
+    cpu_offload: bool = Field(
+        False,
+        description=(
+            "Keep the sharded weights, gradients and optimizer state in CPU memory and run the "
+            "optimizer step on the CPU: less GPU memory, slower steps. No effect on a CPU run."
+        ),
+    )
+    transformer_layer_cls_to_wrap: list[str] | None = Field(
+        None,
+        description=(
+            "Class names of the layers sharded one by one (each gathered only while it runs); "
+            "default the model's own decoder layer classes (transformers' _no_split_modules, "
+            "e.g. LlamaDecoderLayer)."
+        ),
+    )
 
 
 class TrainingConfig(_Strict):
@@ -194,6 +256,19 @@ class TrainingConfig(_Strict):
     num_processes: int = Field(
         1, ge=1, description="Data-parallel processes (set by the launcher; 1 on a laptop)."
     )
+    fsdp: bool = Field(
+        False,
+        description=(
+            "Fully sharded data parallel (FSDP2): each process holds 1/N of the weights, "
+            "gradients and optimizer state, for models that do not fit one device; launch 2+ "
+            "processes (grpokit train --nproc N, torchrun, accelerate launch). A single process "
+            "ignores it and says so. transformers' legacy strings ('full_shard', 'shard_grad_op', "
+            "'offload', 'auto_wrap', space-separated) are accepted and set fsdp_config."
+        ),
+    )
+    fsdp_config: FSDPConfig = Field(
+        default_factory=FSDPConfig, description="FSDP settings (transformers' fsdp_config keys)."
+    )
     use_vllm: bool = Field(
         False,
         description="Generate with vLLM (GPU only; pip install 'grpokit[vllm]') instead of torch.",
@@ -219,7 +294,27 @@ class TrainingConfig(_Strict):
         if isinstance(data, dict) and isinstance(data.get("scale_rewards"), bool):
             data = dict(data)
             data["scale_rewards"] = "group" if data["scale_rewards"] else "none"
+        # transformers' legacy fsdp strings; an explicit fsdp_config key wins, as in transformers.
+        # An invalid string is left for the fsdp field's own check, which names its line.
+        if isinstance(data, dict) and isinstance(data.get("fsdp"), str):
+            try:
+                settings = _legacy_fsdp(data["fsdp"])
+            except ValueError:
+                return data
+            data = dict(data)
+            explicit = data.get("fsdp_config")
+            data["fsdp_config"] = (
+                settings | explicit if isinstance(explicit, dict) else explicit or settings
+            )
+            data["fsdp"] = bool(data["fsdp"].split())
         return data
+
+    @field_validator("fsdp", mode="before")
+    @classmethod
+    def _fsdp_option(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            _legacy_fsdp(value)  # raises the reason it was not translated
+        return value
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> TrainingConfig:
@@ -236,6 +331,12 @@ class TrainingConfig(_Strict):
         eps_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
         if self.delta is not None and self.delta <= 1 + eps_high:
             raise ValueError(f"delta ({self.delta}) must be greater than 1 + epsilon_high")
+        if self.fsdp and self.use_vllm:
+            raise ValueError(
+                "fsdp and use_vllm cannot be combined: vLLM keeps a whole copy of the weights on "
+                "each GPU and its weight sync reads whole parameters, which FSDP shards; generate "
+                "with torch (use_vllm: false) under fsdp"
+            )
         return self
 
     @property

@@ -262,13 +262,23 @@ class Policy:
         """The parameters the optimizer updates (LoRA weights only under LoRA)."""
         return [p for p in self.model.parameters() if p.requires_grad]
 
-    def save(self, path: Path, *, merged: bool = False) -> None:
+    def save(
+        self,
+        path: Path,
+        *,
+        merged: bool = False,
+        state_dict: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """Write a checkpoint: the LoRA adapter (or, with ``merged``, the base with the adapter
         merged in) or the full model, plus the tokenizer and a ``grpokit_policy.json``.
 
+        ``state_dict`` holds the weights to write in place of the model's own (whole tensors
+        gathered from a sharded model); not with ``merged``.
         The directory appears complete or not at all (written beside it, then renamed); an
         existing checkpoint at ``path`` is replaced.
         """
+        if merged and state_dict is not None:
+            raise ValueError("save(merged=True) merges the model's own weights; omit state_dict")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
@@ -279,7 +289,7 @@ class Policy:
                 full = copy.deepcopy(self.model).merge_and_unload()  # type: ignore[operator]
                 full.save_pretrained(tmp)
             else:
-                self.model.save_pretrained(tmp)  # type: ignore[operator]
+                self.model.save_pretrained(tmp, state_dict=state_dict)  # type: ignore[operator]
             self.tokenizer.save_pretrained(tmp)
             info = {
                 "kind": kind,

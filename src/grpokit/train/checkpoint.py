@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpokit.errors import UserError
+from grpokit.train.fsdp import load_full_state
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -74,19 +75,29 @@ def save_checkpoint(
     state: TrainerState,
     config_yaml: str,
     save_total_limit: int | None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
+    """Write ``checkpoint-<global_step>`` into ``run_dir``.
+
+    ``model_state`` and ``optimizer_state`` replace the model's and optimizer's own state dicts
+    when given: the whole tensors gathered from a sharded (FSDP) model, in the same layout.
+    """
     final = run_dir / f"checkpoint-{state.global_step}"
     tmp = run_dir / f".tmp-checkpoint-{state.global_step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    policy.save(tmp / "model")
+    policy.save(tmp / "model", state_dict=model_state)
     trainable = {
-        n: p.detach().cpu().contiguous()
+        n: (p if model_state is None else model_state[n]).detach().cpu().contiguous()
         for n, p in policy.model.named_parameters()
         if p.requires_grad
     }
     save_file(trainable, str(tmp / "trainable.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(
+        optimizer.state_dict() if optimizer_state is None else optimizer_state,
+        tmp / "optimizer.pt",
+    )
     torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     torch.save(_rng_state(generator), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
@@ -106,20 +117,33 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     generator: torch.Generator,
+    sharded: bool = False,
 ) -> TrainerState:
-    """Restore weights, optimizer, schedule and every RNG; returns the trainer state."""
-    weights = load_file(str(path / "trainable.safetensors"))
+    """Restore weights, optimizer, schedule and every RNG; returns the trainer state.
+
+    With ``sharded`` (an FSDP model, every rank calling), rank 0 reads the weights and the
+    optimizer state and the other ranks receive their shards.
+    """
     params = dict(policy.model.named_parameters())
-    missing = [n for n in weights if n not in params]
-    if missing:
-        raise UserError(
-            f"{path}: checkpoint parameters do not match the configured model "
-            f"(e.g. {missing[0]}); resume with the run's own config"
-        )
-    with torch.no_grad():
-        for name, value in weights.items():
-            params[name].copy_(value.to(params[name].device, params[name].dtype))
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+
+    def read() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        weights = load_file(str(path / "trainable.safetensors"))
+        missing = [n for n in weights if n not in params]
+        if missing:
+            raise UserError(
+                f"{path}: checkpoint parameters do not match the configured model "
+                f"(e.g. {missing[0]}); resume with the run's own config"
+            )
+        return weights, torch.load(path / "optimizer.pt", weights_only=False)
+
+    if sharded:
+        load_full_state(policy.model, optimizer, read)
+    else:
+        weights, optimizer_state = read()
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(value.to(params[name].device, params[name].dtype))
+        optimizer.load_state_dict(optimizer_state)
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
     rng = torch.load(path / "rng.pt", weights_only=False)
     random.setstate(rng["python"])

@@ -13,6 +13,8 @@ on the same config. The split of work, and why each collective is there:
   **summed**, not averaged: the update equals the single-process update on the same global batch;
 - only rank 0 writes metrics, completions and checkpoints.
 
+With ``training.fsdp``, :mod:`grpokit.train.fsdp` also shards the model over the same ranks.
+
 Nothing here is called in a single process run: :data:`SINGLE` makes every helper a no-op.
 """
 

@@ -52,6 +52,14 @@ from grpokit.train.distributed import (
     shard_slice,
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs, pack
+from grpokit.train.fsdp import (
+    GatheredEngine,
+    full_state,
+    gathered,
+    idle_pass,
+    missing_micro_batches,
+    shard_policy,
+)
 from grpokit.train.scoring import ScoredBatch, sample_and_score, summarize
 from grpokit.train.step_metrics import (
     completion_records,
@@ -148,6 +156,12 @@ class GRPOTrainer:
         self.dist, self.device = init_distributed(resolve_device(cfg.model.device))
         if self.dist.enabled:
             self._join_processes()
+        # Sharding over one process would save nothing, so the same config runs on a laptop.
+        self.sharded = self.args.fsdp and self.dist.enabled
+        if self.args.fsdp and not self.dist.enabled:
+            self.log(
+                "training.fsdp: a single process holds the whole model; FSDP needs 2+ processes"
+            )
 
         # Data and rewards first: their errors are cheap to find and must come before model loading.
         self.rows = load_prompts(cfg.resolve(cfg.data.train), prompt_column=cfg.data.prompt_column)
@@ -177,7 +191,8 @@ class GRPOTrainer:
             gradient_checkpointing=m.gradient_checkpointing,
             need_reference=self.args.beta > 0,
             init_from=init_from,
-            device=self.device,
+            # Under FSDP each unit moves to the device as it is sharded: the whole model need not fit.
+            device=torch.device("cpu") if self.sharded else self.device,
             cpu_matmul=m.cpu_matmul,
         )
         tok = self.policy.tokenizer
@@ -185,6 +200,16 @@ class GRPOTrainer:
             tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         )
         broadcast_parameters(self.policy.model, self.dist)
+        if self.sharded:
+            fc = self.args.fsdp_config
+            shard_policy(
+                self.policy,
+                self.device,
+                self.dist.world_size,
+                reshard_after_forward=fc.reshard_after_forward,
+                cpu_offload=fc.cpu_offload,
+                layer_classes=fc.transformer_layer_cls_to_wrap,
+            )
         self.engine: RolloutEngine = self._build_engine()
         self.sampling = SamplingParams(
             max_completion_length=self.args.max_completion_length,
@@ -222,6 +247,7 @@ class GRPOTrainer:
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
                 generator=self.generator,
+                sharded=self.sharded,
             )
             self.stream.seek(self.state.epoch, self.state.position)
             if self.dist.rank:  # the checkpoint holds rank 0's generator
@@ -278,12 +304,13 @@ class GRPOTrainer:
 
     def _build_engine(self) -> RolloutEngine:
         if not self.args.use_vllm:
-            return TorchEngine(
+            local = TorchEngine(
                 self.policy.model,
                 eos_token_ids=self.policy.eos_token_ids(),
                 pad_token_id=self.pad_token_id,
                 cpu_matmul=self.cfg.model.cpu_matmul,
             )
+            return GatheredEngine(local, self.policy.model) if self.sharded else local
         from grpokit.models.loading import resolve_model_path
         from grpokit.rollout.vllm_engine import VLLMEngine
 
@@ -407,9 +434,12 @@ class GRPOTrainer:
         return Experience(prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask))
 
     def _per_token_reference(
-        self, exp: Experience, mb_size: int
+        self, exp: Experience, mb_size: int, idle: int = 0
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """Log-probs that stay fixed during the update: pi_old (mu > 1 only), pi_ref (beta > 0 only)."""
+        """Log-probs that stay fixed during the update: pi_old (mu > 1 only), pi_ref (beta > 0 only).
+
+        ``idle``: forwards without rows to run after the real ones (FSDP, see fsdp.idle_pass).
+        """
         a = self.args
         n_mb = math.ceil(len(exp) / mb_size)
         old: list[torch.Tensor | None] = [None] * n_mb
@@ -421,17 +451,40 @@ class GRPOTrainer:
             for k, (_, batch) in enumerate(exp.micro_batches(mb_size, self.pad_token_id)):
                 batch = batch.to(self.device)
                 if a.num_iterations > 1:
-                    old[k] = completion_logprobs(model, batch, temperature=a.temperature)[0]
+                    old[k] = self._logprobs(model, batch)[0]
                 if a.beta > 0:
                     with self.policy.reference_model() as ref_model:
-                        ref[k] = completion_logprobs(ref_model, batch, temperature=a.temperature)[0]
+                        ref[k] = self._logprobs(ref_model, batch)[0]
+            for _ in range(idle):
+                if a.num_iterations > 1:
+                    idle_pass(model, self.pad_token_id, self.device, backward=False)
+                if a.beta > 0:
+                    with self.policy.reference_model() as ref_model:
+                        idle_pass(ref_model, self.pad_token_id, self.device, backward=False)
         return old, ref
+
+    def _logprobs(
+        self, model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # Encoding each prompt once takes one forward more where a micro-batch shares prompts;
+        # under FSDP every forward is a collective, so all ranks must run the same number. Keyed
+        # on the config, not on the process count, so that one process computes exactly what the
+        # same YAML computes sharded.
+        return completion_logprobs(
+            model,
+            batch,
+            temperature=self.args.temperature,
+            with_entropy=with_entropy,
+            share_prompts=not self.args.fsdp,
+        )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
         """num_iterations optimizer steps on one experience batch; metrics of each."""
         a = self.args
         mb_size = a.per_device_train_batch_size
-        old_logps, ref_logps = self._per_token_reference(exp, mb_size)
+        # Under FSDP every forward and backward is a collective: all ranks run as many micro-batches.
+        idle = missing_micro_batches(-(-len(exp) // mb_size), self.dist) if self.sharded else 0
+        old_logps, ref_logps = self._per_token_reference(exp, mb_size, idle)
         # Global counts: each rank's loss is then its share of the global loss (grads are summed).
         active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
         num_active, num_rows = max(1, int(active)), max(1, int(num_rows))
@@ -445,9 +498,7 @@ class GRPOTrainer:
             for k, (rows, batch) in enumerate(exp.micro_batches(mb_size, self.pad_token_id)):
                 batch = batch.to(self.device)
                 mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
-                logp, entropy = completion_logprobs(
-                    model, batch, temperature=a.temperature, with_entropy=True
-                )
+                logp, entropy = self._logprobs(model, batch, with_entropy=True)
                 old = old_logps[k] if old_logps[k] is not None else logp.detach()
                 out = policy_loss(
                     logp,
@@ -478,7 +529,10 @@ class GRPOTrainer:
                     sums[key] = sums.get(key, 0.0) + value * n_tok
                 if entropy is not None and n_tok > 0:
                     entropies.append(float((entropy * mask).sum().item() / n_tok))
-            all_reduce_gradients(self.policy.trainable_parameters(), self.dist)
+            for _ in range(idle):
+                idle_pass(model, self.pad_token_id, self.device, backward=True)
+            if not self.sharded:  # FSDP reduce-scattered the gradients in backward
+                all_reduce_gradients(self.policy.trainable_parameters(), self.dist)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.policy.trainable_parameters(), a.max_grad_norm
             )
@@ -571,6 +625,11 @@ class GRPOTrainer:
         rows = self.heldout[: self.args.eval_max_prompts]
         if not rows:
             return {}
+        if not self.dist.is_main:
+            if self.sharded:  # rank 0 evaluates alone, but gathering its weights takes every rank
+                with gathered(self.policy.model):
+                    pass
+            return {}
         scored = sample_and_score(
             self.engine,
             self.policy.tokenizer,
@@ -597,12 +656,18 @@ class GRPOTrainer:
     def save(self) -> Path:
         """Write a checkpoint (rank 0 only; the other ranks wait for it)."""
         path = self.run_dir / f"checkpoint-{self.state.global_step}"
+        # Under FSDP every rank takes part in gathering the whole tensors that rank 0 writes.
+        states = full_state(self.policy.model, self.optimizer) if self.sharded else (None, None)
         if self.dist.is_main:
-            path = self._save()
+            path = self._save(*states)
         barrier(self.dist)
         return path
 
-    def _save(self) -> Path:
+    def _save(
+        self,
+        model_state: dict[str, torch.Tensor] | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> Path:
         return save_checkpoint(
             self.run_dir,
             policy=self.policy,
@@ -612,6 +677,8 @@ class GRPOTrainer:
             state=self.state,
             config_yaml=self.cfg.to_yaml(),
             save_total_limit=self.args.save_total_limit,
+            model_state=model_state,
+            optimizer_state=optimizer_state,
         )
 
     def train(self) -> TrainResult:
@@ -627,7 +694,7 @@ class GRPOTrainer:
                 records = self.step()
                 first_step = self.state.global_step - len(records) + 1
                 for step, record in enumerate(records, start=first_step):
-                    if a.eval_steps and step % a.eval_steps == 0 and self.dist.is_main:
+                    if a.eval_steps and step % a.eval_steps == 0:
                         record.update(self.heldout_metrics())
                     alerts = self.monitors.update(step, record)
                     if alerts:
