@@ -39,7 +39,9 @@ def test_rollout_benchmark_prints_its_ratios() -> None:
     ratios = _run("rollout.py", "--batch-sizes", "8")
     assert set(ratios) == {
         "batch 8: grpokit / generate tokens per second",
-        "batch 8: grpokit / decode floor tokens per second",
+        "batch 8: grpokit / generate-onednn",
+        "batch 8: grpokit / decode floor (torch default)",
+        "batch 8: grpokit / decode floor (oneDNN linears)",
     }
     assert all(v > 0 for v in ratios.values())
 
