@@ -7,6 +7,11 @@ turns it on for both). Each (library, setting) runs in a fresh process, so its p
 memory is its own; the two libraries alternate, and a step's time is the median of the measured
 steps after one warm-up step. A step is rollout + reward + update on both sides.
 
+Sampling is top-k 1 by default (greedy, on both sides): the two libraries then generate the same
+completions, so a step does the same work in each. With ``--top-k 0`` (plain sampling at
+temperature 1) each side draws its own completions, whose lengths differ, and a step's time with
+them; the per-setting lines print the mean completion length either way.
+
     python bench/train_step.py                 # embedded SmolLM2-135M: 1 prompt x 4, 64 tokens
     python bench/train_step.py --smoke         # tiny model, 1 setting, 1 step (the tests)
     python bench/train_step.py --steps 5 --settings full-beta0.04 lora-beta0.04
@@ -94,6 +99,7 @@ def run_grpokit(
             "beta": setting["beta"],
             "learning_rate": 1e-6,
             "loss_type": "dapo",
+            "top_k": args.top_k or None,
             "max_steps": args.steps + warmup,
             "report_to": ["none"],
             "log_completions": False,
@@ -134,6 +140,7 @@ def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]
         beta=setting["beta"],
         learning_rate=1e-6,
         loss_type="dapo",
+        top_k=args.top_k or None,
         max_steps=args.steps + 1,
         logging_steps=1,
         report_to="none",
@@ -197,6 +204,9 @@ def main() -> None:
     ap.add_argument("--num-generations", type=int, default=4)
     ap.add_argument("--max-completion-length", type=int, default=64)
     ap.add_argument("--gradient-checkpointing", action="store_true")
+    ap.add_argument(
+        "--top-k", type=int, default=1, help="1: greedy, equal work on both sides; 0: sampling"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--peers", nargs="+", default=["grpokit", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
@@ -216,10 +226,12 @@ def main() -> None:
         f"--num-generations={args.num_generations}",
         f"--max-completion-length={args.max_completion_length}",
         f"--threads={args.threads}",
+        f"--top-k={args.top_k}",
     ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
     print(
         f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "
-        f"{args.max_completion_length} tokens; {args.steps} measured steps; {load_average()}"
+        f"{args.max_completion_length} tokens; top-k {args.top_k}; {args.steps} measured steps; "
+        f"{load_average()}"
     )
     ratios: list[tuple[str, float, str]] = []
     script = Path(__file__).resolve()

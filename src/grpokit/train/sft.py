@@ -82,7 +82,7 @@ def run_sft(
         tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [eos] for d in demos
     ]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0, fused=True)
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []
     history = []
