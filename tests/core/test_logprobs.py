@@ -65,6 +65,13 @@ def test_gradcheck_float64() -> None:
     assert torch.autograd.gradcheck(
         lambda x: selective_log_softmax(x, ids, chunk_size=4), (logits,)
     )
+    # the hand-written backward through the usual shifted, non-contiguous slice, 4-D leading
+    # axes, and repeated token ids within a chunk
+    wide = torch.randn(2, 2, 5, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    shift_ids = torch.randint(0, 2, (2, 2, 4), generator=gen)
+    assert torch.autograd.gradcheck(
+        lambda x: selective_log_softmax(x[:, :, :-1], shift_ids, chunk_size=3), (wide,)
+    )
 
 
 def test_low_precision_is_upcast() -> None:

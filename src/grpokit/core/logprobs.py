@@ -6,9 +6,16 @@ autograd would keep it for the backward pass. Both functions here go one sequenc
 ``chunk_size`` positions at a time, so only one (chunk_size, V) block of temporaries exists at
 once. Half-precision logits are upcast per chunk: logsumexp in bfloat16 loses about two decimal
 digits, which shows up directly in the importance ratio.
+
+The log-softmax's gradient is written by hand (:class:`_SelectiveLogSoftmax`): left to autograd,
+each per-sequence view ``logits[b]`` would get its own logits-sized zero gradient in the backward
+pass, B full passes over B*T*V floats where one is needed (measured on the embedded model with 8
+sequences a micro-batch: 0.4 s of a 5 s update).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,27 +52,59 @@ def selective_log_softmax(
         )
     if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
         raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if logits.ndim > 2 and logits.shape[0] > 0:
-        # One sequence at a time: a sliced batch such as logits[:, :-1] cannot be flattened to
-        # rows without copying all of it, but each logits[b] is a view.
-        return torch.stack(
-            [
-                selective_log_softmax(logits[b], token_ids[b], chunk_size=chunk_size)
-                for b in range(logits.shape[0])
-            ]
-        )
-    vocab = logits.shape[-1]
-    rows = logits.reshape(-1, vocab)
-    ids = token_ids.reshape(-1, 1).to(torch.long)
-    dtype = _result_dtype(logits)
-    pieces = []
-    for start in range(0, rows.shape[0], chunk_size):
-        chunk = rows[start : start + chunk_size].to(dtype)
-        chosen = chunk.gather(-1, ids[start : start + chunk_size]).squeeze(-1)
-        pieces.append(chosen - torch.logsumexp(chunk, dim=-1))
-    if not pieces:
-        return torch.zeros(token_ids.shape, dtype=dtype, device=logits.device)
-    return torch.cat(pieces).reshape(token_ids.shape)
+    result: Tensor = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_size)  # type: ignore[no-untyped-call]
+    return result
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """log softmax(logits)[ids] in chunks; backward: g * (onehot(ids) - softmax(logits))."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, token_ids: Tensor, chunk_size: int) -> Tensor:
+        dtype = _result_dtype(logits)
+        ids = token_ids.to(torch.long)
+        lse = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
+        chosen = torch.empty_like(lse)
+        for seq, seq_ids, seq_lse, seq_chosen in _aligned(logits, ids, lse, chosen):
+            for start in range(0, seq.shape[0], chunk_size):
+                end = start + chunk_size
+                chunk = seq[start:end].to(dtype)
+                seq_lse[start:end] = torch.logsumexp(chunk, dim=-1)
+                seq_chosen[start:end] = chunk.gather(-1, seq_ids[start:end, None]).squeeze(-1)
+        ctx.save_for_backward(logits, ids, lse)
+        ctx.chunk_size = chunk_size
+        return chosen - lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        logits, ids, lse = ctx.saved_tensors
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        grad_out = grad_out.to(lse.dtype)
+        for seq, seq_ids, seq_lse, seq_g, seq_grad in _aligned(logits, ids, lse, grad_out, grad):
+            for start in range(0, seq.shape[0], ctx.chunk_size):
+                end = start + ctx.chunk_size
+                g = seq_g[start:end, None]
+                block = -g * torch.exp(seq[start:end].to(lse.dtype) - seq_lse[start:end, None])
+                block.scatter_add_(-1, seq_ids[start:end, None], g)
+                seq_grad[start:end] = block
+        return grad, None, None
+
+
+def _aligned(logits: Tensor, *per_position: Tensor) -> list[tuple[Tensor, ...]]:
+    """Per sequence: a (T, V) view of ``logits`` with (T,) / (T, V) views of the others.
+
+    ``logits`` (..., T, V) may be a non-contiguous slice (e.g. ``logits[:, :-1]``); indexing the
+    leading axes one at a time keeps every piece a view, where flattening would copy.
+    """
+    if logits.ndim == 1:
+        return [tuple(t.reshape(1, *t.shape) for t in (logits, *per_position))]
+    if logits.ndim == 2:
+        return [(logits, *per_position)]
+    out: list[tuple[Tensor, ...]] = []
+    for b in range(logits.shape[0]):
+        out += _aligned(logits[b], *(t[b] for t in per_position))
+    return out
 
 
 @torch.no_grad()
