@@ -35,7 +35,7 @@ from grpokit.train.trainer import GRPOTrainer
 # Measured on a 2-core CPU (see README): a short SFT puts the format in place without collapsing
 # the sampling entropy; GRPO then works on correctness.
 SFT_STEPS = 16
-GRPO_STEPS = 24
+GRPO_STEPS = 60
 EVAL_SAMPLES = 2
 
 
