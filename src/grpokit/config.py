@@ -176,6 +176,19 @@ class TrainingConfig(_Strict):
     gradient_accumulation_steps: int = Field(
         1, ge=1, description="Micro-batches per optimizer step."
     )
+    max_tokens_per_micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Token budget of a micro-batch in the update (verl's ppo_max_token_len_per_gpu): "
+            "consecutive completions are cut into micro-batches of at most "
+            "per_device_train_batch_size rows whose padded size (rows x (longest prompt + "
+            "longest completion)) stays within it; a longer single row goes alone. Bounds the "
+            "update's memory when a few completions run long, and their padding. The update is "
+            "the same for dapo, dr_grpo and grpo (normalised per step or per sequence); bnpo "
+            "normalises per micro-batch by definition. null: rows only."
+        ),
+    )
     num_generations: int = Field(8, ge=2, description="Completions per prompt: the group size G.")
     num_iterations: int = Field(
         1, ge=1, description="Optimisation passes (mu) over each generation batch."

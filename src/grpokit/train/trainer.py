@@ -11,7 +11,7 @@ import math
 import platform
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,10 +85,30 @@ class Experience:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
-    def micro_batches(self, size: int, pad_token_id: int) -> Iterator[tuple[slice, TokenBatch]]:
-        for start in range(0, len(self), size):
-            s = slice(start, min(start + size, len(self)))
-            yield s, pack(self.prompt_ids[s], self.completion_ids[s], pad_token_id)
+    def micro_batch_rows(self, size: int, token_budget: int | None = None) -> list[slice]:
+        """Consecutive row ranges of at most ``size`` rows and, with a budget, at most
+        ``token_budget`` padded tokens (rows x (longest prompt + longest completion)); a row that
+        alone exceeds the budget is a micro-batch of its own."""
+        out: list[slice] = []
+        start, n = 0, len(self)
+        while start < n:
+            end = start + 1
+            p_len, c_len = len(self.prompt_ids[start]), max(1, len(self.completion_ids[start]))
+            while end < n and end - start < size:
+                p_next = max(p_len, len(self.prompt_ids[end]))
+                c_next = max(c_len, len(self.completion_ids[end]))
+                if (
+                    token_budget is not None
+                    and (end - start + 1) * (p_next + c_next) > token_budget
+                ):
+                    break
+                p_len, c_len, end = p_next, c_next, end + 1
+            out.append(slice(start, end))
+            start = end
+        return out
+
+    def micro_batch(self, rows: slice, pad_token_id: int) -> TokenBatch:
+        return pack(self.prompt_ids[rows], self.completion_ids[rows], pad_token_id)
 
     def active_tokens(self) -> int:
         lengths = torch.tensor([float(len(c)) for c in self.completion_ids])
@@ -438,22 +458,21 @@ class GRPOTrainer:
         return Experience(prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask))
 
     def _per_token_reference(
-        self, exp: Experience, mb_size: int, idle: int = 0
+        self, exp: Experience, micro_batches: list[slice], idle: int = 0
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """Log-probs that stay fixed during the update: pi_old (mu > 1 only), pi_ref (beta > 0 only).
 
         ``idle``: forwards without rows to run after the real ones (FSDP, see fsdp.idle_pass).
         """
         a = self.args
-        n_mb = math.ceil(len(exp) / mb_size)
-        old: list[torch.Tensor | None] = [None] * n_mb
-        ref: list[torch.Tensor | None] = [None] * n_mb
+        old: list[torch.Tensor | None] = [None] * len(micro_batches)
+        ref: list[torch.Tensor | None] = [None] * len(micro_batches)
         if a.num_iterations == 1 and a.beta == 0:
             return old, ref
         model = self.policy.model
         with torch.no_grad():
-            for k, (_, batch) in enumerate(exp.micro_batches(mb_size, self.pad_token_id)):
-                batch = batch.to(self.device)
+            for k, rows in enumerate(micro_batches):
+                batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
                 if a.num_iterations > 1:
                     old[k] = self._logprobs(model, batch)[0]
                 if a.beta > 0:
@@ -485,10 +504,12 @@ class GRPOTrainer:
     def update(self, exp: Experience) -> list[dict[str, float]]:
         """num_iterations optimizer steps on one experience batch; metrics of each."""
         a = self.args
-        mb_size = a.per_device_train_batch_size
+        micro_batches = exp.micro_batch_rows(
+            a.per_device_train_batch_size, a.max_tokens_per_micro_batch
+        )
         # Under FSDP every forward and backward is a collective: all ranks run as many micro-batches.
-        idle = missing_micro_batches(-(-len(exp) // mb_size), self.dist) if self.sharded else 0
-        old_logps, ref_logps = self._per_token_reference(exp, mb_size, idle)
+        idle = missing_micro_batches(len(micro_batches), self.dist) if self.sharded else 0
+        old_logps, ref_logps = self._per_token_reference(exp, micro_batches, idle)
         # Global counts: each rank's loss is then its share of the global loss (grads are summed).
         active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
         num_active, num_rows = max(1, int(active)), max(1, int(num_rows))
@@ -499,8 +520,8 @@ class GRPOTrainer:
             sums: dict[str, float] = {}
             tokens_seen = 0.0
             entropies: list[float] = []
-            for k, (rows, batch) in enumerate(exp.micro_batches(mb_size, self.pad_token_id)):
-                batch = batch.to(self.device)
+            for k, rows in enumerate(micro_batches):
+                batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
                 mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
                 logp, entropy = self._logprobs(model, batch, with_entropy=True)
                 old = old_logps[k] if old_logps[k] is not None else logp.detach()

@@ -1,0 +1,68 @@
+"""Micro-batches sized by a token budget: the split, and an update equal to the row-sized one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from grpokit.config import GRPOKitConfig
+from grpokit.train.trainer import Experience, GRPOTrainer
+
+PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 30]]
+
+
+def experience(lengths: list[int]) -> Experience:
+    g = torch.Generator().manual_seed(3)
+    n = len(lengths)
+    return Experience(
+        prompt_ids=[PROMPTS[i * 2 // n] for i in range(n)],
+        completion_ids=[torch.randint(3, 20000, (k,), generator=g).tolist() for k in lengths],
+        advantages=torch.randn(n, generator=g),
+        loss_mask_rows=torch.ones(n),
+    )
+
+
+def test_split_respects_rows_and_budget() -> None:
+    exp = experience([2, 3, 12, 1, 4, 4, 30, 2])  # prompts of 5 tokens (rows 0-3) and 3 (4-7)
+    assert exp.micro_batch_rows(4) == [slice(0, 4), slice(4, 8)]
+    split = exp.micro_batch_rows(4, token_budget=24)
+    assert split == [slice(0, 2), slice(2, 3), slice(3, 5), slice(5, 6), slice(6, 7), slice(7, 8)]
+    for rows in split:  # padded size within the budget unless the row is alone
+        width = max(len(p) for p in exp.prompt_ids[rows]) + max(
+            max(1, len(c)) for c in exp.completion_ids[rows]
+        )
+        assert (rows.stop - rows.start) * width <= 24 or rows.stop - rows.start == 1
+    assert [r.stop - r.start for r in exp.micro_batch_rows(3, token_budget=10_000)] == [3, 3, 2]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_budgeted_update_equals_row_sized_update(
+    make_config: Callable[..., GRPOKitConfig], loss_type: str
+) -> None:
+    exp = experience([2, 3, 12, 1, 4, 4, 30, 2])
+    after = []
+    for budget in (None, 24):
+        config = make_config(
+            num_generations=4,
+            per_device_train_batch_size=4,
+            gradient_accumulation_steps=2,
+            beta=0.04,
+            num_iterations=2,
+            loss_type=loss_type,
+            learning_rate=1e-2,
+            max_tokens_per_micro_batch=budget,
+        )
+        config.training.output_dir = f"run-{budget}"
+        trainer = GRPOTrainer(config, progress=False, log=lambda m: None)
+        metrics = trainer.update(exp)
+        params = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
+        after.append((params, metrics))
+    (a, metrics_a), (b, metrics_b) = after
+    for name in a:
+        error = float((a[name] - b[name]).norm() / max(float(a[name].norm()), 1e-12))
+        assert error < 1e-4, (name, error)
+    for m_a, m_b in zip(metrics_a, metrics_b, strict=True):
+        for key in ("loss", "grad_norm", "kl"):
+            assert m_a[key] == pytest.approx(m_b[key], rel=1e-4, abs=1e-6), key
