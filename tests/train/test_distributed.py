@@ -32,8 +32,9 @@ from grpokit.errors import UserError
 from grpokit.models.loading import load_policy
 from grpokit.rollout.base import SamplingParams
 from grpokit.train.distributed import DistContext, launch_command, reduce_metrics, shard_slice
+from grpokit.train.experience import Experience
 from grpokit.train.fsdp import full_state, gathered, shard_policy
-from grpokit.train.trainer import Experience, GRPOTrainer
+from grpokit.train.trainer import GRPOTrainer
 
 GROUP = 4
 TRAINING = {

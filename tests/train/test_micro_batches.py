@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from grpokit.config import GRPOKitConfig
-from grpokit.train.trainer import Experience, GRPOTrainer
+from grpokit.train.experience import Experience
+from grpokit.train.trainer import GRPOTrainer
 
 PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 30]]
 

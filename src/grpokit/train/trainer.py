@@ -51,7 +51,8 @@ from grpokit.train.distributed import (
     reduce_metrics,
     shard_slice,
 )
-from grpokit.train.forward import TokenBatch, completion_logprobs, pack
+from grpokit.train.experience import Experience
+from grpokit.train.forward import TokenBatch, completion_logprobs
 from grpokit.train.fsdp import (
     GatheredEngine,
     full_state,
@@ -67,52 +68,6 @@ from grpokit.train.step_metrics import (
     loss_metrics,
     rollout_metrics,
 )
-
-
-@dataclass
-class Experience:
-    """The completions one optimizer step trains on (B rows, group-major).
-
-    prompt_ids / completion_ids: B token lists; advantages: (B,); loss_mask_rows: (B,) float, 0
-    for completions excluded from the loss (truncated, with mask_truncated_completions).
-    """
-
-    prompt_ids: list[list[int]]
-    completion_ids: list[list[int]]
-    advantages: torch.Tensor
-    loss_mask_rows: torch.Tensor
-
-    def __len__(self) -> int:
-        return len(self.completion_ids)
-
-    def micro_batch_rows(self, size: int, token_budget: int | None = None) -> list[slice]:
-        """Consecutive row ranges of at most ``size`` rows and, with a budget, at most
-        ``token_budget`` padded tokens (rows x (longest prompt + longest completion)); a row that
-        alone exceeds the budget is a micro-batch of its own."""
-        out: list[slice] = []
-        start, n = 0, len(self)
-        while start < n:
-            end = start + 1
-            p_len, c_len = len(self.prompt_ids[start]), max(1, len(self.completion_ids[start]))
-            while end < n and end - start < size:
-                p_next = max(p_len, len(self.prompt_ids[end]))
-                c_next = max(c_len, len(self.completion_ids[end]))
-                if (
-                    token_budget is not None
-                    and (end - start + 1) * (p_next + c_next) > token_budget
-                ):
-                    break
-                p_len, c_len, end = p_next, c_next, end + 1
-            out.append(slice(start, end))
-            start = end
-        return out
-
-    def micro_batch(self, rows: slice, pad_token_id: int) -> TokenBatch:
-        return pack(self.prompt_ids[rows], self.completion_ids[rows], pad_token_id)
-
-    def active_tokens(self) -> int:
-        lengths = torch.tensor([float(len(c)) for c in self.completion_ids])
-        return int((lengths * self.loss_mask_rows).sum().item())
 
 
 @dataclass
