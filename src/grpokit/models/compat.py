@@ -4,6 +4,7 @@ wrappers: the model inside a peft wrapper, the forward's keyword names, activati
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import torch
 
@@ -22,6 +23,15 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def new_cache(model: torch.nn.Module) -> Any:
+    """An empty transformers ``DynamicCache`` for ``model`` (built from its config when it has one,
+    which newer transformers use to lay out per-layer caches)."""
+    from transformers import DynamicCache
+
+    config = getattr(hf_model(model), "config", None)
+    return DynamicCache(config=config) if config is not None else DynamicCache()
+
+
 def logits_to_keep_kwarg(model: torch.nn.Module) -> str | None:
     """The forward's keyword for "logits of the last k positions only", if it has one."""
     params = inspect.signature(hf_model(model).forward).parameters
@@ -35,3 +45,11 @@ def is_checkpointing(model: torch.nn.Module) -> bool:
     if flag is None:  # transformers < 5
         flag = getattr(inner, "is_gradient_checkpointing", False)
     return bool(flag) and inner.training
+
+
+def adapter_in_effect(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a peft adapter layer whose adapter changes its output: active and not
+    merged into its base weights. Otherwise it computes exactly its base layer."""
+    if not callable(getattr(module, "get_base_layer", None)):
+        return False
+    return not (getattr(module, "merged", False) or getattr(module, "disable_adapters", False))

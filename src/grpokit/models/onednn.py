@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import torch
 
+from grpokit.errors import UserError
+
 CpuMatmul = Literal["auto", "onednn", "torch"]
 
 
@@ -125,7 +127,10 @@ def use_onednn_linears(model: torch.nn.Module, mode: CpuMatmul = "auto") -> int:
         return 0
     if not onednn_available():
         if mode == "onednn":
-            raise RuntimeError("cpu_matmul: onednn needs a PyTorch build with oneDNN (mkldnn)")
+            raise UserError(
+                "model.cpu_matmul: onednn needs a PyTorch build with oneDNN (mkldnn); "
+                "set it to auto or torch"
+            )
         return 0
     changed = 0
     for module in model.modules():

@@ -23,7 +23,13 @@ from typing import Any, Protocol
 
 import torch
 
-from grpokit.models.compat import cache_kwarg, hf_model, logits_to_keep_kwarg
+from grpokit.models.compat import (
+    adapter_in_effect,
+    cache_kwarg,
+    hf_model,
+    logits_to_keep_kwarg,
+    new_cache,
+)
 from grpokit.models.onednn import PackedLinear
 
 LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -58,12 +64,9 @@ class HFDecoder:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        from transformers import DynamicCache
-
         self.model = model
         self.cache_kwarg, self.keep_kwarg = cache_kwarg(model), logits_to_keep_kwarg(model)
-        config = getattr(hf_model(model), "config", None)
-        self.cache = DynamicCache(config=config) if config is not None else DynamicCache()
+        self.cache = new_cache(model)
         self.mask = torch.zeros(0, 0, dtype=torch.long)
         self.next_position = torch.zeros(0, dtype=torch.long)
 
@@ -108,7 +111,7 @@ def _linear(module: torch.nn.Module, pack: bool) -> Callable[[torch.Tensor], tor
     its base weights (or disabled) computes exactly its base layer, without peft's dispatch.
     With ``pack``, a float32 CPU layer becomes a oneDNN-prepacked copy of itself."""
     get_base = getattr(module, "get_base_layer", None)
-    if callable(get_base) and (getattr(module, "merged", False) or module.disable_adapters):
+    if callable(get_base) and not adapter_in_effect(module):
         base = get_base()
         if isinstance(base, torch.nn.Module):
             module = base
@@ -134,11 +137,8 @@ def static_decoder_unsupported(model: torch.nn.Module, total_length: int) -> str
     window = getattr(config, "sliding_window", None)
     if window is not None and total_length > int(window):
         return f"sequences of {total_length} tokens exceed the sliding window of {window}"
-    for layer in body.layers:
-        for proj in (layer.self_attn.q_proj, layer.mlp.gate_proj):
-            get_base = getattr(proj, "get_base_layer", None)
-            if callable(get_base) and not (proj.merged or proj.disable_adapters):
-                return "a LoRA adapter is active and not merged into the base weights"
+    if any(adapter_in_effect(m) for m in inner.modules()):
+        return "a LoRA adapter is active and not merged into the base weights"
     return None
 
 

@@ -207,7 +207,7 @@ class TorchEngine:
 
         for step in range(limit):
             token, logp = sample_next_tokens(
-                logits.float(),
+                logits,
                 temperature=params.temperature,
                 top_k=params.top_k,
                 top_p=params.top_p,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
-from grpokit.models.compat import cache_kwarg, hf_model, is_checkpointing
+from grpokit.models.compat import cache_kwarg, is_checkpointing, new_cache
 
 
 @dataclass
@@ -155,12 +155,9 @@ def _shared_prompt_logits(
         [(logits (B, 1, V), targets (B, 1)), (logits (B, C-1, V), targets (B, C-1))], the
         second only when C > 1.
     """
-    from transformers import DynamicCache
-
     p, c = batch.prompt_length, batch.completion_length
     rows, index = batch.prompt_rows, batch.prompt_index
-    config = getattr(hf_model(model), "config", None)
-    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    cache, cache_arg = new_cache(model), cache_kwarg(model)
     prompt_mask = batch.attention_mask[rows, :p]
     out = model(
         input_ids=batch.input_ids[rows, :p],
@@ -168,7 +165,7 @@ def _shared_prompt_logits(
         position_ids=batch.position_ids[rows, :p],
         use_cache=True,
         logits_to_keep=1,
-        **{cache_kwarg(model): cache},
+        **{cache_arg: cache},
     )
     pieces = [(out.logits[index], batch.completion_ids[:, :1])]
     if c > 1:
@@ -178,7 +175,7 @@ def _shared_prompt_logits(
             attention_mask=batch.attention_mask[:, : p + c - 1],
             position_ids=batch.position_ids[:, p : p + c - 1],
             use_cache=True,
-            **{cache_kwarg(model): cache},
+            **{cache_arg: cache},
         )
         pieces.append((out.logits, batch.completion_ids[:, 1:]))
     return pieces
