@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from grpokit.errors import UserError
-from grpokit.rewards.registry import BuildContext, RewardFn, get_reward_type
+from grpokit.rewards._base import Reward, as_reward
+from grpokit.rewards.registry import BuildContext, get_reward_type
 from grpokit.rewards.spec import RewardSpec, gate_order, validate_reward_specs
 
 
@@ -51,10 +52,9 @@ class RewardScores:
 @dataclass
 class _Entry:
     name: str
-    fn: RewardFn
+    fn: Reward
     weight: float
     max_value: float | None
-    required_columns: frozenset[str]
     gate_index: int | None
     gate_min: float
     gate_otherwise: float | None
@@ -69,13 +69,13 @@ class RewardSet:
         self.names: list[str] = [e.name for e in entries]
         self.weights: list[float] = [e.weight for e in entries]
         self.max_values: list[float | None] = [e.max_value for e in entries]
-        self.required_columns: set[str] = set().union(*(e.required_columns for e in entries))
+        self.required_columns: set[str] = set().union(*(e.fn.required_columns for e in entries))
 
     def check_columns(self, available: Iterable[str], *, source: str = "the dataset") -> None:
         """Raise :class:`UserError` if a reward needs a column that ``source`` does not have."""
         have = set(available)
         for entry in self._entries:
-            missing = sorted(entry.required_columns - have)
+            missing = sorted(entry.fn.required_columns - have)
             if missing:
                 raise UserError(
                     f"reward {entry.name!r} needs the column(s) {', '.join(missing)}, which "
@@ -139,7 +139,7 @@ class RewardSet:
         their names (e.g. judge/parse_failure_rate); with several, each key gets the reward's
         name after its first part (judge/<name>/parse_failure_rate) so they do not collide.
         """
-        reporting = [j for j in called if getattr(self._entries[j].fn, "last_metrics", None)]
+        reporting = [j for j in called if self._entries[j].fn.last_metrics]
         out: dict[str, float] = {}
         for j in reporting:
             for key, value in self._entries[j].fn.last_metrics.items():
@@ -152,9 +152,7 @@ class RewardSet:
     def close(self) -> None:
         """Release the rewards' resources (judge clients, worker pools)."""
         for entry in self._entries:
-            close = getattr(entry.fn, "close", None)
-            if callable(close):
-                close()
+            entry.fn.close()
 
     def __enter__(self) -> RewardSet:
         return self
@@ -254,9 +252,10 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
     try:
         for spec in specs:
             reward_type = get_reward_type(spec.type)
-            fn = reward_type.build(spec.params, ctx)
-            if not callable(fn):
-                raise RewardError(f"reward type {spec.type!r} built a non-callable {fn!r}")
+            built = reward_type.build(spec.params, ctx)
+            if not callable(built):
+                raise RewardError(f"reward type {spec.type!r} built a non-callable {built!r}")
+            fn = as_reward(built, name=spec.display_name)
             max_value = reward_type.max_value
             if spec.type == "python":
                 # Only the user knows the range of their own function.
@@ -268,7 +267,6 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
                     fn=fn,
                     weight=spec.weight,
                     max_value=max_value,
-                    required_columns=frozenset(getattr(fn, "required_columns", frozenset())),
                     gate_index=None if gate is None else index[gate.reward],
                     gate_min=1.0 if gate is None else gate.min,
                     gate_otherwise=None if gate is None else gate.otherwise,
@@ -276,8 +274,6 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
             )
     except BaseException:
         for entry in entries:
-            close = getattr(entry.fn, "close", None)
-            if callable(close):
-                close()
+            entry.fn.close()
         raise
     return RewardSet(entries, gate_order(specs))
