@@ -121,6 +121,15 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that pads batches: the tokenizer's pad token, else its EOS token (the rule
+    :func:`load_tokenizer` applies when it loads a tokenizer without a pad token)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise UserError("the tokenizer has neither a pad nor an EOS token; grpokit needs one")
+    return int(pad)
+
+
 def _check_not_quantised(config: Any, where: str) -> None:
     if getattr(config, "quantization_config", None) is not None:
         raise UserError(
@@ -257,6 +266,11 @@ class Policy:
                 "the tokenizer has no eos_token; set one in the model's tokenizer config"
             )
         return sorted(ids)
+
+    @property
+    def pad_token_id(self) -> int:
+        """The id that pads prompts and completions in a batch (never attended to)."""
+        return pad_token_id(self.tokenizer)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer updates (LoRA weights only under LoRA)."""

@@ -43,11 +43,13 @@ def make_tiny_model_dir(
     """
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    from grpokit.models.loading import pad_token_id
+
     out = Path(out_dir)
     source = Path(tokenizer_dir) if tokenizer_dir is not None else embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(source)
     eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+    pad_id = pad_token_id(tokenizer)
     settings: dict[str, Any] = {
         **TINY_CONFIG,
         "vocab_size": len(tokenizer),

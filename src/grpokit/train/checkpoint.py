@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,9 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpokit.errors import UserError
+from grpokit.sampling import checkpoint_dirs
 from grpokit.train.fsdp import load_full_state
-
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
 @dataclass
@@ -36,23 +34,6 @@ class TrainerState:
     epoch: int = 0
     position: int = 0
     generation_round: int = 0
-
-
-def checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    found = []
-    for p in run_dir.glob("checkpoint-*"):
-        m = _CKPT.match(p.name)
-        if m and (p / "trainer_state.json").is_file():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(run_dir: Path) -> Path:
-    found = checkpoints(run_dir)
-    if not found:
-        raise UserError(f"{run_dir}: no checkpoint-<step> directory to resume from")
-    return found[-1]
 
 
 def _rng_state(generator: torch.Generator) -> dict[str, Any]:
@@ -102,10 +83,16 @@ def save_checkpoint(
     torch.save(_rng_state(generator), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
     (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
-    shutil.rmtree(final, ignore_errors=True)
+    # Replacing a checkpoint of the same step: move the old one aside first, so that a
+    # checkpoint-<step> directory is always whole (the resolver trusts the name).
+    stale = run_dir / f".old-checkpoint-{state.global_step}"
+    if final.exists():
+        shutil.rmtree(stale, ignore_errors=True)
+        final.rename(stale)
     tmp.rename(final)
+    shutil.rmtree(stale, ignore_errors=True)
     if save_total_limit:
-        for old in checkpoints(run_dir)[:-save_total_limit]:
+        for old in checkpoint_dirs(run_dir)[:-save_total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -124,6 +111,16 @@ def load_checkpoint(
     With ``sharded`` (an FSDP model, every rank calling), rank 0 reads the weights and the
     optimizer state and the other ranks receive their shards.
     """
+    missing = [
+        name
+        for name in ("trainable.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json")
+        if not (path / name).is_file()
+    ]
+    if missing:
+        raise UserError(
+            f"{path}: an incomplete checkpoint (no {', '.join(missing)}); it cannot resume a run. "
+            "Move it aside to resume from the checkpoint before it."
+        )
     params = dict(policy.model.named_parameters())
 
     def read() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -21,6 +21,7 @@ import torch
 from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import Prompt
 from grpokit.errors import UserError
+from grpokit.models.loading import pad_token_id
 from grpokit.train.forward import completion_logprobs, pack
 
 
@@ -81,7 +82,7 @@ def run_sft(
     targets = [
         tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [eos] for d in demos
     ]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    pad = pad_token_id(tokenizer)
     optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0, fused=True)
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []

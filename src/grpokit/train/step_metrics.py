@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from grpokit.core.advantages import reward_zero_std_mask
+from grpokit.core.forecast import forecast_for_reward, std_normalized_for
 from grpokit.core.losses import PolicyLossOutput
 from grpokit.data.chat import prompt_text
 from grpokit.monitor import text_stats
-from grpokit.preflight.forecast import forecast_for_reward, std_normalized_for
-from grpokit.train.scoring import ScoredBatch, summarize
+from grpokit.sampling import ScoredBatch, summarize
 
 
 def rollout_metrics(
