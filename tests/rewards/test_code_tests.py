@@ -206,13 +206,15 @@ def test_test_code_forms_the_judge_runs(reward) -> None:  # type: ignore[no-unty
         ),
         "exact values: tuple, bytes, nested dict": (
             "def pair():\n    return (1, 2)\ndef raw():\n    return b'ab'\n"
-            "def table():\n    return {(1, 'a'): [None, 2.5, {frozenset({1})}]}",
+            "def table():\n    return {(1, 'a'): [None, 2.5, {frozenset({1})}]}\n"
+            "def big():\n    return 3 ** 10000",
             "def pair():\n    return [1, 2]\ndef raw():\n    return 'ab'\n"
-            "def table():\n    return {(1, 'a'): [None, 2.5]}",
+            "def table():\n    return {(1, 'a'): [None, 2.5]}\ndef big():\n    return 3 ** 9999",
             [
                 "assert pair() == (1, 2)",
                 "assert raw() == b'ab'",
                 "assert table() == {(1, 'a'): [None, 2.5, {frozenset({1})}]}",
+                "assert big() == 3 ** 10000",
             ],
         ),
     }

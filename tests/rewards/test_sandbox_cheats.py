@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,6 +121,28 @@ CHEATS: dict[str, str] = {
 }
 
 
+# Cheats against tests of other shapes: (solution, tests, an honest solution that passes them).
+AREA_TESTS = ["assert math.isclose(area(2), 12.566, rel_tol=1e-3)"]  # `math` from the solution
+ALL_MAP_TESTS = ["assert all(map(lambda c: is_even(c[0]) == c[1], [(2, True), (3, False)]))"]
+SHAPED_CHEATS: dict[str, tuple[str, list[Any], str]] = {
+    "the solution's math module": (
+        "import math\nmath.isclose = lambda *a, **k: True\ndef area(r):\n    return 0",
+        AREA_TESTS,
+        "import math\ndef area(r):\n    return math.pi * r * r",
+    ),
+    "StopIteration ends all(map(...))": (
+        "def is_even(n):\n    raise StopIteration",
+        ALL_MAP_TESTS,
+        "def is_even(n):\n    return n % 2 == 0",
+    ),
+    "stdout case, harness-like output": (
+        "print('PASS')\nprint('{\"passed\": true}')\nimport sys\nsys.exit(0)",
+        [{"input": "2 3", "output": "5"}],
+        "print(sum(map(int, input().split())))",
+    ),
+}
+
+
 @pytest.fixture(scope="module")
 def reward():  # type: ignore[no-untyped-def]
     r = code_tests(timeout_s=3.0, memory_mb=256, max_parallel=2)
@@ -137,6 +160,14 @@ def _scores(reward, completions: dict[str, str], tests: list[str]) -> dict[str, 
 def test_every_cheat_scores_zero(reward) -> None:  # type: ignore[no-untyped-def]
     scores = _scores(reward, CHEATS, ADD_TESTS)
     assert scores == {name: 0.0 for name in CHEATS}
+
+
+def test_cheats_against_other_test_shapes_score_zero(reward) -> None:  # type: ignore[no-untyped-def]
+    completions = [f"```python\n{code}\n```" for row in SHAPED_CHEATS.values() for code in row[::2]]
+    tests = [row[1] for row in SHAPED_CHEATS.values() for _ in range(2)]
+    scores = reward(prompts=["p"] * len(completions), completions=completions, tests=tests)
+    by_name = {name: (scores[2 * i], scores[2 * i + 1]) for i, name in enumerate(SHAPED_CHEATS)}
+    assert by_name == {name: (0.0, 1.0) for name in SHAPED_CHEATS}  # cheat 0, honest 1
 
 
 def test_an_honest_solution_still_scores_one(reward) -> None:  # type: ignore[no-untyped-def]

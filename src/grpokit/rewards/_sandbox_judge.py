@@ -18,6 +18,7 @@ its own): the parent reports that row to the user.
 from __future__ import annotations
 
 import builtins
+import importlib
 import json
 import os
 import sys
@@ -39,11 +40,46 @@ else:  # run as a script, outside the package (and without site-packages)
 
     del sys.path[0]
 
+# The built-in exceptions a solution's call may raise here, so that `except ValueError` works.
+# Not StopIteration: raised from a call inside `map()` or `filter()` it would end the iteration
+# early (`all(map(check, cases))` would be True).
 _EXCEPTIONS = {
     name: value
     for name, value in vars(builtins).items()
-    if isinstance(value, type) and issubclass(value, Exception)
+    if isinstance(value, type)
+    and issubclass(value, Exception)
+    and not issubclass(value, (StopIteration, StopAsyncIteration))
 }
+# Standard modules the judge imports itself when the tests use one the solution imported (e.g.
+# `math.isclose(...)` without `import math`): the check must not run the solution's copy, which
+# it may have changed. Pure computation only: importing them has no side effect.
+_TRUSTED_MODULES = frozenset(
+    [
+        "array",
+        "bisect",
+        "calendar",
+        "cmath",
+        "collections",
+        "copy",
+        "datetime",
+        "decimal",
+        "fractions",
+        "functools",
+        "heapq",
+        "itertools",
+        "json",
+        "math",
+        "numbers",
+        "operator",
+        "random",
+        "re",
+        "statistics",
+        "string",
+        "textwrap",
+        "typing",
+        "unicodedata",
+    ]
+)
 
 
 class SolutionError(Exception):
@@ -64,32 +100,34 @@ class Unsupported(BaseException):
 class SolutionObject:
     """An object of the solution's: callable, its attributes readable, iterable; equal to itself."""
 
-    __slots__ = ("_link", "_handle")
+    __slots__ = ("_sandbox_link", "_sandbox_handle")
 
     def __init__(self, link: SolutionLink, handle: int) -> None:
-        self._link = link
-        self._handle = handle
+        self._sandbox_link = link
+        self._sandbox_handle = handle
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._link.request(
+        return self._sandbox_link.request(
             {
                 "op": "call",
-                "target": self._handle,
-                "args": self._link.encode(list(args)),
-                "kwargs": {"dict": [[k, self._link.encode(v)] for k, v in kwargs.items()]},
+                "target": self._sandbox_handle,
+                "args": self._sandbox_link.encode(list(args)),
+                "kwargs": {"dict": [[k, self._sandbox_link.encode(v)] for k, v in kwargs.items()]},
             }
         )
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)  # protocols (copy, pickle ...) are not forwarded
-        return self._link.request({"op": "getattr", "target": self._handle, "name": name})
+        return self._sandbox_link.request(
+            {"op": "getattr", "target": self._sandbox_handle, "name": name}
+        )
 
     def __iter__(self) -> Any:
-        return iter(self._link.request({"op": "iterate", "target": self._handle}))
+        return iter(self._sandbox_link.request({"op": "iterate", "target": self._sandbox_handle}))
 
     def __repr__(self) -> str:
-        return f"<solution object #{self._handle}>"
+        return f"<solution object #{self._sandbox_handle}>"
 
 
 class SolutionLink:
@@ -99,6 +137,7 @@ class SolutionLink:
         self.request_fd = request_fd
         self.reader = reader
         self.objects: dict[int, SolutionObject] = {}
+        self.module_handles: dict[str, int] = {}  # trusted modules standing for the solution's
 
     def receive(self) -> dict[str, Any]:
         try:
@@ -114,7 +153,7 @@ class SolutionLink:
         reply = self.receive()
         if set(reply) == {"value"}:
             try:
-                return decode(reply["value"], self._object)
+                return decode(reply["value"], self._object, self._module)
             except (WireError, RecursionError) as exc:
                 raise SolutionGone(f"an answer that is not plain data ({exc})") from None
         raised = reply.get("raised")
@@ -129,12 +168,24 @@ class SolutionLink:
 
     def _handle_of(self, value: Any) -> int:
         if type(value) is SolutionObject:
-            return value._handle
+            return value._sandbox_handle
+        if type(value) is type(os) and value.__name__ in self.module_handles:
+            return self.module_handles[value.__name__]
         raise Unsupported(
             f"the test passes a {type(value).__name__} to the solution; only data (None, bool, "
             "int, float, str, bytes, complex, list, tuple, dict, set) and objects the solution "
             "returned can be passed"
         )
+
+    def _module(self, name: str, handle: int) -> Any:
+        if name.partition(".")[0] not in _TRUSTED_MODULES:
+            return self._object(handle)
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            return self._object(handle)
+        self.module_handles[name] = handle
+        return module
 
     def _object(self, handle: int) -> SolutionObject:
         if handle not in self.objects:
@@ -209,6 +260,7 @@ def judge(tests: str, link: SolutionLink) -> dict[str, Any]:
 
 def main() -> None:
     config = json.loads(sys.stdin.read())
+    sys.set_int_max_str_digits(0)  # answers may be integers of any size
     _deny_inspection()
     _limits(config)
     link = SolutionLink(

@@ -423,6 +423,7 @@ def main() -> None:
     with open(config["program_path"], encoding="utf-8") as f:
         program = f.read()
     os.chdir(config["work_dir"])
+    sys.set_int_max_str_digits(0)  # an exact big integer is a valid answer (judge: the same)
     import resource  # noqa: F401  (imported before the limits, which it sets)
 
     layers = _confine(config)

@@ -3,9 +3,10 @@
 Imported by both child processes of :mod:`grpokit.rewards.sandbox` (standard library only). A
 value crosses as JSON built from exact types only: ``None``, ``bool``, ``int``, ``float``, ``str``
 and lists as themselves; tuples, dicts, sets, frozensets, bytes and complex numbers as one-key
-objects (``{"tuple": [...]}``, ``{"dict": [[key, value], ...]}`` ...); anything else as
-``{"handle": n}``, a number the solution's side keeps for the object. :func:`decode` accepts
-nothing but that grammar and builds fresh built-in objects, so no class or method of the
+objects (``{"tuple": [...]}``, ``{"dict": [[key, value], ...]}`` ...); a module as
+``{"module": [name, n]}`` (the judge uses its own copy of a standard module it trusts); anything
+else as ``{"handle": n}``, a number the solution's side keeps for the object. :func:`decode`
+accepts nothing but that grammar and builds fresh built-in objects, so no class or method of the
 solution's ever exists on the judge's side, whatever bytes the solution writes.
 """
 
@@ -20,6 +21,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+
+_MODULE = type(os)
 
 
 class WireError(Exception):
@@ -47,11 +51,18 @@ def encode(value: Any, handle_of: Callable[[Any], int]) -> Any:
         return {"bytes": binascii.b2a_base64(value, newline=False).decode("ascii")}
     if kind is complex:
         return {"complex": [value.real, value.imag]}
+    if kind is _MODULE and type(value.__dict__.get("__name__")) is str:
+        return {"module": [value.__dict__["__name__"], handle_of(value)]}
     return {"handle": handle_of(value)}
 
 
-def decode(data: Any, object_for: Callable[[int], Any]) -> Any:
-    """The value ``data`` stands for; handles become ``object_for(n)``.
+def decode(
+    data: Any,
+    object_for: Callable[[int], Any],
+    module_for: Callable[[str, int], Any] | None = None,
+) -> Any:
+    """The value ``data`` stands for; handles become ``object_for(n)``, modules
+    ``module_for(name, n)`` (by default ``object_for(n)``).
 
     Raises:
         WireError: ``data`` is not of the grammar (or holds an unhashable set member / dict key).
@@ -60,21 +71,25 @@ def decode(data: Any, object_for: Callable[[int], Any]) -> Any:
     if data is None or kind is bool or kind is int or kind is float or kind is str:
         return data
     if kind is list:
-        return [decode(item, object_for) for item in data]
+        return [decode(item, object_for, module_for) for item in data]
     if kind is not dict or len(data) != 1:
         raise WireError(f"not a value: {str(data)[:80]}")
     ((tag, body),) = data.items()
     try:
         if tag == "handle" and type(body) is int:
             return object_for(body)
+        if tag == "module" and type(body) is list and len(body) == 2:
+            name, number = body
+            if type(name) is str and type(number) is int:
+                return module_for(name, number) if module_for else object_for(number)
         if tag == "bytes" and type(body) is str:
             return binascii.a2b_base64(body.encode("ascii"), strict_mode=True)
         if tag == "complex" and type(body) is list and len(body) == 2:
-            real, imag = (decode(part, object_for) for part in body)
+            real, imag = body
             if type(real) in (int, float) and type(imag) in (int, float):
                 return complex(real, imag)
         if type(body) is list:
-            items = [decode(item, object_for) for item in body]
+            items = [decode(item, object_for, module_for) for item in body]
             if tag == "tuple":
                 return tuple(items)
             if tag == "set":
@@ -83,7 +98,7 @@ def decode(data: Any, object_for: Callable[[int], Any]) -> Any:
                 return frozenset(items)
             if tag == "dict" and all(type(p) is list and len(p) == 2 for p in items):
                 return {k: v for k, v in items}
-    except (TypeError, ValueError, binascii.Error) as exc:
+    except (TypeError, ValueError, OverflowError, binascii.Error) as exc:
         raise WireError(f"bad {tag}: {exc}") from None
     raise WireError(f"not a value: {str(data)[:80]}")
 
