@@ -35,6 +35,7 @@ def test_plain_values_cross_exactly() -> None:
         {1, 2},
         frozenset({3}),
         1 + 2j,
+        range(1, 9, 3),
     ]
     back = _round_trip(value)
     assert back == value
@@ -69,6 +70,8 @@ def test_anything_else_is_a_handle() -> None:
         {"dict": [[[1], 2]]},
         {"bytes": "not base64!"},
         {"complex": ["1", 2]},
+        {"range": [1, 2, 0]},
+        {"range": [1.5]},
     ],
 )
 def test_decode_accepts_only_the_grammar(data: object) -> None:

@@ -173,8 +173,8 @@ class SolutionLink:
             return self.module_handles[value.__name__]
         raise Unsupported(
             f"the test passes a {type(value).__name__} to the solution; only data (None, bool, "
-            "int, float, str, bytes, complex, list, tuple, dict, set) and objects the solution "
-            "returned can be passed"
+            "int, float, str, bytes, complex, list, tuple, dict, set, frozenset, range) and "
+            "objects the solution returned can be passed"
         )
 
     def _module(self, name: str, handle: int) -> Any:

@@ -1,13 +1,13 @@
 """The wire between the sandboxed solution and the test judge: plain data as JSON lines.
 
 Imported by both child processes of :mod:`grpokit.rewards.sandbox` (standard library only). A
-value crosses as JSON built from exact types only: ``None``, ``bool``, ``int``, ``float``, ``str``
-and lists as themselves; tuples, dicts, sets, frozensets, bytes and complex numbers as one-key
-objects (``{"tuple": [...]}``, ``{"dict": [[key, value], ...]}`` ...); a module as
-``{"module": [name, n]}`` (the judge uses its own copy of a standard module it trusts); anything
-else as ``{"handle": n}``, a number the solution's side keeps for the object. :func:`decode`
-accepts nothing but that grammar and builds fresh built-in objects, so no class or method of the
-solution's ever exists on the judge's side, whatever bytes the solution writes.
+value crosses as JSON built from exact types only: ``None``, ``bool``, ``int``, ``float``,
+``str`` and lists as themselves; tuples, dicts, sets, frozensets, bytes, complex numbers and
+ranges as one-key objects (``{"tuple": [...]}``, ``{"dict": [[key, value], ...]}`` ...); a
+module as ``{"module": [name, n]}`` (the judge uses its own copy of a standard module it
+trusts); anything else as ``{"handle": n}``, a number the solution's side keeps for the object.
+:func:`decode` accepts nothing but that grammar and builds fresh built-in objects, so no class
+or method of the solution's ever exists on the judge's side, whatever bytes the solution writes.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def encode(value: Any, handle_of: Callable[[Any], int]) -> Any:
         return {"bytes": binascii.b2a_base64(value, newline=False).decode("ascii")}
     if kind is complex:
         return {"complex": [value.real, value.imag]}
+    if kind is range:
+        return {"range": [value.start, value.stop, value.step]}
     if kind is _MODULE and type(value.__dict__.get("__name__")) is str:
         return {"module": [value.__dict__["__name__"], handle_of(value)]}
     return {"handle": handle_of(value)}
@@ -88,6 +90,8 @@ def decode(
             real, imag = body
             if type(real) in (int, float) and type(imag) in (int, float):
                 return complex(real, imag)
+        if tag == "range" and type(body) is list and all(type(n) is int for n in body):
+            return range(*body)
         if type(body) is list:
             items = [decode(item, object_for, module_for) for item in body]
             if tag == "tuple":

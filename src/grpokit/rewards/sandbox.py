@@ -320,8 +320,6 @@ class _Run:
                     judge = self._start_judge(request_write, reply_read, verdict_write)
                     self.close(request_write, reply_read, verdict_write)
                     timed_out = _wait(judge, deadline) is None
-                    if not timed_out:
-                        verdict = _read_message(verdict_read, self.limits.max_output_bytes)
                 else:
                     timed_out = _wait(sandbox, deadline) is None
             finally:
@@ -330,6 +328,10 @@ class _Run:
                     if process is not None:
                         _kill_group(process.pid)
                         process.wait()
+        # Read once every writer is gone (nothing can block): the judge's verdict, and the
+        # layers the sandbox reported before any untrusted code ran.
+        if judge is not None and not timed_out:
+            verdict = _read_message(verdict_read, self.limits.max_output_bytes)
         returncode = sandbox.returncode
         report = _read_message(layers_read, 4096) or {}
         layers = _layers(report, namespaces, self.audit_hook)
