@@ -351,6 +351,29 @@ def test_other_syscall_abis_and_device_nodes_are_refused() -> None:
     assert not run_python(mknod, limits=FAST, audit_hook=False).passed
 
 
+def test_metadata_outside_the_sandbox_stays_as_it_is(tmp_path: Path) -> None:
+    # Landlock does not cover chmod, chown, utime or extended attributes: seccomp does.
+    target = tmp_path / "private.txt"
+    target.write_text("x")
+    target.chmod(0o600)
+    before = target.stat()
+    path = repr(str(target))
+    for attack in (
+        f"import os\nos.chmod({path}, 0o777)",
+        f"import os\nos.utime({path}, (0, 0))",
+        f"import os\nos.setxattr({path}, 'user.x', b'1')",
+        f"import os\nos.truncate({path}, 0)",
+        f"import os\nfd = os.open({path}, os.O_PATH)\nos.chmod(fd, 0o777)",
+    ):
+        assert not run_python(attack, limits=FAST, audit_hook=False).passed, attack
+    after = target.stat()
+    assert (after.st_mode, after.st_mtime_ns, after.st_size) == (
+        before.st_mode,
+        before.st_mtime_ns,
+        before.st_size,
+    )
+
+
 def test_the_run_reports_its_layers_and_strict_needs_them_all() -> None:
     layers = run_python("pass", limits=FAST).layers
     assert layers == sandbox_report()

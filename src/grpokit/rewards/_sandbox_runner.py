@@ -6,8 +6,9 @@ when the machine allows them); it imports only the standard library. Steps, in t
 1. read the program, then confine: Landlock (reads only beneath the working directory, the
    Python runtime and system libraries; writes only beneath the working directory; no TCP;
    signals and abstract sockets scoped), drop every capability, a seccomp filter (no processes,
-   threads, exec, sockets, signals, ptrace, mounts, namespaces, kernel keyrings, io_uring, ...;
-   other syscall ABIs killed), resource limits, an audit hook (readable errors only);
+   threads, exec, sockets, signals, ptrace, mounts, namespaces, kernel keyrings, io_uring, no
+   chmod/chown/utime/xattr changes, which Landlock does not cover ...; other syscall ABIs
+   killed), resource limits, an audit hook (readable errors only);
 2. report which of those took effect on the ``layers`` pipe and close it, before any untrusted
    code runs (with ``strict`` set, stop here if one is missing);
 3. run the program: in ``program`` mode that is all, and the exit status with stdout is the
@@ -142,6 +143,9 @@ _SECCOMP_DENY: dict[str, tuple[int, tuple[int, ...]]] = {
             *(250, 248, 249),  # keyctl add_key request_key
             *(167, 168, 163, 164, 227, 305, 159),  # swapon swapoff acct time setting
             *(170, 171, 172, 173, 103, 179, 153, 300),  # hostname iopl ioperm syslog ...
+            # Metadata Landlock does not cover (chmod, chown, utime, xattr writes, truncate).
+            *(90, 91, 268, 452, 92, 93, 94, 260, 132, 235, 261, 280),
+            *(188, 189, 190, 197, 198, 199, 463, 466, 469, 76),
         ),
     ),
     "aarch64": (
@@ -159,6 +163,8 @@ _SECCOMP_DENY: dict[str, tuple[int, tuple[int, ...]]] = {
             *(219, 217, 218),  # keyctl add_key request_key
             *(224, 225, 89, 170, 112, 266, 171),  # swapon swapoff acct time setting
             *(161, 162, 116, 60, 58, 262),  # hostname syslog quotactl vhangup fanotify_init
+            # Metadata Landlock does not cover (chmod, chown, utime, xattr writes, truncate).
+            *(52, 53, 452, 54, 55, 88, 5, 6, 7, 14, 15, 16, 463, 466, 469, 45),
         ),
     ),
 }

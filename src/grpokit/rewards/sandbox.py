@@ -4,8 +4,8 @@ Two processes per run with tests, one without:
 
 - the **sandbox** (``_sandbox_runner.py``) runs the untrusted program as
   ``python -I -S -X utf8`` with an allow-listed environment (PATH, LANG, and HOME/TMPDIR set to
-  its fresh working directory), inside ``unshare`` user, network, mount and PID namespaces with
-  its own ``/proc`` when the machine allows them. It confines itself before the program runs
+  its fresh working directory), inside ``unshare`` user, network, IPC, mount and PID namespaces
+  with its own ``/proc`` when the machine allows them. It confines itself before the program runs
   (Landlock, no capabilities, seccomp, rlimits; see the runner) and reports on its own pipe
   which layers took effect, then closes that pipe;
 - the **judge** (``_sandbox_judge.py``), for tests written as code, runs the test code and
@@ -155,7 +155,7 @@ def _namespaces() -> _Namespaces:
         if _namespaces_found is None:
             _namespaces_found = _Namespaces((), False, False)
             unshare = shutil.which("unshare")
-            pid = ("--mount", "--pid", "--fork", "--mount-proc", "--kill-child")
+            pid = ("--ipc", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child")
             user = ("--user", "--map-root-user")
             tries = [(user + ("--net",) + pid, True), (user + ("--net",), True)]
             if os.geteuid() == 0:
