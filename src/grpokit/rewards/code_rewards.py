@@ -26,15 +26,26 @@ boundary, layer by layer:
   it, Landlock lets it read only its directory, the Python runtime and system libraries (not
   ``/etc``, ``/proc`` or the user's files), and it runs in its own PID namespace with its own
   ``/proc``;
-- **the machine**: Landlock (writes only in its directory, no TCP), a network namespace, no
-  capabilities, a seccomp filter (no processes, threads, exec, sockets, signals, ptrace, mounts),
-  rlimits (CPU, memory, output size), and the trainer's wall clock;
+- **the machine**: Landlock (writes only in its directory, no TCP), network and IPC namespaces,
+  no capabilities, a seccomp filter (no processes, threads, exec, sockets, signals, ptrace,
+  mounts, chmod/chown/utime), rlimits (CPU, memory, output size), and the trainer's wall clock;
 - the Python audit hook inside the sandbox only makes errors readable: code in that interpreter
   can disable it, so it is not counted as a protection.
 
 Which layers were in force is reported after each call in ``last_metrics`` (``sandbox/landlock``,
 ``sandbox/seccomp``, ``sandbox/pid_namespace`` ...: the share of runs that had them) and once as
-a warning when some are missing; ``sandbox: strict`` refuses to run without all of them.
+a warning when some are missing; ``sandbox: strict`` refuses to run without all of them. Where
+one is missing (``best_effort`` on an older kernel) what it stops becomes possible: without
+Landlock the code can read what the user can, without the PID namespace see other processes;
+the verdict stays out of its reach either way.
+
+Test snippets are trusted code: the judge runs them with resource limits only, and they must not
+``eval`` an answer. They may hand the solution data (None, bool, int, float, str, bytes, complex,
+list, tuple, dict, set, frozenset, range) and objects it returned; anything else (a lambda, an
+instance of a class of the test's) is a config error naming the row. An object of the
+solution's that is not data can be called, its attributes read, and iterated (the judge gets a
+list). A standard module the tests take from the solution without importing it (``math``,
+``re``, ``collections`` ...) is the judge's own copy.
 """
 
 from __future__ import annotations
