@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -388,11 +389,26 @@ class _Run:
 
 
 def _wait(process: subprocess.Popen[bytes], deadline: float) -> int | None:
-    """The exit status, or None when the deadline passed first."""
+    """The exit status, or None when the deadline passed first.
+
+    Waits on a pidfd (Linux >= 5.3): ``Popen.wait(timeout=...)`` polls with sleeps of up to
+    50 ms, which added about 40 ms to a run of 80 ms.
+    """
+    remaining = max(0.0, deadline - time.monotonic())
     try:
-        return process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return None
+        pidfd = os.pidfd_open(process.pid)
+    except OSError:
+        pidfd = -1
+    if pidfd < 0:
+        try:
+            return process.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            return None
+    try:
+        exited, _, _ = select.select([pidfd], [], [], remaining)
+    finally:
+        os.close(pidfd)
+    return process.wait() if exited else None
 
 
 def _layers(report: dict[str, Any], namespaces: _Namespaces, audit_hook: bool) -> SandboxLayers:
