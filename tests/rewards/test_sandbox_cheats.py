@@ -380,15 +380,22 @@ def test_the_run_reports_its_layers_and_strict_needs_them_all() -> None:
     assert layers.metrics()["sandbox/landlock"] == float(layers.landlock_abi >= 1)
     # Without `unshare` on PATH there are no namespaces: strict refuses to run anything.
     probe = (
+        "from grpokit.errors import UserError\n"
+        "from grpokit.rewards import code_tests\n"
         "from grpokit.rewards.sandbox import run_python, SandboxUnavailable\n"
         "try:\n"
         "    run_python('print(1)', strict=True)\n"
         "except SandboxUnavailable as exc:\n"
         "    print('refused:', exc)\n"
+        "try:\n"
+        "    code_tests(sandbox='strict')(prompts=['p'], completions=['x = 1'], tests=[['assert x']])\n"
+        "except UserError as exc:\n"
+        "    print('config error:', exc)\n"
     )
     env = {"PATH": "/nonexistent", "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60
     )
     assert "refused:" in out.stdout and "network namespace" in out.stdout, out.stderr
+    assert "config error: reward 'code_tests': `sandbox: strict` refuses" in out.stdout
     assert "\n1\n" not in out.stdout
