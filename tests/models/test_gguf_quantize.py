@@ -135,7 +135,7 @@ def test_unknown_quantisation_names_the_option(tiny_model_dir: Path, tmp_path: P
     )
     assert result.exit_code == 2
     assert "--quantize" in result.output and "q4_k_m" in result.output
-    with pytest.raises(UserError, match=r"--outtype q3_k_s: use one of .*q4_k_m"):
+    with pytest.raises(UserError, match=r"--outtype/--quantize q3_k_s: use one of .*q4_k_m"):
         export_checkpoint(
             str(tiny_model_dir), fmt="gguf", out=tmp_path / "m.gguf",
             outtype="q3_k_s",  # type: ignore[arg-type]
@@ -182,6 +182,6 @@ def test_quantising_without_llama_cpp_python_says_what_to_install(
     )
     assert done.returncode == 2, done.stderr
     message = " ".join(done.stderr.split())
-    assert "--outtype q4_k_m" in message and "pip install llama-cpp-python" in message
+    assert "--outtype/--quantize q4_k_m" in message and "pip install llama-cpp-python" in message
     assert "Traceback" not in done.stderr
     assert not out.exists()

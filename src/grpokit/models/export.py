@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpokit.errors import UserError
-from grpokit.models.gguf_export import GGUF_TYPES, GGUFType, write_gguf
-from grpokit.models.gguf_quantize import QUANTIZED_TYPES, require_llama_cpp
+from grpokit.models.gguf_export import GGUFType, check_outtype, write_gguf
 from grpokit.models.loading import POLICY_FILE, DType
 
 ExportFormat = Literal["hf", "gguf"]
@@ -184,10 +183,8 @@ def export_checkpoint(
     """
     if fmt not in ("hf", "gguf"):
         raise UserError(f"--format {fmt}: use hf or gguf.")
-    if fmt == "gguf" and outtype not in GGUF_TYPES:
-        raise UserError(f"--outtype {outtype}: use one of {', '.join(GGUF_TYPES)}.")
-    if fmt == "gguf" and outtype in QUANTIZED_TYPES:
-        require_llama_cpp(outtype)  # before the model loads
+    if fmt == "gguf":
+        check_outtype(outtype)  # before the model loads
     out = Path(out).expanduser()
     if fmt == "gguf":
         if not out.is_dir():

@@ -40,7 +40,12 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.models.gguf_pretokenizer import pre_tokenizer_name
-from grpokit.models.gguf_quantize import QUANTIZED_TYPES, quantize_gguf, require_llama_cpp
+from grpokit.models.gguf_quantize import (
+    OUTTYPE_OPTION,
+    QUANTIZED_TYPES,
+    quantize_gguf,
+    require_llama_cpp,
+)
 
 WrittenType = Literal["f32", "f16", "q8_0"]
 GGUFType = Literal["f32", "f16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"]
@@ -228,6 +233,15 @@ def encode_tensor(array: np.ndarray, outtype: WrittenType) -> tuple[np.ndarray, 
         q8 = gguf.GGMLQuantizationType.Q8_0
         return gguf.quants.quantize(array.astype(np.float32), q8), int(q8)
     return array.astype(np.float16), None
+
+
+def check_outtype(outtype: str) -> None:
+    """:class:`UserError` for an unknown output type, or a k-quant mix without llama-cpp-python
+    (checked before any work)."""
+    if outtype not in GGUF_TYPES:
+        raise UserError(f"{OUTTYPE_OPTION} {outtype}: use one of {', '.join(GGUF_TYPES)}.")
+    if outtype in QUANTIZED_TYPES:
+        require_llama_cpp(outtype)
 
 
 def _file_type(outtype: WrittenType) -> int:
@@ -510,11 +524,8 @@ def write_gguf(
     """
     import gguf
 
-    if outtype not in GGUF_TYPES:
-        raise UserError(f"--outtype {outtype}: use one of {', '.join(GGUF_TYPES)}.")
+    check_outtype(outtype)
     quantized = outtype in QUANTIZED_TYPES
-    if quantized:
-        require_llama_cpp(outtype)  # before any work
     written = cast(WrittenType, "f16" if quantized else outtype)
     config = model.config
     spec = arch_spec(config)

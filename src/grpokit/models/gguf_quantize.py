@@ -28,6 +28,9 @@ QUANTIZED_TYPES: dict[str, str] = {
 }
 """Output types made by llama.cpp's quantiser, with the llama_cpp constant of each file type."""
 
+OUTTYPE_OPTION = "--outtype/--quantize"
+"""How ``grpokit export`` spells the output type option, for messages."""
+
 # ggml log levels (enum ggml_log_level): warnings and errors are kept for the user; CONT continues
 # the previous message.
 _LOG_WARN, _LOG_ERROR, _LOG_CONT = 2, 3, 5
@@ -39,9 +42,9 @@ def require_llama_cpp(outtype: str) -> Any:
         import llama_cpp
     except ImportError as exc:
         raise UserError(
-            f"--outtype {outtype}: quantising to {outtype} runs llama.cpp's quantiser, which "
+            f"{OUTTYPE_OPTION} {outtype}: quantising to {outtype} runs llama.cpp's quantiser, which "
             "comes with llama-cpp-python; install it (pip install llama-cpp-python) or choose "
-            "--outtype f16 or q8_0, which grpokit writes itself."
+            "f16 or q8_0, which grpokit writes itself."
         ) from exc
     return llama_cpp
 
@@ -79,7 +82,7 @@ def quantize_gguf(
     """
     if outtype not in QUANTIZED_TYPES:
         raise UserError(
-            f"--outtype {outtype}: llama.cpp quantises to {', '.join(QUANTIZED_TYPES)}."
+            f"{OUTTYPE_OPTION} {outtype}: llama.cpp quantises to {', '.join(QUANTIZED_TYPES)}."
         )
     llama_cpp = require_llama_cpp(outtype)
     llama_cpp.llama_backend_init()
@@ -93,7 +96,9 @@ def quantize_gguf(
     lines = [line.strip() for line in "".join(kept).splitlines() if line.strip()]
     if status != 0:
         detail = "; ".join(lines[-3:]) or f"status {status}"
-        raise UserError(f"--outtype {outtype}: llama.cpp could not quantise the model: {detail}")
+        raise UserError(
+            f"{OUTTYPE_OPTION} {outtype}: llama.cpp could not quantise the model: {detail}"
+        )
     fallbacks = [line for line in lines if "falling back" in line]
     if fallbacks:
         log(
