@@ -1,8 +1,8 @@
 """llama.cpp's own quantiser on a GGUF file, through llama-cpp-python (an optional dependency).
 
 The k-quant mixes (q4_k_m, q5_k_m, q6_k) are what llama.cpp's ``llama-quantize`` writes: llama.cpp
-picks a type per tensor (q4_k_m keeps half of the attention value and feed-forward down
-projections at q6_K, for instance). grpokit writes an f16 file and lets llama.cpp quantise it,
+picks a type per tensor (q4_k_m stores the attention value and feed-forward down projections of
+some layers at q6_K, for instance). grpokit writes an f16 file and lets llama.cpp quantise it,
 rather than reimplementing those choices.
 
 k-quants store rows in blocks of 256 values. A tensor whose rows are not a multiple of 256 long

@@ -1,5 +1,7 @@
 """Tiny randomly initialised Llama models with the real SmolLM2 tokenizer, for fast tests and
-benchmarks of the machinery (not of learning): they load and run in well under a second."""
+benchmarks of the machinery (not of learning): they load and run in well under a second. Small
+tokenizers of other families (Llama 3, Qwen2, ...) are built here too, for tests of what depends
+on the tokenizer."""
 
 from __future__ import annotations
 
