@@ -57,8 +57,9 @@ def test_check_completions_scores_and_table(tmp_path: Path) -> None:
     import yaml
 
     specs = parse_reward_specs(yaml.safe_load(REWARDS_YAML)["rewards"])
-    scores, rows = check_completions(specs, completions, base_dir=tmp_path)
-    assert rows == ROWS
+    result = check_completions(specs, completions, base_dir=tmp_path)
+    scores, rows = result.scores, result.rows
+    assert rows == ROWS and result.warnings == []
     assert scores.names == ["xml_format", "correct", "brevity"]
     assert scores.column("xml_format") == [1.0, 1.0, 0.0]
     assert scores.column("correct") == [1.0, 0.0, 0.0]

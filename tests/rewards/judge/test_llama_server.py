@@ -99,8 +99,14 @@ def test_timeout_then_server_stopped_mid_run(
             update={
                 "rubric": "Write a long essay about this idea: {completion}",
                 "judges": [
+                    # No start-up check: it would stop at the same timeout, at build time.
                     params.judges[0].model_copy(
-                        update={"timeout_s": 0.2, "max_retries": 0, "max_tokens": 512}
+                        update={
+                            "timeout_s": 0.2,
+                            "max_retries": 0,
+                            "max_tokens": 512,
+                            "check_at_start": False,
+                        }
                     )
                 ],
             }
