@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from pathlib import Path
@@ -206,3 +207,20 @@ def test_non_utf8_files_name_the_byte_offset(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2, result.output
     assert f"{config}: not UTF-8 text: byte 0xe9 at byte offset 3 (line 1)" in result.stderr
+    # With a byte-order mark (read and skipped), offsets still count from the file's start.
+    config.write_bytes(codecs.BOM_UTF8 + "# réglages\n".encode("latin-1"))
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert f"{config}: not UTF-8 text: byte 0xe9 at byte offset 6 (line 1)" in result.stderr
+
+
+def test_byte_order_mark_is_read(tmp_path: Path) -> None:
+    config, completions = write_files(tmp_path)
+    config.write_bytes(codecs.BOM_UTF8 + config.read_bytes())
+    completions.write_bytes(codecs.BOM_UTF8 + completions.read_bytes())
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == len(ROWS)

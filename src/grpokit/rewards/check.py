@@ -12,6 +12,7 @@ is a dataset column (``answer``, ``tests``, ``completion_ids`` ...) handed to th
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import logging
@@ -48,19 +49,21 @@ class CheckResult:
 
 
 def read_utf8(path: Path) -> str:
-    """The text of a UTF-8 file.
+    """The text of a UTF-8 file, without the byte-order mark some Windows editors write.
 
     Raises:
         UserError: the file is not UTF-8, naming the byte offset and line of the first byte
             that is not (e.g. a latin-1 é saved by an old editor).
     """
     data = path.read_bytes()
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return data.decode("utf-8")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
+        offset = bom + exc.start
+        line = data.count(b"\n", 0, offset) + 1
         raise UserError(
-            f"{path}: not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
+            f"{path}: not UTF-8 text: byte 0x{data[offset]:02x} at byte offset {offset} "
             f"(line {line}): {exc.reason}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t "
             "utf-8`)."
         ) from None

@@ -61,6 +61,9 @@ def test_read_completions_errors_name_the_line(tmp_path: Path) -> None:
         read_completions(path)
     with pytest.raises(UserError, match="does not exist"):
         read_completions(tmp_path / "missing.jsonl")
+    path.write_bytes('{"prompt": "p", "completion": "café"}\n'.encode("latin-1"))
+    with pytest.raises(UserError, match=r"c\.jsonl: not UTF-8 text: byte 0xe9 at byte offset 34"):
+        read_completions(path)
 
 
 def _config(tmp_path: Path, *judges: dict[str, Any]) -> Path:

@@ -188,8 +188,9 @@ class OpenAIBackend:
     @property
     def identity(self) -> str:
         s = self.spec
-        parts: list[Any] = ["openai", self.base_url, s.model, s.temperature, s.max_tokens]
-        parts.append(s.top_logprobs)
+        parts: list[Any] = [
+            "openai", self.base_url, s.model, s.temperature, s.max_tokens, s.top_logprobs
+        ]  # fmt: skip
         # Appended only when set, so that caches written before these settings existed stay
         # valid. What the server negotiates away is not part of it: the same settings against
         # the same server negotiate the same way.
