@@ -125,6 +125,10 @@ def _load_entries(config_path: Path) -> tuple[list[dict[str, Any]], Path]:
     except ImportError:  # a config module without the loader: read the YAML directly
         load_config = None  # type: ignore[assignment]
     if load_config is not None:
+        if config_path.is_file():
+            from grpokit.rewards.check import read_utf8
+
+            read_utf8(config_path)  # a non-UTF-8 file: one message with the byte offset
         config = load_config(config_path)
         entries = []
         for spec in config.rewards:
@@ -180,35 +184,19 @@ def find_judge_entry(config_path: Path, reward: str | None = None) -> _JudgeEntr
 
 
 def read_completions(path: Path) -> list[AuditItem]:
-    """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file."""
-    if not path.is_file():
-        raise UserError(f"--completions: {path} does not exist")
-    items: list[AuditItem] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or "completion" not in row:
-                raise UserError(
-                    f'{path}:{number}: each line must be an object with a "completion" '
-                    '(and usually a "prompt")'
-                )
-            columns = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
-            items.append(
-                AuditItem(
-                    prompt=prompt_text(row.get("prompt", "")),
-                    completion=completion_text(row["completion"]),
-                    columns=columns,
-                    kind="real",
-                )
-            )
-    if not items:
-        raise UserError(f"{path}: no completions in the file")
-    return items
+    """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file, read as
+    ``rewards check`` reads them."""
+    from grpokit.rewards.check import read_completions as read_rows
+
+    return [
+        AuditItem(
+            prompt=prompt_text(row.get("prompt", "")),
+            completion=completion_text(row["completion"]),
+            columns={k: v for k, v in row.items() if k not in ("prompt", "completion")},
+            kind="real",
+        )
+        for row in read_rows(path)
+    ]
 
 
 # ---- planted answers -----------------------------------------------------------------------------
@@ -433,7 +421,15 @@ def run_audit(
         updates["judges"] = judges
     params = params.model_copy(update=updates)
     items = read_completions(completions_path)
-    reward = build_judge_reward(params, entry.base_dir, None, where=f"reward {entry.name!r}")
+    # A start-up sample without a score does not stop an audit: measuring how often that
+    # happens is what it is for.
+    reward = build_judge_reward(
+        params,
+        entry.base_dir,
+        None,
+        where=f"reward {entry.name!r}",
+        start_sample_must_score=False,
+    )
     try:
         return audit_reward(
             reward,
