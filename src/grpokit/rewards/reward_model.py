@@ -62,7 +62,8 @@ class RewardModelParams(BaseModel):
         default="auto",
         pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
         description="Where the reward model runs: auto (cuda when present, else cpu), cpu, "
-        "cuda or cuda:N.",
+        "cuda or cuda:N. auto and cuda mean the process's current CUDA device, so each "
+        "data-parallel process scores on its own GPU.",
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
