@@ -44,7 +44,39 @@ def make_tiny_model_dir(
     Returns:
         ``out_dir`` as a Path.
     """
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
+
+    return _save_tiny(LlamaForCausalLM, out_dir, seed, tokenizer_dir, config_overrides)
+
+
+def make_tiny_classifier_dir(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    tokenizer_dir: str | Path | None = None,
+    num_labels: int = 1,
+    **config_overrides: Any,
+) -> Path:
+    """Save a randomly initialised ``LlamaForSequenceClassification`` (a reward model's shape:
+    one logit per text, read at its last non-pad token) plus a tokenizer to ``out_dir``.
+
+    The same arguments as :func:`make_tiny_model_dir`; ``num_labels`` logits per text. The
+    config's ``pad_token_id`` is set, so batches of several texts can be scored.
+    """
+    from transformers import LlamaForSequenceClassification
+
+    overrides = {"num_labels": num_labels, "tie_word_embeddings": False, **config_overrides}
+    return _save_tiny(LlamaForSequenceClassification, out_dir, seed, tokenizer_dir, overrides)
+
+
+def _save_tiny(
+    model_class: Any,
+    out_dir: str | Path,
+    seed: int,
+    tokenizer_dir: str | Path | None,
+    config_overrides: dict[str, Any],
+) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig
 
     from grpokit.models.loading import pad_token_id
 
@@ -65,9 +97,10 @@ def make_tiny_model_dir(
     # Fork the RNG so building a model does not change the caller's random stream.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = eos_id
-    model.generation_config.pad_token_id = pad_id
+        model = model_class(config)
+    if model.can_generate():
+        model.generation_config.eos_token_id = eos_id
+        model.generation_config.pad_token_id = pad_id
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

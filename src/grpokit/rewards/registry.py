@@ -66,6 +66,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "grpokit.rewards.length_rewards",
     "grpokit.rewards.tree_rewards",
     "grpokit.rewards.python_fn",
+    "grpokit.rewards.reward_model",
 )
 _OPTIONAL_MODULES: tuple[str, ...] = ("grpokit.rewards.judge",)
 
