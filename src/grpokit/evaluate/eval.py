@@ -3,8 +3,10 @@
 Every model answers every held-out prompt K times with the same sampling settings and the same
 seeds (prompt chunk c is sampled with seed + c for each model), and every configured reward
 scores the answers (a judge reward keeps its cache under the output directory). The result is the
-seed article's per-prompt table, per-reward means and pass rates with 95% Wilson intervals,
-pass@k, mean length, and a paired comparison of each model with the first one (the base).
+seed article's per-prompt table, per-reward means and pass rates with 95% per-prompt (cluster)
+intervals, pass@k, mean length, and a paired comparison of each model with the first one (the
+base). The K samples of one prompt are correlated (an easy prompt passes in most of them), so
+every interval treats the prompts, not the samples, as the independent units.
 
 Writes ``eval.json`` (format in :mod:`grpokit.evaluate.schema`), ``completions.jsonl`` (every
 sample) and ``eval.md`` (the tables) to the output directory.
@@ -23,12 +25,13 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOKitConfig, load_config
-from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval
+from grpokit.core.stats import cluster_pass_interval, paired_difference, pass_at_k
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.evaluate.report import write_atomic
 from grpokit.evaluate.schema import (
+    CLUSTER_INTERVALS,
     EvalResult,
     ModelSummary,
     PairedComparison,
@@ -107,7 +110,9 @@ def _reward_summary(
     if threshold is not None and n:
         passed = sum(_passes(v, threshold) for v in present)
         pass_rate = passed / n
-        ci = wilson_interval(passed, n)
+        ci = cluster_pass_interval(
+            [[_passes(v, threshold) for v in p if v is not None] for p in per_prompt]
+        )
         k_max = min(len(p) for p in per_prompt)
         if k_max >= 1:
             for k in _ks(k_max):
@@ -230,6 +235,16 @@ def summarize_eval(
                 [s.rewards.get(name) for s in mine], per_prompt, thresholds.get(name)
             )
         compliant = sum(_compliant(s, thresholds) for s in mine) if thresholds else None
+        compliant_ci = (
+            cluster_pass_interval(
+                [
+                    [_compliant(s, thresholds) for s in mine if s.prompt_index == i]
+                    for i in range(n_prompts)
+                ]
+            )
+            if compliant is not None
+            else None
+        )
         texts = (group_texts or {}).get(label, [s.text for s in mine])
         models.append(
             ModelSummary(
@@ -238,9 +253,7 @@ def summarize_eval(
                 samples=len(mine),
                 compliant=compliant,
                 compliant_rate=compliant / len(mine) if compliant is not None else None,
-                compliant_ci=wilson_interval(compliant, len(mine))
-                if compliant is not None
-                else None,
+                compliant_ci=compliant_ci,
                 mean_length=sum(s.length for s in mine) / len(mine),
                 truncated_frac=sum(s.truncated for s in mine) / len(mine),
                 text=text_stats(texts, samples_per_prompt),
@@ -309,6 +322,7 @@ def summarize_eval(
         prompts=rows,
         paired=paired,
         alerts=alerts,
+        intervals=CLUSTER_INTERVALS,
     )
 
 
