@@ -18,7 +18,7 @@ carried in ``bench/wheels``. This script then
   then the ratios last. Each (library, model, setting) runs in its own process on the GPU, so its
   peak memory is its own.
 
-    bench/gpu_check.sh                      # on the GPU machine, about 6 minutes
+    bench/gpu_check.sh                      # on the GPU machine (estimated: 6 minutes)
     bench/gpu_check.sh --cpu-smoke          # tiny models, float32 on CPU: the same code path
     bench/gpu_check.sh --fill-wheels        # with network: the wheels and tokenizer it needs
 
@@ -340,6 +340,7 @@ def grpokit_run(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, 
     out["resumed_step_times"], _ = grpokit_steps(resumed, 1)
     out["after_resume"] = resumed.state.global_step
     resumed.close()
+    shutil.rmtree(run_dir.parent, ignore_errors=True)  # the run's temporary directory
     return out
 
 

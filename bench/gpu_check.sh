@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # grpokit against TRL's GRPOTrainer on one CUDA GPU, without network access (bench/README.md):
-#   bench/gpu_check.sh                   on the GPU machine: about 6 minutes
+#   bench/gpu_check.sh                   on the GPU machine (estimated: 6 minutes)
 #   bench/gpu_check.sh --cpu-smoke       tiny models, float32 on CPU: the same code path
 #   bench/gpu_check.sh --fill-wheels [--python-version 3.10 3.12]
 #                                        where PyPI is reachable: fill bench/wheels (not torch)
