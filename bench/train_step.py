@@ -36,6 +36,7 @@ from _common import (  # noqa: E402
     load_average,
     median,
     model_path,
+    peak_gpu_mib,
     peak_rss_mib,
     print_ratios,
     run_child,
@@ -68,9 +69,8 @@ def _brevity(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[
     return result
 
 
-def run_grpokit(
-    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1
-) -> dict[str, Any]:
+def grpokit_trainer(args: argparse.Namespace, setting: dict[str, Any], max_steps: int) -> Any:
+    """grpokit's trainer on the benchmark's config (written to a temporary directory)."""
     import torch
     import yaml
 
@@ -88,7 +88,7 @@ def run_grpokit(
             "name_or_path": args.model_path,
             "lora": LORA if setting["lora"] else None,
             "gradient_checkpointing": args.gradient_checkpointing,
-            "device": "cpu",
+            "device": args.device,
         },
         "data": {"train": "train.jsonl", "shuffle": False},
         "rewards": [{"type": "python", "name": "brevity", "function": "reward.py:brevity"}],
@@ -100,24 +100,38 @@ def run_grpokit(
             "learning_rate": 1e-6,
             "loss_type": "dapo",
             "top_k": args.top_k or None,
-            "max_steps": args.steps + warmup,
+            "bf16": args.bf16,
+            "max_steps": max_steps,
             "report_to": ["none"],
             "log_completions": False,
             "output_dir": str(work / "run"),
         },
     }
     (work / "config.yaml").write_text(yaml.safe_dump(doc))
-    trainer = GRPOTrainer(load_config(work / "config.yaml"), progress=False, log=lambda m: None)
+    return GRPOTrainer(load_config(work / "config.yaml"), progress=False, log=lambda m: None)
+
+
+def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float]]:
+    """Run ``n`` steps of a grpokit trainer: each step's seconds and mean completion length."""
     times, lengths = [], []
-    for _ in range(args.steps + warmup):
+    for _ in range(n):
         t0 = time.perf_counter()
         record = trainer.step()[0]
         times.append(time.perf_counter() - t0)
         lengths.append(record["completions/mean_length"])
+    return times, lengths
+
+
+def run_grpokit(
+    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1
+) -> dict[str, Any]:
+    trainer = grpokit_trainer(args, setting, max_steps=args.steps + warmup)
+    times, lengths = grpokit_steps(trainer, args.steps + warmup)
     return {
         "step_times": times[warmup:],
         "mean_length": median(lengths[warmup:]),
         "rss_mib": peak_rss_mib(),
+        "gpu_peak_mib": peak_gpu_mib(),
     }
 
 
@@ -130,7 +144,8 @@ def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]
     torch.set_num_threads(args.threads) if args.threads else None
     work = Path(tempfile.mkdtemp(prefix="trl-bench-"))
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS])
     config = GRPOConfig(
         output_dir=str(work),
@@ -145,8 +160,8 @@ def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        use_cpu=True,
-        bf16=False,
+        use_cpu=args.device == "cpu",
+        bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
         shuffle_dataset=False,
         seed=0,
@@ -185,7 +200,12 @@ def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]
         for h in trainer.state.log_history
         if "completions/mean_length" in h
     ]
-    return {"step_times": times[1:], "mean_length": median(lengths[1:]), "rss_mib": peak_rss_mib()}
+    return {
+        "step_times": times[1:],
+        "mean_length": median(lengths[1:]),
+        "rss_mib": peak_rss_mib(),
+        "gpu_peak_mib": peak_gpu_mib(),
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -208,6 +228,8 @@ def main() -> None:
         "--top-k", type=int, default=1, help="1: greedy, equal work on both sides; 0: sampling"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    ap.add_argument("--bf16", action="store_true", help="bfloat16 weights on both sides")
     ap.add_argument("--peers", nargs="+", default=["grpokit", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
@@ -227,7 +249,9 @@ def main() -> None:
         f"--max-completion-length={args.max_completion_length}",
         f"--threads={args.threads}",
         f"--top-k={args.top_k}",
+        f"--device={args.device}",
     ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
+    common += ["--bf16"] if args.bf16 else []
     print(
         f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "
         f"{args.max_completion_length} tokens; top-k {args.top_k}; {args.steps} measured steps; "

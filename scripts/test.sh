@@ -3,7 +3,7 @@
 # (the embedded model, minutes); --lint-only stops after the static checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
+BIN=${GRPOKIT_VENV:-.venv}/bin
 mode=${1:-fast}
 if [ "$mode" != "--slow" ]; then
   $BIN/ruff check src tests bench

@@ -31,7 +31,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_seed_article_grpo_config_is_expressible(tmp_path: Path) -> None:
-    # The seed article's GRPOConfig, one to one (recipes/business-ideas/config.yaml too).
+    # The seed article's GRPOConfig, one to one (the business-ideas recipe's config.yaml too).
     text = BASE.replace(
         "  gradient_accumulation_steps: 4\n",
         "  gradient_accumulation_steps: 4\n  num_train_epochs: 2\n  logging_steps: 1\n"

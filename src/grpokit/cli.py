@@ -132,6 +132,7 @@ def _register_optional() -> None:
         ("grpokit.train.sft_cli", "sft_cmd"),
         ("grpokit.models.cli", "export_cmd"),
         ("grpokit.evaluate.generate_cli", "generate_cmd"),
+        ("grpokit.recipes.cli", "recipes_cli"),
     ):
         try:
             mod = importlib.import_module(module)

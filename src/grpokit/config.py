@@ -1,7 +1,7 @@
 """The YAML config: pydantic models with help text, loading with line numbers in errors.
 
 Field names under `training:` follow TRL's GRPOConfig where the meaning is the same, so a TRL
-user's settings carry over one to one (recipes/business-ideas/config.yaml holds the seed
+user's settings carry over one to one (the business-ideas recipe's config.yaml holds the seed
 article's GRPOConfig).
 Batch arithmetic follows TRL too: `per_device_train_batch_size` counts completions, and one
 generation batch of `per_device_train_batch_size * world_size * gradient_accumulation_steps`

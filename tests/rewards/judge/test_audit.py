@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from grpokit.errors import UserError
+from grpokit.recipes import recipe_dir
 from grpokit.rewards.format_rewards import xml_format_score
 from grpokit.rewards.judge.audit import planted_answers, read_completions, rubric_keywords
 from grpokit.rewards.judge.cli import judge_cli
@@ -21,7 +22,7 @@ from grpokit.rewards.judge.rubric import load_rubric
 
 from .conftest import Answer, FakeJudge
 
-RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "business-ideas"
+RECIPE = recipe_dir("business-ideas")
 
 
 def test_rubric_keywords_of_the_recipe() -> None:

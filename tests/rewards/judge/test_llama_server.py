@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from grpokit.recipes import recipe_dir
 from grpokit.rewards.judge import JudgeParams, build_judge_reward
 
 from .conftest import LLAMA_MODEL_ALIAS, LlamaServer
@@ -27,7 +28,7 @@ IDEAS = [
     "A subscription service delivering healthy meals to busy office workers for 30 USD a week.",
     "An app.",
 ]
-RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "business-ideas"
+RECIPE = recipe_dir("business-ideas")
 
 
 def llama_judge(server: LlamaServer, **extra: Any) -> dict[str, Any]:
