@@ -105,8 +105,8 @@ class ModelConfig(_Strict):
             )
         return value
 
-    def check_device(self) -> None:
-        """Fail when model.device names hardware this machine lacks; checked when a run starts
+    def check_device(self, option: str = "model.device") -> None:
+        """Fail when the device names hardware this machine lacks; checked when a run starts
         (a config written for a GPU machine still loads elsewhere, e.g. for `grpokit eval`)."""
         import torch
 
@@ -115,18 +115,17 @@ class ModelConfig(_Strict):
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if count == 0:
                 raise UserError(
-                    f"model.device: {self.device}, but this machine has no CUDA device that "
-                    "PyTorch can use; set model.device: auto (or cpu)"
+                    f"{option} {self.device!r}: this machine has no CUDA device that PyTorch "
+                    "can use; use auto or cpu"
                 )
             if index and int(index) >= count:
                 raise UserError(
-                    f"model.device: {self.device}, but this machine has {count} CUDA "
-                    f"device(s) (cuda:0 to cuda:{count - 1})"
+                    f"{option} {self.device!r}: this machine has {count} CUDA device(s), "
+                    f"cuda:0 to cuda:{count - 1}"
                 )
         if kind == "mps" and not torch.backends.mps.is_available():
             raise UserError(
-                "model.device: mps, but Apple's Metal (MPS) is not available here; set "
-                "model.device: auto (or cpu)"
+                f"{option} 'mps': Apple's Metal (MPS) is not available here; use auto or cpu"
             )
 
 
@@ -520,10 +519,10 @@ class TrainingConfig(_Strict):
     log_completions_steps: int = Field(
         1, ge=1, description="Write completions every N steps.", json_schema_extra=_LOG
     )
-    num_completions_to_print: int | None = Field(
+    num_completions_to_print: int = Field(
         8,
         ge=0,
-        description="Completions written per logged step; null writes all of them.",
+        description="Completions written per logged step.",
         json_schema_extra=_LOG,
     )
     eval_strategy: Literal["no", "steps"] = Field(

@@ -1,6 +1,6 @@
 """TRL's GRPOConfig fields that grpokit does not implement, with the reason and what to use.
 
-Every field of TRL's ``GRPOConfig`` (TRL 1.16, including transformers' TrainingArguments) is one of:
+Every field of TRL's ``GRPOConfig`` (TRL 1.16, with transformers' TrainingArguments) is one of:
 
 - implemented: a field of ``training:`` with TRL's name, meaning and default (the few defaults
   grpokit sets differently are in :data:`DEFAULT_DIFFERS`, each with its reason);
@@ -79,7 +79,7 @@ _UPLOAD = "upload a checkpoint directory with `hf upload`, or `grpokit export` i
 _NO_EVAL_LOOP = "grpokit's periodic eval samples the held-out prompts; it has no Trainer eval loop"
 _EVAL = "training.eval_steps, eval_samples, eval_max_prompts, and `grpokit eval` afterwards"
 _COMPILE = "grpokit does not compile the model; its CPU decoder and oneDNN path are its speed-ups"
-_VLLM = "grpokit's vLLM engine (training.use_vllm) takes only the settings listed as accepted"
+_VLLM = "grpokit's vLLM engine (training.use_vllm) does not take this setting; vLLM's own default applies"
 _LOSS = "this loss variant is not implemented"
 _LOSSES = "loss_type grpo, bnpo, dr_grpo or dapo; epsilon_high for clip-higher"
 _ENTROPY = "entropy regularisation is not implemented; the entropy monitor warns of a collapse"
@@ -499,11 +499,25 @@ DEFAULT_DIFFERS: dict[str, str] = {
     "log_completions": "grpokit's report and reward-hacking monitors read completions.jsonl; TRL "
     "only prints samples when asked.",
     "num_completions_to_print": "completions.jsonl gets 8 per logged step rather than every "
-    "completion of the batch, so it stays small on long runs.",
+    "completion of the batch (TRL's null), so it stays small on long runs; give a number.",
     "vllm_server_base_url": "TRL builds the address from vllm_server_host and port (0.0.0.0:8000); "
     "grpokit takes the address itself, 127.0.0.1:8000 by default.",
 }
 """grpokit fields with TRL's name and meaning whose default differs from TRL's, and why."""
+
+GRPOKIT_ONLY: dict[str, str] = {
+    "max_prompt_length": "TRL had it before 1.x (prompts truncated from the left)",
+    "warmup_ratio": "transformers had it before 5.x (now warmup_steps below 1)",
+    "advantage_estimator": "RLOO's leave-one-out baseline",
+    "dynamic_sampling": "DAPO's dynamic sampling",
+    "max_dynamic_sampling_rounds": "DAPO's dynamic sampling",
+    "max_tokens_per_micro_batch": "verl's token budget per micro-batch",
+    "log_completions_steps": "how often completions.jsonl is written",
+    "eval_samples": "the periodic held-out eval",
+    "eval_max_prompts": "the periodic held-out eval",
+    "num_processes": "set by the launcher",
+}
+"""training: fields that are not GRPOConfig's (older TRL names, and grpokit's own)."""
 
 TRL_SCRIPT_KEYS: dict[str, str] = {
     "model_name_or_path": "model.name_or_path",
