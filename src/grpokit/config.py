@@ -473,6 +473,11 @@ class TrainingConfig(_Strict):
         description="TRL's name for model.gradient_checkpointing.",
         json_schema_extra=_OPT,
     )
+    activation_checkpointing: bool | None = Field(
+        None,
+        description="transformers 5's name for gradient_checkpointing.",
+        json_schema_extra=_OPT,
+    )
 
     # ---- checkpointing
     output_dir: str | None = Field(
@@ -619,6 +624,14 @@ class TrainingConfig(_Strict):
         if not isinstance(data, dict):
             return data
         data = drop_accepted_trl_fields(data)
+        renamed = data.get("activation_checkpointing")
+        if renamed is not None:
+            if data.get("gradient_checkpointing") not in (None, renamed):
+                raise ValueError(
+                    "activation_checkpointing and gradient_checkpointing (its older name) differ; "
+                    "set one"
+                )
+            data["gradient_checkpointing"] = renamed
         if "fsdp" in data and data["fsdp"] is None:  # transformers' "off"
             data["fsdp"] = False
         if "fsdp_config" in data and data["fsdp_config"] is None:

@@ -126,16 +126,10 @@ TRL_FIELDS: dict[str, TrlField] = {
         ),
         *_group(
             "refused",
-            "only gradient checkpointing is implemented, always non-reentrant",
+            "gradient checkpointing takes no settings; it is always non-reentrant",
             "training.gradient_checkpointing: true",
             accepted=(None, {"use_reentrant": False}),
             gradient_checkpointing_kwargs=None,
-        ),
-        *_group(
-            "refused",
-            "activation checkpointing is gradient checkpointing in grpokit",
-            "training.gradient_checkpointing: true",
-            activation_checkpointing=None,
             activation_checkpointing_kwargs=None,
         ),
         *_group(
