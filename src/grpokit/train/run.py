@@ -74,15 +74,18 @@ _FROZEN_WHY = (
 )
 
 
-def _check_can_run(cfg: GRPOKitConfig) -> None:
+def _check_can_run(cfg: GRPOKitConfig, source: Path) -> None:
     """What fails for this machine or model before anything is loaded: the device, the
     optimizer's package, and lengths beyond the model's context."""
-    cfg.check_machine()
-    check_context_length(
-        cfg.model.name_or_path,
-        max_prompt_length=cfg.training.max_prompt_length,
-        max_completion_length=cfg.training.max_completion_length,
-    )
+    try:
+        cfg.check_machine()
+        check_context_length(
+            cfg.model.name_or_path,
+            max_prompt_length=cfg.training.max_prompt_length,
+            max_completion_length=cfg.training.max_completion_length,
+        )
+    except UserError as e:
+        raise UserError(f"{source}: {e}") from None
 
 
 def train_from_config(
@@ -93,30 +96,26 @@ def train_from_config(
     progress: bool = True,
 ) -> TrainResult:
     cfg = load_config(config, overrides)
-    _check_can_run(cfg)
+    _check_can_run(cfg, config)
     trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress)
     return trainer.train()
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys of a dumped config; lists of sections are indexed, lists of values kept."""
-    if isinstance(value, dict):
-        items: list[tuple[str, Any]] = list(value.items())
-    elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
-        items = [(str(i), v) for i, v in enumerate(value)]
-    else:
-        return {prefix: value}
-    out: dict[str, Any] = {}
-    for key, item in items:
-        out.update(_flatten(item, f"{prefix}.{key}" if prefix else key))
-    return out
+def _diff(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted key, old, new) where two dumped configs differ, sections compared key by key."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = dict.fromkeys([*old, *new])
+        return [d for k in keys for d in _diff(old.get(k), new.get(k), f"{key}.{k}".strip("."))]
+    entries = isinstance(old, list) and isinstance(new, list) and len(old) == len(new)
+    if entries and any(isinstance(v, dict) for v in old):  # rewards: entry by entry
+        pairs = enumerate(zip(old, new, strict=True))
+        return [d for i, (a, b) in pairs for d in _diff(a, b, f"{key}.{i}")]
+    return [] if old == new else [(key, old, new)]
 
 
 def config_changes(old: GRPOKitConfig, new: GRPOKitConfig) -> list[tuple[str, Any, Any]]:
     """(key, old value, new value) for every setting that differs, in config order."""
-    a = _flatten(old.model_dump(mode="json"))
-    b = _flatten(new.model_dump(mode="json"))
-    return [(k, a.get(k), b.get(k)) for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+    return _diff(old.model_dump(mode="json"), new.model_dump(mode="json"))
 
 
 def _resumable(key: str) -> bool:
@@ -165,7 +164,7 @@ def resume_run(
             "run from a checkpoint: grpokit train CONFIG --set model.init_from="
             f"{run_dir}/checkpoint-N --output-dir NEW_DIR"
         )
-    _check_can_run(cfg)
+    _check_can_run(cfg, cfg_path)
     if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
         _record_changes(run_dir, cfg, changes)
     trainer = GRPOTrainer(cfg, run_dir=run_dir, resume=True, progress=progress)
