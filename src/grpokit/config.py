@@ -378,9 +378,9 @@ class TrainingConfig(_Strict):
     )
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
         "dapo",
-        description="How token losses are averaged: dapo over the tokens of the whole batch, "
-        "bnpo over those of a micro-batch, grpo per sequence then over sequences, dr_grpo over "
-        "max_completion_length tokens per sequence.",
+        description="How token losses are averaged: dapo over the tokens of the whole optimizer "
+        "step, bnpo over those of a micro-batch, grpo per sequence then over sequences, dr_grpo "
+        "over max_completion_length tokens per sequence (src/grpokit/core/losses.py).",
         json_schema_extra=_LOSS,
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
