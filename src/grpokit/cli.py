@@ -45,6 +45,15 @@ def main() -> None:
     """
 
 
+def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from grpokit.config_docs import help_text
+
+    click.echo(help_text())
+    ctx.exit()
+
+
 @main.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option(
@@ -52,16 +61,26 @@ def main() -> None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Override a config value, e.g. --set training.beta=0.04 (repeatable).",
+    help="Override a config value, e.g. --set training.beta=0.04 (repeatable). With a run "
+    "directory: change what may change mid-run, e.g. --set training.max_steps=200.",
 )
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run directory.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs and CI).")
 @click.option(
     "--nproc",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Data-parallel processes on this machine (runs torchrun; the same as "
     "`torchrun --nproc-per-node N -m grpokit train ...`).",
+)
+@click.option(
+    "--help-config",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_config_help,
+    help="Show every config field (training: by group: generation, loss, optimisation, "
+    "checkpointing, logging, distribution) and exit. TRL's GRPOConfig fields: docs/trl.md.",
 )
 def train(
     config: Path,
@@ -73,8 +92,17 @@ def train(
     """Train with GRPO. CONFIG is a YAML file, or a run directory to resume.
 
     Passing a run directory (one holding config.yaml and checkpoint-N/) resumes it from its
-    latest checkpoint with the same data order, optimizer state and random state.
+    latest checkpoint with the same data order, optimizer state and random state. --set may
+    extend it (training.max_steps) or change what does not touch the checkpoint's state
+    (checkpointing, logging, sampling, held-out eval, device); the changes are recorded with
+    their step in RUN_DIR/config_changes.jsonl.
     """
+    if config.is_dir() and output_dir is not None:
+        raise UserError(
+            f"--output-dir: {config} is a run directory, which resumes in place. To train on "
+            f"from it in a new directory: grpokit train CONFIG --set model.init_from="
+            f"{config}/checkpoint-N --output-dir {output_dir}"
+        )
     if nproc is not None:
         from grpokit.train.distributed import launch
 
@@ -86,7 +114,7 @@ def train(
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():
-        result = resume_run(config, progress=not no_progress)
+        result = resume_run(config, list(overrides), progress=not no_progress)
     else:
         result = train_from_config(
             config, list(overrides), output_dir=output_dir, progress=not no_progress
