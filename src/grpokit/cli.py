@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
 import click
 
-from grpokit.errors import UserError
+from grpokit.errors import RunFailed, RunStopped, UserError
 
 # peft still calls transformers' renamed gradient-checkpointing helpers; the warning is theirs to
 # fix and says nothing to a grpokit user.
@@ -25,13 +27,41 @@ class _Group(click.Group):
         except UserError as e:
             click.secho(f"error: {e}", fg="red", err=True)
             sys.exit(2)
+        except RunFailed as e:
+            if _debug():
+                traceback.print_exception(e.__cause__ or e)
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(1)
+        except RunStopped as e:
+            click.secho(str(e), fg="yellow", err=True)
+            sys.exit(128 + e.signal_number)
         except KeyboardInterrupt as e:
             click.secho(str(e) or "interrupted", fg="yellow", err=True)
             sys.exit(130)
 
 
+def _debug() -> bool:
+    """--debug or GRPOKIT_DEBUG=1: show the traceback behind a failed run's message."""
+    return os.environ.get("GRPOKIT_DEBUG", "") not in ("", "0")
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:  # in the environment, so that processes a launcher starts see it too
+        os.environ["GRPOKIT_DEBUG"] = "1"
+
+
+_debug_option = click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_debug,
+    help="Show the full traceback when a run fails (also: GRPOKIT_DEBUG=1).",
+)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="grpokit")
+@_debug_option
 def main() -> None:
     """Post-train a language model with GRPO from one YAML config.
 
@@ -82,6 +112,7 @@ def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool)
     help="Show every config field (training: by group: generation, loss, optimisation, "
     "checkpointing, logging, distribution) and exit. TRL's GRPOConfig fields: docs/trl.md.",
 )
+@_debug_option
 def train(
     config: Path,
     overrides: tuple[str, ...],

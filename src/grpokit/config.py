@@ -442,6 +442,16 @@ class TrainingConfig(_Strict):
     max_grad_norm: float = Field(
         1.0, gt=0, description="Gradient clipping norm.", json_schema_extra=_OPT
     )
+    max_nonfinite_steps: int = Field(
+        3,
+        ge=1,
+        description=(
+            "An optimizer step whose loss or gradient norm is NaN or infinite is skipped (the "
+            "weights stay as they were; metric skipped_steps counts them). After this many "
+            "skipped in a row the run stops with a checkpoint and the likely causes."
+        ),
+        json_schema_extra=_OPT,
+    )
     lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
         "linear", description="Learning-rate schedule after warm-up.", json_schema_extra=_OPT
     )
@@ -495,6 +505,16 @@ class TrainingConfig(_Strict):
         500,
         ge=0,
         description="Checkpoint every N steps (save_strategy: steps); 0 = only at the end.",
+        json_schema_extra=_CKPT,
+    )
+    save_minutes: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "Also checkpoint when this many minutes have passed since the last checkpoint "
+            "(0 = off), whatever save_steps says: a crash, a full disk or a killed job never "
+            "loses more than this much work. Not a TRL setting."
+        ),
         json_schema_extra=_CKPT,
     )
     save_total_limit: int | None = Field(

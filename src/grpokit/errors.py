@@ -13,6 +13,23 @@ class UserError(Exception):
     """
 
 
+class RunFailed(Exception):
+    """A run that started and then failed (a reward raised, out of memory, a full disk ...).
+
+    The message says what failed, what was saved and the command that resumes. The CLI prints
+    it and exits with code 1 (``--debug`` or ``GRPOKIT_DEBUG=1`` adds the traceback of the
+    cause); code 2 stays for bad input found before the run started.
+    """
+
+
+class RunStopped(Exception):
+    """A run stopped on request (SIGINT, SIGTERM) after saving; exit code 128 + the signal."""
+
+    def __init__(self, message: str, signal_number: int) -> None:
+        super().__init__(message)
+        self.signal_number = signal_number
+
+
 def decode_utf8(data: bytes, source: str | Path) -> str:
     """``data`` decoded as UTF-8 (a leading byte-order mark dropped, as Excel writes one).
 

@@ -379,7 +379,9 @@ def run_eval(
         config = found
         log(f"using the rewards and sampling of {config}")
     cfg = load_config(config)
-    rows = load_prompts(prompts_path, prompt_column=cfg.data.prompt_column)
+    rows = load_prompts(
+        prompts_path, prompt_column=cfg.data.prompt_column, columns=cfg.data.columns
+    )
     if max_prompts is not None:
         rows = rows[:max_prompts]
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 from grpokit.config import GRPOKitConfig
-from grpokit.data.prompts import PromptRow, check_columns, load_prompts
+from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import UserError
 from grpokit.preflight.measure import RewardInfo, SamplingSettings
 from grpokit.rewards.compose import RewardSet, build_reward_set
@@ -60,7 +60,7 @@ def open_sampler(
     too (for SFT), otherwise the bare model (for sampling only). The caller closes
     ``sampler.rewards``.
     """
-    rows = load_prompts(cfg.resolve(cfg.data.train), prompt_column=cfg.data.prompt_column)
+    rows = cfg.prompts("train")
     rewards = build_reward_set(
         cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=None, seed=cfg.training.seed)
     )

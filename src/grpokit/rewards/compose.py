@@ -23,7 +23,19 @@ from grpokit.rewards.spec import RewardSpec, gate_order, validate_reward_specs
 
 
 class RewardError(RuntimeError):
-    """A reward function misbehaved (raised, or returned the wrong number or kind of values)."""
+    """A reward function misbehaved (raised, or returned the wrong number or kind of values).
+
+    ``reward`` names it; ``inputs`` holds what it was called with, one record per completion
+    in the form ``grpokit rewards check --completions`` reads ({"prompt", "completion",
+    **columns}), so that a failed run can save the batch and the user can replay it.
+    """
+
+    def __init__(
+        self, message: str, *, reward: str = "", inputs: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reward = reward
+        self.inputs = inputs or []
 
 
 @dataclass
@@ -172,13 +184,27 @@ def _call_reward(
     sub_prompts = prompts if full else [prompts[i] for i in rows]
     sub_completions = completions if full else [completions[i] for i in rows]
     sub_columns = columns if full else {k: [v[i] for i in rows] for k, v in columns.items()}
+
+    def inputs() -> list[dict[str, Any]]:  # built only when something went wrong
+        return [
+            {"prompt": p, "completion": c, **{k: v[i] for k, v in sub_columns.items()}}
+            for i, (p, c) in enumerate(zip(sub_prompts, sub_completions, strict=True))
+        ]
+
     try:
         result = entry.fn(prompts=sub_prompts, completions=sub_completions, **sub_columns)
     except UserError:
         raise
     except Exception as exc:
-        raise RewardError(f"reward {entry.name!r} raised {type(exc).__name__}: {exc}") from exc
-    return _check_result(entry.name, result, len(rows))
+        raise RewardError(
+            f"reward {entry.name!r} raised {type(exc).__name__}: {exc}",
+            reward=entry.name,
+            inputs=inputs(),
+        ) from exc
+    try:
+        return _check_result(entry.name, result, len(rows))
+    except RewardError as exc:  # what came back is wrong: no exception of the reward's own
+        raise RewardError(str(exc), reward=entry.name, inputs=inputs()) from None
 
 
 def _check_result(name: str, result: Any, expected: int) -> list[float | None]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
 from grpokit.data.prompts import PromptRow
-from grpokit.models.loading import LoraSettings, Policy, load_policy
+from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
 from grpokit.models.onednn import CpuMatmul
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import RolloutEngine, SamplingParams
@@ -170,6 +171,8 @@ class Sampler:
     sampling: SamplingParams
     system_prompt: str | None
     max_prompt_length: int | None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables of the chat template (TRL's chat_template_kwargs, e.g. enable_thinking)."""
 
     @classmethod
     def load(
@@ -181,6 +184,7 @@ class Sampler:
         system_prompt: str | None,
         max_prompt_length: int | None,
         base_dir: Path,
+        chat_template_kwargs: dict[str, Any] | None = None,
         model: ModelSpec | None = None,
         checkpoint: Path | None = None,
         trainable: bool = False,
@@ -188,6 +192,11 @@ class Sampler:
     ) -> Sampler:
         """Load the policy of a ``model:`` section (see :func:`load_model_policy`) with a torch
         engine over its weights."""
+        check_context_length(
+            model.name_or_path if model is not None else settings.name_or_path,
+            max_prompt_length=max_prompt_length,
+            max_completion_length=sampling.max_completion_length,
+        )
         policy = load_model_policy(
             settings,
             base_dir=base_dir,
@@ -199,7 +208,15 @@ class Sampler:
         if not trainable:
             policy.model.eval()
         engine = torch_engine(policy, settings.cpu_matmul)
-        return cls(policy, engine, rewards, sampling, system_prompt, max_prompt_length)
+        return cls(
+            policy,
+            engine,
+            rewards,
+            sampling,
+            system_prompt,
+            max_prompt_length,
+            chat_template_kwargs,
+        )
 
     @classmethod
     def from_config(
@@ -220,6 +237,7 @@ class Sampler:
             system_prompt=cfg.system_prompt,
             max_prompt_length=cfg.training.max_prompt_length,
             base_dir=cfg.config_dir,
+            chat_template_kwargs=cfg.training.chat_template_kwargs,
             model=model,
             checkpoint=checkpoint,
             trainable=trainable,
@@ -244,6 +262,7 @@ class Sampler:
             system_prompt=self.system_prompt,
             max_prompt_length=self.max_prompt_length,
             generator=generator,
+            chat_template_kwargs=self.chat_template_kwargs,
         )
 
     def chunks(

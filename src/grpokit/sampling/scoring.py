@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,11 +111,16 @@ def sample_and_score(
     system_prompt: str | None,
     max_prompt_length: int | None,
     generator: torch.Generator | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> ScoredBatch:
     """``num_generations`` completions of each row's prompt, decoded and scored by the set."""
     prompt_ids = [
         encode_prompt(
-            tokenizer, r.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
+            tokenizer,
+            r.prompt,
+            system_prompt=system_prompt,
+            max_prompt_length=max_prompt_length,
+            chat_template_kwargs=chat_template_kwargs,
         )
         for r in rows
     ]

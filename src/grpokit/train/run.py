@@ -20,6 +20,7 @@ from typing import Any
 from grpokit.config import GRPOKitConfig, load_config, read_config_data, validate_config
 from grpokit.errors import UserError
 from grpokit.models.loading import check_context_length
+from grpokit.sampling import latest_checkpoint
 from grpokit.train.trainer import GRPOTrainer, TrainResult
 
 CHANGES_FILE = "config_changes.jsonl"
@@ -128,9 +129,10 @@ def _why_frozen(key: str) -> str:
 
 def _record_changes(run_dir: Path, cfg: GRPOKitConfig, changes: list[tuple[str, Any, Any]]) -> None:
     """Append the changes with the step they apply from; rewrite config.yaml atomically."""
-    from grpokit.train.checkpoint import latest_checkpoint
-
-    step = int(latest_checkpoint(run_dir).name.rsplit("-", 1)[1])
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise UserError(f"{run_dir}: no checkpoint-<step> directory to resume from")
+    step = int(latest.name.rsplit("-", 1)[1])
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with (run_dir / CHANGES_FILE).open("a", encoding="utf-8") as f:
         for key, old, new in changes:

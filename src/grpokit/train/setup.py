@@ -107,19 +107,21 @@ def total_steps(args: TrainingConfig, num_prompts: int) -> int:
 def build_optimizer(
     args: TrainingConfig, parameters: list[torch.nn.Parameter], steps: int
 ) -> tuple[torch.optim.Optimizer, Any]:
-    """AdamW over the trainable parameters and the learning-rate schedule over ``steps``."""
+    """The AdamW ``optim`` names over the trainable parameters, and the learning-rate schedule
+    over ``steps``.
+
+    adamw_torch_fused (TRL's default) runs one kernel over all parameters instead of a Python
+    loop of small ops; bench/train_step.py measures the step it is part of.
+    """
     from transformers import get_scheduler
 
-    optimizer = torch.optim.AdamW(
-        parameters,
-        lr=args.learning_rate,
-        betas=(args.adam_beta1, args.adam_beta2),
-        eps=args.adam_epsilon,
-        weight_decay=args.weight_decay,
-        # One kernel over all parameters instead of a Python loop of small ops (also
-        # transformers' default); bench/train_step.py measures the step it is part of.
-        fused=True,
-    )
+    optimizer: torch.optim.Optimizer
+    if args.adamw_8bit:
+        import bitsandbytes
+
+        optimizer = bitsandbytes.optim.AdamW8bit(parameters, **args.optimizer_kwargs)
+    else:
+        optimizer = torch.optim.AdamW(parameters, **args.optimizer_kwargs)
     warmup = args.warmup_steps or math.ceil(args.warmup_ratio * steps)
     scheduler = get_scheduler(
         args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=steps

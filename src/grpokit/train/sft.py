@@ -64,18 +64,24 @@ def run_sft(
     batch_size: int = 8,
     learning_rate: float = 2e-5,
     max_prompt_length: int | None = 512,
+    chat_template_kwargs: dict[str, Any] | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
     log: Callable[[str], None] = print,
 ) -> list[dict[str, float]]:
     """Train `parameters` of `model` for max_steps steps; returns per-step loss and entropy.
 
-    The completion is followed by the EOS token so the model learns to stop.
+    The completion is followed by the EOS token so the model learns to stop. Prompts are
+    rendered as GRPO renders them (system prompt, truncation, chat template variables).
     """
     eos = tokenizer.eos_token_id
     prompts = [
         encode_prompt(
-            tokenizer, d.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
+            tokenizer,
+            d.prompt,
+            system_prompt=system_prompt,
+            max_prompt_length=max_prompt_length,
+            chat_template_kwargs=chat_template_kwargs,
         )
         for d in demos
     ]

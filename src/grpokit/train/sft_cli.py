@@ -239,6 +239,7 @@ def run_sft_from_config(
         batch_size=batch_size,
         learning_rate=lr,
         max_prompt_length=cfg.training.max_prompt_length,
+        chat_template_kwargs=cfg.training.chat_template_kwargs,
         seed=seed,
         device=next(policy.model.parameters()).device,
         log=log,

@@ -107,3 +107,12 @@ def completion_records(
             }
         )
     return rows
+
+
+def step_summary(record: dict[str, Any]) -> str:
+    """The few numbers a progress line shows for a step: reward, KL, equal-reward share."""
+    parts = [f"reward {record.get('reward', math.nan):.3f}"]
+    if "kl" in record:
+        parts.append(f"kl {record['kl']:.4f}")
+    parts.append(f"zero-std {record.get('frac_reward_zero_std', 0):.2f}")
+    return "  ".join(parts)

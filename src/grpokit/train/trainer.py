@@ -9,9 +9,11 @@ trainer feeds it micro-batches and weights them as it says, without knowing the 
 from __future__ import annotations
 
 import json
+import math
+import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +22,14 @@ import torch
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
 from grpokit.core.losses import LossInputs, PolicyLoss
-from grpokit.data.prompts import PromptRow, check_columns, load_prompts
-from grpokit.errors import UserError
+from grpokit.data.prompts import PromptRow, check_columns
+from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
-from grpokit.monitor.sinks import MetricsSink
+from grpokit.monitor.sinks import JsonlSink, MetricsSink
 from grpokit.monitor.trackers import missing_tracker_packages
-from grpokit.rewards.compose import RewardSet, build_reward_set
+from grpokit.progress import Progress, progress
+from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import (
@@ -37,8 +40,14 @@ from grpokit.sampling import (
     sampling_params,
     seed_everything,
 )
-from grpokit.train.checkpoint import TrainerState, load_checkpoint, save_checkpoint
-from grpokit.train.console import interrupt_guard, progress_bar
+from grpokit.train.checkpoint import (
+    TrainerState,
+    load_checkpoint,
+    remove_partial_checkpoints,
+    rng_state,
+    save_checkpoint,
+)
+from grpokit.train.console import stop_guard
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_gradients,
@@ -50,6 +59,13 @@ from grpokit.train.distributed import (
     shard_slice,
 )
 from grpokit.train.experience import Experience
+from grpokit.train.failures import (
+    NonFiniteSteps,
+    describe_failure,
+    is_disk_full,
+    signal_name,
+    write_jsonl,
+)
 from grpokit.train.forward import TokenBatch, completion_logprobs
 from grpokit.train.fsdp import full_state, gathered, idle_pass, missing_micro_batches
 from grpokit.train.setup import (
@@ -66,6 +82,7 @@ from grpokit.train.step_metrics import (
     forecast_metrics,
     loss_metrics,
     rollout_metrics,
+    step_summary,
 )
 
 
@@ -130,6 +147,9 @@ class GRPOTrainer:
         self.rows, self.heldout = self._load_prompts()
         system_prompt = self.cfg.system_prompt
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.dist.is_main:
+            for leftover in remove_partial_checkpoints(self.run_dir):
+                self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
         rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
 
@@ -143,6 +163,7 @@ class GRPOTrainer:
             sampling_params(self.args),
             system_prompt,
             self.args.max_prompt_length,
+            self.args.chat_template_kwargs,
         )
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
@@ -177,16 +198,17 @@ class GRPOTrainer:
             {n: m for n, m in zip(rewards.names, rewards.max_values, strict=True) if m is not None},
         )
         self.history: list[dict[str, Any]] = []
+        # The state and random states at the start of the running step (None between steps),
+        # and whether it has changed the weights yet: what an emergency checkpoint may save.
+        self._before_step: tuple[TrainerState, dict[str, Any]] | None = None
+        self._weights_changed = False
+        self._last_save = time.monotonic()
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
     def _load_prompts(self) -> tuple[list[PromptRow], list[PromptRow]]:
-        data = self.cfg.data
-        rows = load_prompts(self.cfg.resolve(data.train), prompt_column=data.prompt_column)
-        heldout: list[PromptRow] = []
-        if data.heldout:
-            heldout = load_prompts(self.cfg.resolve(data.heldout), prompt_column=data.prompt_column)
-        return rows, heldout
+        heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
+        return self.cfg.prompts("train"), heldout
 
     def _build_rewards(self) -> RewardSet:
         rewards = build_reward_set(
@@ -401,10 +423,22 @@ class GRPOTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.policy.trainable_parameters(), a.max_grad_norm
             )
-            self.optimizer.step()
+            # A NaN or infinite loss or norm would poison the weights and Adam's moments: skip
+            # the step (all ranks agree: the norm is of the reduced gradients).
+            if math.isfinite(float(grad_norm)) and math.isfinite(sums.get("loss", 0.0)):
+                self._weights_changed = True
+                self.optimizer.step()
+                self.state.nonfinite_streak = 0
+            else:
+                self.state.skipped_steps += 1
+                self.state.nonfinite_streak += 1
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-            metrics = {"loss": sums.pop("loss", 0.0), "grad_norm": float(grad_norm)}
+            metrics = {
+                "loss": sums.pop("loss", 0.0),
+                "grad_norm": float(grad_norm),
+                "skipped_steps": float(self.state.skipped_steps),
+            }
             for key, value in sums.items():
                 metrics[key] = value / max(tokens_seen, 1.0)
             metrics["entropy"] = _mean(entropies)
@@ -522,7 +556,9 @@ class GRPOTrainer:
         self,
         model_state: dict[str, torch.Tensor] | None = None,
         optimizer_state: dict[str, Any] | None = None,
+        rng: dict[str, Any] | None = None,
     ) -> Path:
+        self._last_save = time.monotonic()
         return save_checkpoint(
             self.run_dir,
             policy=self.policy,
@@ -534,45 +570,133 @@ class GRPOTrainer:
             save_total_limit=self.args.save_total_limit,
             model_state=model_state,
             optimizer_state=optimizer_state,
+            rng=rng,
         )
 
     def train(self) -> TrainResult:
+        """Run to the end, logging, evaluating and checkpointing on the way.
+
+        Ctrl-C or SIGTERM: finish the step, save, raise :class:`RunStopped`. Any failure (a
+        reward that raises, out of memory, NaN steps one after another, a full disk): save the
+        last completed step where that is possible and raise :class:`RunFailed` saying what
+        failed and how to resume.
+        """
         a = self.args
         ckpt: Path | None = None
+        save_every = a.save_interval(self.steps_per_epoch)
+        self._last_save = time.monotonic()
         with (
-            progress_bar(
-                self.total_steps, self.state.global_step, enabled=self.show_progress
-            ) as advance,
-            interrupt_guard() as interrupted,
-        ):
-            while self.state.global_step < self.total_steps and not interrupted():
-                records = self.step()
-                first_step = self.state.global_step - len(records) + 1
-                for step, record in enumerate(records, start=first_step):
-                    if a.eval_steps and step % a.eval_steps == 0:
-                        record.update(self.heldout_metrics())
-                    alerts = self.monitors.update(step, record)
-                    if alerts:
-                        record["alerts"] = [al.to_dict() for al in alerts]
-                        for al in alerts:
-                            self.log(f"[monitor] {al}")
-                    for sink in self.sinks:
-                        sink.log(step, record)
-                    self.history.append({"step": step, **record})
-                    advance(step, record)
-                if a.save_steps and self.state.global_step % a.save_steps == 0:
-                    ckpt = self.save()
-            if interrupted():
+            progress(
+                "GRPO", self.total_steps, done=self.state.global_step, enabled=self.show_progress,
+                log=self.log,
+            ) as bar,
+            stop_guard() as stopped,
+        ):  # fmt: skip
+            try:
+                while self.state.global_step < self.total_steps and stopped() is None:
+                    # What a checkpoint of the last completed step holds, should this step fail.
+                    self._before_step = (replace(self.state), rng_state(self.generator))
+                    self._weights_changed = False
+                    records = self.step()
+                    self._before_step = None
+                    self._log_records(records, bar)
+                    if self.state.nonfinite_streak >= a.max_nonfinite_steps:
+                        raise NonFiniteSteps(self.state.nonfinite_streak)
+                    if self._save_due(save_every):
+                        ckpt = self.save()
+            except Exception as exc:
+                raise self._failed(exc) from exc
+            signum = stopped()
+            if signum is not None:
                 ckpt = self.save()
                 self.close()
-                raise KeyboardInterrupt(
-                    f"interrupted at step {self.state.global_step}; checkpoint saved to {ckpt}; "
-                    f"continue with: grpokit train --resume {self.run_dir}"
+                raise RunStopped(
+                    f"stopped by {signal_name(signum)} at step {self.state.global_step}; "
+                    f"checkpoint saved to {ckpt}\ncontinue with: {self.resume_command}",
+                    signum,
                 )
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
         self.close()
         return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        rounds = math.ceil(len(self.rows) / self.args.prompts_per_step)
+        return max(1, rounds) * self.args.num_iterations
+
+    @property
+    def resume_command(self) -> str:
+        return f"grpokit train {shlex.quote(str(self.run_dir))}"
+
+    def _save_due(self, every: int) -> bool:
+        step = self.state.global_step
+        minutes = self.args.save_minutes
+        by_steps = bool(every) and step % every == 0
+        by_time = bool(minutes) and time.monotonic() - self._last_save >= 60 * minutes
+        # Every rank must agree: saving under FSDP is a collective.
+        return bool(all_reduce_scalars([float(by_steps or by_time)], self.dist, "max")[0])
+
+    def _log_records(self, records: list[dict[str, Any]], bar: Progress) -> None:
+        """Held-out eval, monitors and sinks for each optimizer step of the round just run."""
+        a = self.args
+        eval_every = a.eval_interval
+        first_step = self.state.global_step - len(records) + 1
+        for step, record in enumerate(records, start=first_step):
+            if eval_every and step % eval_every == 0:
+                record.update(self.heldout_metrics())
+            alerts = self.monitors.update(step, record)
+            if alerts:
+                record["alerts"] = [al.to_dict() for al in alerts]
+                for al in alerts:
+                    self.log(f"[monitor] {al}")
+            # metrics.jsonl (the record the monitors and the report read) takes every step; the
+            # trackers every logging_steps, as in TRL, and the last step.
+            reported = step % a.logging_steps == 0 or step == self.total_steps
+            for sink in self.sinks:
+                if reported or isinstance(sink, JsonlSink):
+                    sink.log(step, record)
+            self.history.append({"step": step, **record})
+            bar.advance(1, step_summary(record))
+
+    def _failed(self, exc: Exception) -> RunFailed:
+        """Save what can be saved after ``exc`` and say what happened and how to go on."""
+        step = self.state.global_step + (1 if self._before_step is not None else 0)
+        lines = [f"step {step} failed: {describe_failure(exc)}"]
+        if isinstance(exc, RewardError) and exc.inputs and self.dist.is_main:
+            path = self.run_dir / f"failed-step-{step}.jsonl"
+            write_jsonl(path, exc.inputs)
+            lines.append(
+                f"the {len(exc.inputs)} completions reward {exc.reward!r} was scoring are in "
+                f"{path}; replay them with: grpokit rewards check "
+                f"{shlex.quote(str(self.run_dir / 'config.yaml'))} --completions "
+                f"{shlex.quote(str(path))}"
+            )
+        lines.append(self._emergency_save(exc))
+        lines.append(f"resume with: {self.resume_command}")
+        self.close()
+        return RunFailed("\n".join(lines))
+
+    def _emergency_save(self, exc: Exception) -> str:
+        """A checkpoint of the last completed step, or why there is none; one line."""
+        latest = latest_checkpoint(self.run_dir)
+        fallback = f"the latest checkpoint is {latest}" if latest else "there is no checkpoint yet"
+        if is_disk_full(exc):
+            return f"the disk holding {self.run_dir} is full: free space, then resume; {fallback}"
+        if self.dist.enabled:
+            # Another rank may be gone: a save, a collective, would wait for it forever.
+            return f"no checkpoint written after the failure (several processes); {fallback}"
+        if self._before_step is not None and self._weights_changed:
+            return f"the failed step had already changed the weights, so {fallback}"
+        rng = None
+        if self._before_step is not None:  # back to where the failed step started
+            self.state, rng = self._before_step
+        try:
+            path = self._save(rng=rng)
+        except Exception as save_exc:
+            why = "the disk is full" if is_disk_full(save_exc) else describe_failure(save_exc)
+            return f"saving a checkpoint failed too ({why}); {fallback}"
+        return f"checkpoint of step {self.state.global_step} saved: {path}"
 
     def close(self) -> None:
         for sink in self.sinks:
