@@ -25,6 +25,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -259,6 +260,16 @@ GENERATION_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penal
 # apply_chat_template arguments grpokit sets itself.
 _TEMPLATE_ARGS = ("conversation", "messages", "tokenize", "add_generation_prompt", "tools")
 _8BIT_ADAMW = ("adamw_bnb_8bit", "adamw_8bit")
+
+
+_TRL_NAMES = {"dtype": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
+"""model: settings that TRL keeps under training: (by its names there)."""
+
+ReportTo = Literal["tensorboard", "wandb", "mlflow", "none"]
+
+
+def _default_report_to() -> list[ReportTo]:
+    return ["tensorboard"]
 
 
 class TrainingConfig(_Strict):
@@ -532,8 +543,8 @@ class TrainingConfig(_Strict):
         "(metrics.jsonl gets every step).",
         json_schema_extra=_LOG,
     )
-    report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
-        default_factory=lambda: ["tensorboard"],
+    report_to: list[ReportTo] = Field(
+        default_factory=_default_report_to,
         description="Metric sinks besides metrics.jsonl: a name or a list of names; 'none' for "
         "none.",
         json_schema_extra=_LOG,
@@ -727,7 +738,7 @@ class TrainingConfig(_Strict):
             # The value is checked as the field of the same name checks it.
             try:
                 type(self).__pydantic_validator__.validate_assignment(
-                    self.model_construct(), key, value
+                    type(self).model_construct(), key, value
                 )
             except ValidationError as e:
                 msg = e.errors()[0]["msg"].removeprefix("Value error, ")
@@ -837,14 +848,49 @@ class GRPOKitConfig(_Strict):
     )
     _config_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _config_path: Path | None = PrivateAttr(default=None)
+    _system_prompt: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_model_settings(cls, data: Any) -> Any:
+        """TRL keeps training.bf16 and training.gradient_checkpointing with the training
+        arguments; here they are settings of the model. Read once, into model:, so that nothing
+        downstream has two places to look (an explicit, different model: value is a conflict)."""
+        if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
+            return data
+        training, model = data["training"], data.get("model") or {}
+        if not isinstance(model, dict):
+            return data
+        moved = {}
+        if training.get("bf16") is True:
+            moved["dtype"] = "bfloat16"
+        checkpointing = training.get("gradient_checkpointing")
+        if checkpointing is None:  # transformers 5's name for it
+            checkpointing = training.get("activation_checkpointing")
+        if isinstance(checkpointing, bool):
+            moved["gradient_checkpointing"] = checkpointing
+        for key, value in moved.items():
+            if key in model and model[key] != value:
+                raise ValueError(
+                    f"model.{key} is {model[key]!r} but training.{_TRL_NAMES[key]} asks for "
+                    f"{value!r}; set one of them"
+                )
+        return data | {"model": model | moved} if moved else data
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> GRPOKitConfig:
+    def _cross_checks(self, info: ValidationInfo) -> GRPOKitConfig:
         validate_reward_specs(self.rewards)
-        if self.training.bf16:
-            self.model.dtype = "bfloat16"
-        if self.training.gradient_checkpointing is not None:
-            self.model.gradient_checkpointing = self.training.gradient_checkpointing
+        # Relative paths resolve against the config file's directory, which load_config passes
+        # in; a config validated without one resolves against the working directory.
+        base = (info.context or {}).get("config_dir")
+        if base is not None:
+            self._config_dir = Path(base)
+        self._system_prompt = self.data.system_prompt
+        if self.data.system_prompt_file:
+            path = self.resolve(self.data.system_prompt_file)
+            if not path.is_file():
+                raise ValueError(f"data.system_prompt_file: {path} does not exist")
+            self._system_prompt = read_utf8(path).strip()
         return self
 
     @model_validator(mode="after")
@@ -907,12 +953,9 @@ class GRPOKitConfig(_Strict):
 
     @property
     def system_prompt(self) -> str | None:
-        if self.data.system_prompt_file:
-            path = self.resolve(self.data.system_prompt_file)
-            if not path.is_file():
-                raise UserError(f"data.system_prompt_file: {path} does not exist")
-            return path.read_text(encoding="utf-8").strip()
-        return self.data.system_prompt
+        """data.system_prompt, or the text of data.system_prompt_file (read when the config
+        was validated, so a missing file is a config error with its line)."""
+        return self._system_prompt
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(
@@ -1098,19 +1141,21 @@ def validate_config(
     path: Path,
     lines: dict[tuple[Any, ...], int],
     overrides: list[str] | None = None,
+    *,
+    config_dir: Path | None = None,
 ) -> GRPOKitConfig:
-    """The config from a file's YAML mapping and --set overrides (relative paths resolve
-    against the file's directory)."""
+    """The config from a file's YAML mapping and --set overrides. Relative paths resolve
+    against ``config_dir``, by default the file's directory."""
     for item in overrides or []:
         keys, value = _parse_override(item)
         _apply_override(data, keys, value, item)
+    base = config_dir if config_dir is not None else path.resolve().parent
     try:
-        cfg = GRPOKitConfig.model_validate(data)
+        cfg = GRPOKitConfig.model_validate(data, context={"config_dir": base})
     except ValidationError as e:
         raise UserError(format_validation_error(e, str(path), lines)) from None
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
-    cfg._config_dir = path.resolve().parent
     cfg._config_path = path.resolve()
     return cfg
 

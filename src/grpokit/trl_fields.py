@@ -510,6 +510,8 @@ GRPOKIT_ONLY: dict[str, str] = {
     "eval_samples": "the periodic held-out eval",
     "eval_max_prompts": "the periodic held-out eval",
     "num_processes": "set by the launcher",
+    "save_minutes": "a checkpoint by time as well as by steps, so a crash loses little",
+    "max_nonfinite_steps": "how many NaN steps in a row are skipped before the run stops",
 }
 """training: fields that are not GRPOConfig's (older TRL names, and grpokit's own)."""
 

@@ -17,7 +17,7 @@ from grpokit.evaluate.schema import (
     EvalResult,
     ModelSummary,
     PairedComparison,
-    PromptRow,
+    PromptResult,
     RewardSummary,
 )
 
@@ -160,8 +160,8 @@ def _eval_result() -> EvalResult:
         rewards=["xml_format"],
         models=[summary("base", 1), summary("trained", 5)],
         prompts=[
-            PromptRow(index=0, prompt=PROMPT_JA, samples=4, compliant={"base": 0, "trained": 3}),
-            PromptRow(
+            PromptResult(index=0, prompt=PROMPT_JA, samples=4, compliant={"base": 0, "trained": 3}),
+            PromptResult(
                 index=1, prompt="<b>bold</b>", samples=4, compliant={"base": 1, "trained": 2}
             ),
         ],

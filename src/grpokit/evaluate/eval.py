@@ -35,10 +35,8 @@ from grpokit.evaluate.schema import (
     EvalResult,
     ModelSummary,
     PairedComparison,
+    PromptResult,
     RewardSummary,
-)
-from grpokit.evaluate.schema import (
-    PromptRow as TableRow,
 )
 from grpokit.evaluate.tables import eval_tables, to_markdown
 from grpokit.monitor.config import MonitorConfig
@@ -274,7 +272,7 @@ def summarize_eval(
                 present = [v for s in at if (v := s.rewards.get(name)) is not None]
                 means[label][name] = sum(present) / len(present) if present else None
         rows.append(
-            TableRow(
+            PromptResult(
                 index=i,
                 prompt=prompt,
                 samples=samples_per_prompt,

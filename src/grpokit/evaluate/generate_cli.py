@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -102,7 +103,7 @@ def generate_cmd(
         reward_set = build_reward_set(
             cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=None, seed=seed)
         )
-    overrides = {
+    overrides: dict[str, Any] = {
         "max_completion_length": max_new_tokens,
         "temperature": temperature,
         "top_p": top_p,

@@ -63,7 +63,7 @@ class ModelSummary(_Strict):
     seconds: float = Field(default=0.0, description="Wall time to sample and score this model.")
 
 
-class PromptRow(_Strict):
+class PromptResult(_Strict):
     index: int = Field(description="0-based row of the held-out file.")
     prompt: str = Field(description="The prompt's user text as shown in the table.")
     samples: int = Field(description="Samples per model for this prompt.")
@@ -106,7 +106,7 @@ class EvalResult(_Strict):
         description="Pass threshold per reward that has one (its maximum unless --pass set it).",
     )
     models: list[ModelSummary] = Field(description="One entry per model, the base first.")
-    prompts: list[PromptRow] = Field(description="The per-prompt table.")
+    prompts: list[PromptResult] = Field(description="The per-prompt table.")
     paired: list[PairedComparison] = Field(description="Each later model against the first.")
     alerts: list[dict[str, object]] = Field(
         default_factory=list,

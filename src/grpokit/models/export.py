@@ -51,14 +51,10 @@ class LoadedCheckpoint:
 def load_merged(checkpoint: str, *, dtype: DType = "float32") -> LoadedCheckpoint:
     """Load ``checkpoint`` (a checkpoint-N/ or its model/, a run directory, a model directory or
     the embedded model's name) as one plain transformers model with any LoRA adapter merged."""
-    from grpokit.evaluate.eval import resolve_model
+    from grpokit.models.checkpoints import resolve_model
     from grpokit.models.loading import load_policy
 
-    try:
-        spec = resolve_model(checkpoint)
-    except UserError as exc:
-        # The resolver is shared with `grpokit eval`, whose messages name its --model option.
-        raise UserError(str(exc).replace("--model ", "CHECKPOINT ", 1)) from exc
+    spec = resolve_model(checkpoint, option="CHECKPOINT")
     policy = load_policy(
         spec.name_or_path,
         dtype=dtype,

@@ -37,6 +37,7 @@ from grpokit.rewards.judge.audit import PLANTED_PROMPTS, _fmt, planted_answers
 from grpokit.rewards.judge.reward import prompt_text
 from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.reward_model import RewardModelParams, RewardModelReward
+from grpokit.rewards.spec import RewardSpec, format_tags, pick_reward
 
 PLANTED_KINDS = ("gibberish", "empty", "prompt_copy", "repetitive", "truncated", "off_topic")
 """The judge audit's kinds (less its rubric keyword list: a reward model has no rubric), plus
@@ -112,38 +113,14 @@ class RewardModelEntry:
     """The config's xml_format tags: planted answers wear them, so a format gate would pass."""
 
 
-def find_reward_model_entry(config_path: Path, reward: str | None = None) -> RewardModelEntry:
-    """The ``type: reward_model`` entry of a config (by name when it has several)."""
-    from grpokit.config import load_config
-
-    config = load_config(config_path)
-    entries = [s for s in config.rewards if s.type == "reward_model"]
-    names = [s.display_name for s in entries]
-    if not entries:
-        raise UserError(
-            f"{config_path}: the rewards: list has no entry of type reward_model to audit"
-        )
-    if reward is not None:
-        if reward not in names:
-            raise UserError(
-                f"{config_path}: no reward_model reward named {reward!r}; reward_model rewards: "
-                f"{', '.join(names)}"
-            )
-        chosen = names.index(reward)
-    elif len(entries) > 1:
-        raise UserError(
-            f"{config_path} has several reward_model rewards ({', '.join(names)}); pick one "
-            "with --reward"
-        )
-    else:
-        chosen = 0
-    tags = next(
-        (list(getattr(s.params, "tags", [])) for s in config.rewards if s.type == "xml_format"),
-        None,
-    )
-    params = entries[chosen].params
+def find_reward_model_entry(
+    specs: list[RewardSpec], base_dir: Path, *, source: str, reward: str | None = None
+) -> RewardModelEntry:
+    """The ``type: reward_model`` entry of a config's ``rewards:`` (by name when it has several)."""
+    spec = pick_reward(specs, "reward_model", reward, source=source)
+    params = spec.params
     assert isinstance(params, RewardModelParams)
-    return RewardModelEntry(names[chosen], params, config.config_dir, tags)
+    return RewardModelEntry(spec.display_name, params, base_dir, format_tags(specs))
 
 
 # ---- the audit -----------------------------------------------------------------------------------
@@ -265,18 +242,20 @@ def audit_reward_model(
     )
 
 
-def run_reward_model_audit(
-    config_path: Path,
+def audit_reward_model_config(
+    specs: list[RewardSpec],
+    base_dir: Path,
     completions_path: Path,
     *,
+    source: str,
     k: int = 2,
     reward_name: str | None = None,
     planted: bool = True,
     planted_prompts: int = PLANTED_PROMPTS,
     seed: int = 0,
 ) -> RewardModelAudit:
-    """Load the config's reward model once and audit it on a completions file."""
-    entry = find_reward_model_entry(config_path, reward_name)
+    """Load the reward model of a config's ``rewards:`` once and audit it on a completions file."""
+    entry = find_reward_model_entry(specs, base_dir, source=source, reward=reward_name)
     rows = read_completions(completions_path)
     where = f"reward {entry.name!r}"
     reward = RewardModelReward(entry.params, entry.base_dir, name=entry.name, where=where)

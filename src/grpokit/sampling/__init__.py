@@ -2,14 +2,14 @@
 
 ``train``, ``evaluate``, ``preflight`` and the demo sample through a
 :class:`~grpokit.sampling.sampler.Sampler` (policy, engine, sampling settings, prompt rendering
-and rewards of one config), find models and checkpoints with :mod:`grpokit.sampling.checkpoints`
+and rewards of one config), find models and checkpoints with :mod:`grpokit.models.checkpoints`
 and seed and place work with :mod:`grpokit.sampling.runtime`. Imports flow one way:
 core <- models, data, rewards <- rollout <- sampling <- train, evaluate, preflight <- cli.
 """
 
 from __future__ import annotations
 
-from grpokit.sampling.checkpoints import (
+from grpokit.models.checkpoints import (
     ModelSpec,
     checkpoint_dirs,
     latest_checkpoint,

@@ -18,12 +18,12 @@ from transformers import PreTrainedTokenizerBase
 
 from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
 from grpokit.data.prompts import PromptRow
+from grpokit.models.checkpoints import ModelSpec, model_dir
 from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
 from grpokit.models.onednn import CpuMatmul
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
-from grpokit.sampling.checkpoints import ModelSpec, model_dir
 from grpokit.sampling.runtime import resolve_device
 from grpokit.sampling.scoring import (
     PassSummary,

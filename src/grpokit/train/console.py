@@ -31,12 +31,12 @@ def stop_guard() -> Iterator[Callable[[], int | None]]:
         for sig in STOP_SIGNALS:
             previous[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        for number, old in previous.items():
+            signal.signal(number, old)
         yield lambda: None
         return
     try:
         yield lambda: received[0] if received else None
     finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        for number, old in previous.items():
+            signal.signal(number, old)

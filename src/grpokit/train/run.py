@@ -153,10 +153,14 @@ def resume_run(
     if not cfg_path.is_file() or not info_path.is_file():
         raise UserError(f"{run_dir}: not a grpokit run directory (no config.yaml / run.json)")
     data, lines = read_config_data(cfg_path)
-    saved = validate_config(copy.deepcopy(data), cfg_path, lines)
-    cfg = validate_config(data, cfg_path, lines, overrides) if overrides else saved
     # Relative paths in the config keep meaning what they meant when the run started.
-    cfg._config_dir = Path(json.loads(info_path.read_text())["config_dir"])
+    started_in = Path(json.loads(info_path.read_text())["config_dir"])
+    saved = validate_config(copy.deepcopy(data), cfg_path, lines, config_dir=started_in)
+    cfg = (
+        validate_config(data, cfg_path, lines, overrides, config_dir=started_in)
+        if overrides
+        else saved
+    )
     changes = config_changes(saved, cfg)
     frozen = [(k, old, new) for k, old, new in changes if not _resumable(k)]
     if frozen:

@@ -103,7 +103,7 @@ def run_sft(
         logp, entropy = completion_logprobs(model, batch, with_entropy=True)
         mask = batch.completion_mask
         loss = -(torch.where(mask > 0, logp, 0.0)).sum() / mask.sum()
-        loss.backward()
+        torch.autograd.backward(loss)
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -408,7 +408,7 @@ class GRPOTrainer:
                     )
                 )
                 weight = self.loss.micro_batch_weight(rows.stop - rows.start, num_rows)
-                (out.loss * weight).backward()
+                torch.autograd.backward(out.loss * weight)
                 n_tok = float(mask.sum().item())
                 tokens_seen += n_tok
                 sums["loss"] = sums.get("loss", 0.0) + float(out.loss.item()) * weight

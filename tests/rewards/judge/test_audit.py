@@ -160,7 +160,7 @@ def test_audit_needs_a_judge_reward(tmp_path: Path) -> None:
     )
     completions = tmp_path / "c.jsonl"
     completions.write_text('{"prompt": "p", "completion": "c"}\n', encoding="utf-8")
-    from grpokit.rewards.judge.audit import run_audit
+    from grpokit.rewards.judge.cli import run_audit
 
     with pytest.raises(UserError, match="no entry of type judge"):
         run_audit(path, completions)

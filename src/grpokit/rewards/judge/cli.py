@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from grpokit.rewards.judge.audit import AuditReport
+    from grpokit.rewards.reward_model_audit import RewardModelAudit
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -111,7 +115,7 @@ def audit_command(
 ) -> None:
     """Score COMPLETIONS k times with CONFIG's judge reward and report its noise, parse
     failures, ensemble agreement and how it scores planted bad answers."""
-    from grpokit.rewards.judge.audit import print_report, run_audit
+    from grpokit.rewards.judge.audit import print_report
 
     report = run_audit(
         config,
@@ -149,7 +153,7 @@ def audit_reward_model_command(
 ) -> None:
     """Score COMPLETIONS with CONFIG's reward_model reward and report its noise, how it scores
     planted bad answers, and how its score correlates with completion length."""
-    from grpokit.rewards.reward_model_audit import print_reward_model_audit, run_reward_model_audit
+    from grpokit.rewards.reward_model_audit import print_reward_model_audit
 
     report = run_reward_model_audit(
         config,
@@ -162,3 +166,23 @@ def audit_reward_model_command(
     )
     print_reward_model_audit(report)
     _write_report(output, report.to_json())
+
+
+def run_audit(config: Path, completions: Path, **options: Any) -> AuditReport:
+    """``grpokit judge audit``: the config's judge reward audited on a completions file."""
+    from grpokit.config import load_config
+    from grpokit.rewards.judge.audit import audit_judge
+
+    cfg = load_config(config)
+    return audit_judge(cfg.rewards, cfg.config_dir, completions, source=str(config), **options)
+
+
+def run_reward_model_audit(config: Path, completions: Path, **options: Any) -> RewardModelAudit:
+    """``grpokit judge audit-reward-model``: the config's reward model audited likewise."""
+    from grpokit.config import load_config
+    from grpokit.rewards.reward_model_audit import audit_reward_model_config
+
+    cfg = load_config(config)
+    return audit_reward_model_config(
+        cfg.rewards, cfg.config_dir, completions, source=str(config), **options
+    )

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpokit.errors import UserError
+from grpokit.rewards._base import Reward
 from grpokit.rewards._text import completion_text, one_line
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
@@ -75,7 +76,7 @@ class JudgeOutcome:
 
 
 @dataclass
-class ScoredBatch:
+class JudgedBatch:
     """All judges' outcomes for a batch: ``outcomes[j][i]`` is judge j on completion i."""
 
     outcomes: list[list[JudgeOutcome]]
@@ -119,7 +120,7 @@ def aggregate_scores(
     return statistics.fmean(present) if how == "mean" else statistics.median(present)
 
 
-class JudgeReward:
+class JudgeReward(Reward):
     """An LLM-as-a-judge reward with TRL's calling convention.
 
     ``reward(prompts, completions, **columns) -> list[float | None]``; a completion no judge
@@ -138,31 +139,28 @@ class JudgeReward:
     ) -> None:
         if not judges:
             raise ValueError("a judge reward needs at least one judge")
+        super().__init__(name)
         self.judges = judges
         self.mode = mode
         self.aggregate = aggregate
         self.cache = cache
-        self.__name__ = name
         self.max_parse_failure_rate = max_parse_failure_rate
-        self.last_metrics: dict[str, float] = {}
         self.last_outcomes: list[list[JudgeOutcome]] = []
         self.last_warning: str | None = None
         """The parse-failure warning of the last call (see :meth:`parse_failure_warning`)."""
         self._over_limit = False
         self._pool = ThreadPoolExecutor(max_workers=len(judges), thread_name_prefix="grpokit-judge")
 
-    @property
-    def required_columns(self) -> frozenset[str]:
-        """Dataset columns the rubrics use (checked against the dataset before training)."""
         names: set[str] = set()
-        for judge in self.judges:
+        for judge in judges:
             names |= judge.rubric.placeholders
-        return frozenset(names - {"prompt", "completion"})
+        # Dataset columns the rubrics use (checked against the dataset before training).
+        self.required_columns = frozenset(names - {"prompt", "completion"})
 
-    def __call__(
-        self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
+    def score(
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
     ) -> list[float | None]:
-        batch = self.score(prompts, completions, columns)
+        batch = self.judge_batch(prompts, completions, columns)
         self.last_metrics = batch.metrics
         self.last_outcomes = batch.outcomes
         self.last_warning = self.parse_failure_warning(batch.outcomes)
@@ -257,14 +255,14 @@ class JudgeReward:
                 outcomes.append(fresh[key])
         return outcomes
 
-    def score(
+    def judge_batch(
         self,
         prompts: Sequence[Any],
         completions: Sequence[Any],
         columns: Mapping[str, Any],
         *,
         use_cache: bool = True,
-    ) -> ScoredBatch:
+    ) -> JudgedBatch:
         """Score a batch with every judge (judges run in parallel) and aggregate."""
         started = time.perf_counter()
         rendered = [self.render(judge, prompts, completions, columns) for judge in self.judges]
@@ -287,7 +285,7 @@ class JudgeReward:
                 sum(len(row) for row in outcomes),
                 failures[0],
             )
-        return ScoredBatch(outcomes=outcomes, scores=scores, metrics=metrics)
+        return JudgedBatch(outcomes=outcomes, scores=scores, metrics=metrics)
 
     def _metrics(
         self,

@@ -1,4 +1,5 @@
-"""Finding checkpoints and the model a command-line argument names: the one resolver.
+"""Finding checkpoints and the model a command-line argument names: the one resolver, used by
+sampling, training, eval, generate and export.
 
 A run directory holds ``checkpoint-<step>/`` directories (see :mod:`grpokit.train.checkpoint`),
 each with the loadable model in ``model/``. Checkpoints are written beside their final name and
