@@ -861,7 +861,7 @@ class GRPOKitConfig(_Strict):
         training, model = data["training"], data.get("model") or {}
         if not isinstance(model, dict):
             return data
-        moved = {}
+        moved: dict[str, Any] = {}
         if training.get("bf16") is True:
             moved["dtype"] = "bfloat16"
         checkpointing = training.get("gradient_checkpointing")
