@@ -15,6 +15,7 @@ SRC = Path(grpokit.__file__).parent
 # __main__) sits on top whatever package it lives in.
 RANKS: dict[str, int] = {
     "errors": 0,
+    "files": 0,
     "progress": 0,
     "core": 0,
     "models": 1,

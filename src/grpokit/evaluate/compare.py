@@ -9,8 +9,8 @@ from typing import Any
 from grpokit.errors import UserError
 from grpokit.evaluate import plots
 from grpokit.evaluate.html import esc, img, page, section, table
-from grpokit.evaluate.report import write_atomic
 from grpokit.evaluate.rundir import RunData, load_run
+from grpokit.files import write_atomic
 
 MAX_REWARD_PANELS = 6
 

@@ -29,7 +29,6 @@ from grpokit.core.stats import cluster_pass_interval, paired_difference, pass_at
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
-from grpokit.evaluate.report import write_atomic
 from grpokit.evaluate.schema import (
     CLUSTER_INTERVALS,
     EvalResult,
@@ -39,6 +38,7 @@ from grpokit.evaluate.schema import (
     RewardSummary,
 )
 from grpokit.evaluate.tables import eval_tables, to_markdown
+from grpokit.files import write_atomic
 from grpokit.monitor.config import MonitorConfig
 from grpokit.monitor.text_stats import (
     DISTINCT_2,
@@ -443,9 +443,9 @@ def run_eval(
         + "\n"
         for s in all_samples
     )
-    write_atomic(out_dir / "completions.jsonl", lines.encode("utf-8"))
-    write_atomic(out_dir / "eval.md", render_markdown(result).encode("utf-8"))
-    write_atomic(out_dir / "eval.json", result.model_dump_json(indent=1).encode("utf-8"))
+    write_atomic(out_dir / "completions.jsonl", lines)
+    write_atomic(out_dir / "eval.md", render_markdown(result))
+    write_atomic(out_dir / "eval.json", result.model_dump_json(indent=1))
     return result
 
 

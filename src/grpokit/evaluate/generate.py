@@ -10,9 +10,6 @@ For the statistics of a real comparison (intervals, pass@k, paired differences) 
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +19,7 @@ from grpokit.config import ModelConfig
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
+from grpokit.files import write_jsonl as write_records
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import SamplingParams
 from grpokit.sampling import Sample, Sampler, resolve_device, resolve_model, unique_labels
@@ -188,15 +186,6 @@ def render(result: GenerateResult, console: Any) -> None:
 
 def write_jsonl(result: GenerateResult, path: Path) -> Path:
     """Every sample as one JSON line (model, prompt, k, text, rewards); written atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for s in result.samples:
-                record = {"prompt": result.prompts[s.prompt_index], **asdict(s)}
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_records(
+        path, ({"prompt": result.prompts[s.prompt_index], **asdict(s)} for s in result.samples)
+    )

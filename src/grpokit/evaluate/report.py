@@ -9,8 +9,6 @@ monitor alerts, sample completions early vs late, and the eval table when one is
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,25 +23,13 @@ from grpokit.evaluate.html import esc, img, page, section, table
 from grpokit.evaluate.rundir import RunData, load_run
 from grpokit.evaluate.schema import EvalResult
 from grpokit.evaluate.tables import eval_tables, to_html
+from grpokit.files import write_atomic
 from grpokit.monitor.series import ema, mean
 
 MAX_SAMPLES = 4
 """Completions shown per side (early, late)."""
 MAX_CHARS = 1500
 """Longer completions are cut in the page (the full text is in completions.jsonl)."""
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same directory, then rename: no half-written files."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def prompt_text(prompt: Any) -> str:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from grpokit.files import write_atomic
+
 
 class MetricsSink(Protocol):
     def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
@@ -39,9 +41,7 @@ class JsonlSink:
                         kept.append(line)
                 except json.JSONDecodeError:
                     continue  # a line cut by a kill
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-            tmp.replace(path)
+            write_atomic(path, "".join(k + "\n" for k in kept))
         self._f = path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:

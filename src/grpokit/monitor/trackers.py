@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.errors import UserError
+from grpokit.files import write_json
 from grpokit.monitor.sinks import MetricsSink
 
 TRACKERS: tuple[str, ...] = ("wandb", "mlflow")
@@ -335,7 +336,5 @@ def tracker_sinks(
         for sink in sinks:
             sink.close()
         raise
-    tmp = ids_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(ids, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(ids_path)
+    write_json(ids_path, ids)
     return list(sinks)

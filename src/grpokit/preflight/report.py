@@ -30,13 +30,9 @@ Pass-rate fields are null for rewards without a maximum. NaN is written as null.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from dataclasses import asdict
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -111,20 +107,6 @@ def preflight_json(
         "partial_credit": [{**asdict(pc), "tags": list(pc.tags)} for pc in m.partial_credit],
         "examples": m.examples,
     }
-
-
-def write_json_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _pct(x: float | None) -> str:

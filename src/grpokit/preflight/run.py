@@ -10,8 +10,9 @@ from typing import Any
 from rich.console import Console
 
 from grpokit.config import GRPOKitConfig
+from grpokit.files import write_json
 from grpokit.preflight.measure import Measurement, measure
-from grpokit.preflight.report import preflight_json, render, write_json_atomic
+from grpokit.preflight.report import preflight_json, render
 from grpokit.preflight.sampling import (
     choose_prompts,
     open_sampler,
@@ -90,6 +91,6 @@ def run_preflight(
         "seconds": round(time.perf_counter() - t0, 2),
     }
     doc = preflight_json(m, v, meta=meta)
-    write_json_atomic(path, doc)
+    write_json(path, doc)
     console.print(f"written: {path}", markup=False)
     return PreflightResult(m, v, path, doc)

@@ -102,27 +102,6 @@ class RewardModelAudit:
 # ---- loading -------------------------------------------------------------------------------------
 
 
-@dataclass
-class RewardModelEntry:
-    """The reward-model entry of a config, and what the audit needs around it."""
-
-    name: str
-    params: RewardModelParams
-    base_dir: Path
-    format_tags: list[str] | None
-    """The config's xml_format tags: planted answers wear them, so a format gate would pass."""
-
-
-def find_reward_model_entry(
-    specs: list[RewardSpec], base_dir: Path, *, source: str, reward: str | None = None
-) -> RewardModelEntry:
-    """The ``type: reward_model`` entry of a config's ``rewards:`` (by name when it has several)."""
-    spec = pick_reward(specs, "reward_model", reward, source=source)
-    params = spec.params
-    assert isinstance(params, RewardModelParams)
-    return RewardModelEntry(spec.display_name, params, base_dir, format_tags(specs))
-
-
 # ---- the audit -----------------------------------------------------------------------------------
 
 
@@ -255,10 +234,12 @@ def audit_reward_model_config(
     seed: int = 0,
 ) -> RewardModelAudit:
     """Load the reward model of a config's ``rewards:`` once and audit it on a completions file."""
-    entry = find_reward_model_entry(specs, base_dir, source=source, reward=reward_name)
+    spec = pick_reward(specs, "reward_model", reward_name, source=source)
+    name = spec.display_name
+    assert isinstance(spec.params, RewardModelParams)
     rows = read_completions(completions_path)
-    where = f"reward {entry.name!r}"
-    reward = RewardModelReward(entry.params, entry.base_dir, name=entry.name, where=where)
+    where = f"reward {name!r}"
+    reward = RewardModelReward(spec.params, base_dir, name=name, where=where)
     try:
         return audit_reward_model(
             reward,
@@ -266,9 +247,9 @@ def audit_reward_model_config(
             k=k,
             planted=planted,
             planted_prompts=planted_prompts,
-            format_tags=entry.format_tags,
+            format_tags=format_tags(specs),
             seed=seed,
-            name=entry.name,
+            name=name,
         )
     finally:
         reward.close()

@@ -21,7 +21,6 @@ from grpokit.sampling.runtime import resolve_device, seed_everything
 from grpokit.sampling.sampler import (
     Sampled,
     Sampler,
-    load_config_policy,
     load_model_policy,
     sampling_params,
     torch_engine,
@@ -45,7 +44,6 @@ __all__ = [
     "ScoredBatch",
     "checkpoint_dirs",
     "latest_checkpoint",
-    "load_config_policy",
     "load_model_policy",
     "merge_scores",
     "model_dir",

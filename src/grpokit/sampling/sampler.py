@@ -45,28 +45,6 @@ def sampling_params(training: TrainingConfig) -> SamplingParams:
     )
 
 
-def load_config_policy(
-    cfg: GRPOKitConfig,
-    *,
-    model: ModelSpec | None = None,
-    checkpoint: Path | None = None,
-    trainable: bool = False,
-    need_reference: bool = False,
-    device: torch.device | None = None,
-) -> Policy:
-    """The policy a config describes (see :func:`load_model_policy`); the config's relative
-    paths resolve against its directory."""
-    return load_model_policy(
-        cfg.model,
-        base_dir=cfg.config_dir,
-        model=model,
-        checkpoint=checkpoint,
-        trainable=trainable,
-        need_reference=need_reference,
-        device=device,
-    )
-
-
 def load_model_policy(
     settings: ModelConfig,
     *,

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import errno
-import json
 import signal
-from pathlib import Path
-from typing import Any
 
 from grpokit.rewards.compose import RewardError
 
@@ -58,11 +55,3 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
-
-
-def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    """Records as JSON lines (values JSON cannot hold are written as their text)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")

@@ -19,6 +19,7 @@ from typing import Any
 
 from grpokit.config import GRPOKitConfig, load_config, read_config_data, validate_config
 from grpokit.errors import UserError
+from grpokit.files import write_atomic
 from grpokit.models.loading import check_context_length
 from grpokit.sampling import latest_checkpoint
 from grpokit.train.trainer import GRPOTrainer, TrainResult
@@ -138,9 +139,7 @@ def _record_changes(run_dir: Path, cfg: GRPOKitConfig, changes: list[tuple[str, 
         for key, old, new in changes:
             row = {"step": step, "key": key, "old": old, "new": new, "time": stamp}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp = run_dir / "config.yaml.tmp"
-    tmp.write_text(cfg.to_yaml(), encoding="utf-8")
-    os.replace(tmp, run_dir / "config.yaml")
+    write_atomic(run_dir / "config.yaml", cfg.to_yaml())
 
 
 def resume_run(

@@ -6,7 +6,6 @@ set-up reads as a list and none of it hides in the training loop.
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 from collections.abc import Callable
@@ -19,11 +18,12 @@ from pydantic import ValidationError
 import grpokit
 from grpokit.config import GRPOKitConfig, TrainingConfig
 from grpokit.errors import UserError
+from grpokit.files import write_atomic, write_json
 from grpokit.models.loading import Policy
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import tracker_sinks
 from grpokit.rollout.base import RolloutEngine
-from grpokit.sampling import load_config_policy, torch_engine
+from grpokit.sampling import load_model_policy, torch_engine
 from grpokit.train.distributed import DistContext, broadcast_parameters, shard_slice
 from grpokit.train.fsdp import GatheredEngine, shard_policy
 
@@ -52,8 +52,9 @@ def build_policy(
 ) -> Policy:
     """The trainable policy (with its reference when beta > 0), identical on every rank, and
     sharded over the ranks under FSDP."""
-    policy = load_config_policy(
-        cfg,
+    policy = load_model_policy(
+        cfg.model,
+        base_dir=cfg.config_dir,
         trainable=True,
         need_reference=cfg.training.beta > 0,
         # Under FSDP each unit moves to the device as it is sharded: the whole model need not fit.
@@ -145,13 +146,13 @@ def versions() -> dict[str, str]:
 def write_run_files(cfg: GRPOKitConfig, run_dir: Path) -> None:
     """config.yaml (the resolved config), run.json (where relative paths resolve) and
     versions.json: what ``grpokit train RUN_DIR`` and a reader of the run need."""
-    (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+    write_atomic(run_dir / "config.yaml", cfg.to_yaml())
     run_info = {
         "config_path": str(cfg.config_path) if cfg.config_path else None,
         "config_dir": str(cfg.config_dir),
     }
-    (run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
-    (run_dir / "versions.json").write_text(json.dumps(versions(), indent=2))
+    write_json(run_dir / "run.json", run_info)
+    write_json(run_dir / "versions.json", versions())
 
 
 def open_sinks(

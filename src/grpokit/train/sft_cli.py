@@ -26,6 +26,7 @@ import torch
 from grpokit.config import GRPOKitConfig
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
+from grpokit.files import write_jsonl
 from grpokit.sampling import ScoredBatch
 from grpokit.train.sft import Demonstration, load_demonstrations, run_sft
 
@@ -138,15 +139,7 @@ def select_passing(
 
 def write_demonstrations(path: Path, demos: list[Demonstration]) -> None:
     """JSONL with prompt and completion, the format --data reads."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for d in demos:
-            f.write(
-                json.dumps({"prompt": d.prompt, "completion": d.completion}, ensure_ascii=False)
-            )
-            f.write("\n")
-    tmp.replace(path)
+    write_jsonl(path, ({"prompt": d.prompt, "completion": d.completion} for d in demos))
 
 
 @dataclass

@@ -24,6 +24,7 @@ from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
 from grpokit.core.losses import LossInputs, PolicyLoss
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
+from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink
@@ -64,7 +65,6 @@ from grpokit.train.failures import (
     describe_failure,
     is_disk_full,
     signal_name,
-    write_jsonl,
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs
 from grpokit.train.fsdp import full_state, gathered, idle_pass, missing_micro_batches

@@ -108,24 +108,6 @@ class AuditReport:
 # ---- loading -------------------------------------------------------------------------------------
 
 
-@dataclass
-class _JudgeEntry:
-    name: str
-    params: JudgeParams
-    base_dir: Path
-    format_tags: list[str] | None
-
-
-def find_judge_entry(
-    specs: list[RewardSpec], base_dir: Path, *, source: str, reward: str | None = None
-) -> _JudgeEntry:
-    """The judge reward of a config's ``rewards:`` (by name when it has several)."""
-    spec = pick_reward(specs, "judge", reward, source=source)
-    params = spec.params
-    assert isinstance(params, JudgeParams)
-    return _JudgeEntry(spec.display_name, params, base_dir, format_tags(specs))
-
-
 def read_completions(path: Path) -> list[AuditItem]:
     """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file, read as
     ``rewards check`` reads them."""
@@ -358,9 +340,11 @@ def audit_judge(
     seed: int = 0,
 ) -> AuditReport:
     """Build the judge reward of a config's ``rewards:`` and audit it on a completions file."""
-    entry = find_judge_entry(specs, base_dir, source=source, reward=reward_name)
+    spec = pick_reward(specs, "judge", reward_name, source=source)
+    name = spec.display_name
+    assert isinstance(spec.params, JudgeParams)
     updates: dict[str, Any] = {"cache": False}
-    params = entry.params
+    params = spec.params
     if temperature is not None:
         judges = [j.model_copy(update={"temperature": temperature}) for j in params.judges]
         updates["judges"] = judges
@@ -370,9 +354,9 @@ def audit_judge(
     # happens is what it is for.
     reward = build_judge_reward(
         params,
-        entry.base_dir,
+        base_dir,
         None,
-        where=f"reward {entry.name!r}",
+        where=f"reward {name!r}",
         start_sample_must_score=False,
     )
     try:
@@ -382,9 +366,9 @@ def audit_judge(
             k=k,
             planted=planted,
             planted_prompts=planted_prompts,
-            format_tags=entry.format_tags,
+            format_tags=format_tags(specs),
             seed=seed,
-            name=entry.name,
+            name=name,
         )
     finally:
         reward.close()

@@ -79,10 +79,9 @@ def _write_report(output: Path | None, text: str) -> None:
     """Write the JSON report through a temporary file, so a failure leaves no half file."""
     if output is None:
         return
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    tmp.replace(output)
+    from grpokit.files import write_atomic
+
+    write_atomic(output, text + "\n")
     click.echo(f"report written to {output}")
 
 
