@@ -57,9 +57,11 @@ def lora_merged(model: torch.nn.Module) -> Iterator[None]:
     An unmerged adapter adds two small matmuls and their Python dispatch to every adapted linear
     layer at every decoding step; merged, each layer is one plain matmul. Measured with
     bench/train_step.py (embedded model, all-linear LoRA): a LoRA step went from 0.84-1.10x to
-    0.75-0.77x TRL's time. The frozen weights are also the reference model, so the merge must be
-    undone closely: in float32 by subtraction (rounding of about 1e-7 relative per step), in
-    16-bit dtypes, where one rounding is about 4e-3, by copying the original weights back.
+    0.75-0.77x TRL's time. The frozen weights are also the reference model, and a checkpoint
+    holds only the adapter, so the merge is undone exactly, by copying the original weights
+    back: subtracting the delta again leaves a rounding of about 1e-7 relative per rollout in
+    float32, which would make a resumed run (whose base weights load fresh) drift from an
+    uninterrupted one. The copy is held only while the rollout runs.
     Models without an unmerged adapter are left alone.
     """
     merge = getattr(model, "merge_adapter", None)
@@ -73,20 +75,16 @@ def lora_merged(model: torch.nn.Module) -> Iterator[None]:
         yield
         return
     bases: list[Any] = [m.get_base_layer() for m in layers]
-    exact = any(b.weight.dtype != torch.float32 for b in bases)
-    saved = [b.weight.detach().clone() for b in bases] if exact else []
+    saved = [b.weight.detach().clone() for b in bases]
     with torch.no_grad():
         merge()
     try:
         yield
     finally:
         with torch.no_grad():
-            if exact:
-                for layer, base, weight in zip(layers, bases, saved, strict=True):
-                    base.weight.copy_(weight)
-                    layer.merged_adapters.clear()
-            else:
-                model.unmerge_adapter()  # type: ignore[operator]
+            for layer, base, weight in zip(layers, bases, saved, strict=True):
+                base.weight.copy_(weight)
+                layer.merged_adapters.clear()
 
 
 class TorchEngine:

@@ -10,6 +10,7 @@ checkpoint-<step>/
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import shutil
@@ -99,8 +100,12 @@ def save_checkpoint(
             state=state,
             config_yaml=config_yaml,
         )
-    except BaseException:
+    except BaseException as exc:
+        full = _out_of_space(run_dir, exc)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full and not isinstance(exc, OSError):
+            # torch.save reports a full disk as a RuntimeError about stream positions.
+            raise OSError(errno.ENOSPC, f"no space left on the disk writing {final}") from exc
         raise
     # Replacing a checkpoint of the same step: move the old one aside first, so that a
     # checkpoint-<step> directory is always whole (the resolver trusts the name).
@@ -114,6 +119,17 @@ def save_checkpoint(
         for old in checkpoint_dirs(run_dir)[:-save_total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _out_of_space(directory: Path, exc: BaseException) -> bool:
+    """Whether a write into ``directory`` failed for want of space: the error says so, or the
+    disk has (almost) nothing left as it failed."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    try:
+        return shutil.disk_usage(directory).free < 1 << 20
+    except OSError:
+        return False
 
 
 def _write(

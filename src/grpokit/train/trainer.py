@@ -12,6 +12,7 @@ import json
 import math
 import shlex
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -432,7 +433,9 @@ class GRPOTrainer:
             else:
                 self.state.skipped_steps += 1
                 self.state.nonfinite_streak += 1
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a skipped step's schedule still advances, on purpose
+                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+                self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             metrics = {
                 "loss": sums.pop("loss", 0.0),
