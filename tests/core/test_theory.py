@@ -1,4 +1,4 @@
-"""Success amplification (math.md section 5): worked values, fixed points, edge cases."""
+"""Success amplification (docs/math.md section 5): worked values, fixed points, edge cases."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def _config(
     tmp_path: Path, model_dir: Path, run: Path, model: dict[str, Any], **training: Any
 ) -> Path:
     (tmp_path / "my_rewards.py").write_text(textwrap.dedent(REWARDS))
-    prompts = [f"Say something about {w}." for w in "apples rivers stars trees music".split()]
+    prompts = [f"Say something about {w}." for w in ["apples", "rivers", "stars", "trees", "music"]]
     (tmp_path / "train.jsonl").write_text(
         "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
     )

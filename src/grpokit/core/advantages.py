@@ -1,4 +1,4 @@
-"""Group-relative advantages (math.md section 1) and the zero-variance group mask.
+"""Group-relative advantages (docs/math.md section 1) and the zero-variance group mask.
 
 Rewards arrive as one float tensor of shape (B,), laid out group by group: rows
 ``[g * group_size, (g + 1) * group_size)`` are the completions of prompt ``g``. A NaN marks a row

@@ -1,4 +1,4 @@
-"""The success-amplification forecast (math.md section 5) for a measured pass rate.
+"""The success-amplification forecast (docs/math.md section 5) for a measured pass rate.
 
 For a reward checked as pass / fail (a 0/1 reward, or any reward made binary by "at its
 maximum"), the KL-regularised GRPO optimum iterated from the base model's success probability
@@ -20,7 +20,7 @@ from grpokit.core.theory import fixed_point, fixed_points
 __all__ = ["FORECAST_EPS", "Forecast", "forecast", "forecast_for_reward", "std_normalized_for"]
 
 FORECAST_EPS = 1e-6
-"""eps inside sqrt(p(1-p) + eps), as in math.md's worked values; p* barely depends on it."""
+"""eps inside sqrt(p(1-p) + eps), as in docs/math.md's worked values; p* barely depends on it."""
 
 
 def std_normalized_for(scale_rewards: str) -> bool:

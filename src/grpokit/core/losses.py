@@ -1,4 +1,4 @@
-"""The clipped GRPO policy loss with a k3 KL penalty, and its loss aggregations (math.md 2-3).
+"""The clipped GRPO policy loss with a k3 KL penalty, and its loss aggregations (docs/math.md sections 2-3).
 
 Per token (i = completion, t = token):
 

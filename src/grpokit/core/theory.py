@@ -1,4 +1,4 @@
-"""Success amplification under GRPO with a 0/1 reward (Mroueh 2025; math.md section 5).
+"""Success amplification under GRPO with a 0/1 reward (Mroueh 2025; docs/math.md section 5).
 
 With p the success probability of the current policy on a prompt, the KL-regularised optimum of
 the next iteration has success probability h(p):

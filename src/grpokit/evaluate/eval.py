@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from grpokit.monitor.text_stats import (
     REPEATED_NGRAM_FRAC,
     text_stats,
 )
+from grpokit.progress import progress
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.sampling import (
@@ -337,13 +338,19 @@ def _score_model(
     seed: int,
     device: torch.device,
     batch_size: int,
+    log: Callable[[str], None],
 ) -> list[Sample]:
     seed_everything(seed)
     sampler = Sampler.from_config(cfg, reward_set, model=spec, device=device)
-    # The same seed per chunk for every model: same randomness, different weights.
-    scored = sampler.score_prompts(
-        rows, samples, seed=seed, prompts_per_chunk=max(1, batch_size // samples)
-    )
+    with progress(f"eval {spec.label}", len(rows), log=log) as bar:
+        # The same seed per chunk for every model: same randomness, different weights.
+        scored = sampler.score_prompts(
+            rows,
+            samples,
+            seed=seed,
+            prompts_per_chunk=max(1, batch_size // samples),
+            progress=bar,
+        )
     return scored.samples(spec.label)
 
 
@@ -401,7 +408,7 @@ def run_eval(
             t0 = time.perf_counter()
             all_samples += _score_model(
                 spec, rows, reward_set, cfg, samples=samples, seed=seed, device=dev,
-                batch_size=batch_size,
+                batch_size=batch_size, log=log,
             )  # fmt: skip
             seconds[spec.label] = time.perf_counter() - t0
     finally:

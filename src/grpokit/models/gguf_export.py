@@ -46,6 +46,7 @@ from grpokit.models.gguf_quantize import (
     quantize_gguf,
     require_llama_cpp,
 )
+from grpokit.progress import progress
 
 WrittenType = Literal["f32", "f16", "q8_0"]
 GGUFType = Literal["f32", "f16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"]
@@ -544,10 +545,13 @@ def write_gguf(
         for kv in metadata:
             sub = None if kv.sub_type is None else gguf.GGUFValueType(kv.sub_type)
             writer.add_key_value(kv.key, kv.value, gguf.GGUFValueType(kv.vtype), sub)
-        for tensor_name, array in gguf_tensors(model.state_dict(), config, spec):
-            data, raw = encode_tensor(array, written)
-            raw_dtype = None if raw is None else gguf.GGMLQuantizationType(raw)
-            writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
+        state = model.state_dict()
+        with progress("converting tensors", len(state), log=log) as bar:
+            for tensor_name, array in gguf_tensors(state, config, spec):
+                data, raw = encode_tensor(array, written)
+                raw_dtype = None if raw is None else gguf.GGMLQuantizationType(raw)
+                writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
+                bar.advance(1, tensor_name)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()

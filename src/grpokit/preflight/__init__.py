@@ -3,7 +3,7 @@
 ``grpokit preflight CONFIG`` samples groups with the configured model, sampling settings and
 rewards (through the trainer's own ``sample_and_score``), reports pass rates with Wilson
 intervals, the share of groups with equal rewards (no gradient), parse failures, gates and
-lengths, forecasts the reachable pass rate (success amplification, docs math section 5) and
+lengths, forecasts the reachable pass rate (success amplification, docs/math.md section 5) and
 gives a verdict with advice. ``grpokit theory`` prints and plots the forecast's iteration.
 
 Only light modules are imported here; the sampling parts load torch models on use.

@@ -103,7 +103,7 @@ def preflight_cmd(
     help="Where to draw h(p) with its fixed points.",
 )
 def theory_cmd(p_ref: float, beta: float, eps: float, steps: int, png: Path) -> None:
-    """Success amplification: iterate p_{n+1} = h(p_n) from p_ref (docs math section 5).
+    """Success amplification: iterate p_{n+1} = h(p_n) from p_ref (docs/math.md, section 5).
 
     Prints the iteration table, every fixed point with its stability, the value without std
     normalisation, and draws h(p) with the diagonal, the fixed points and the iteration.

@@ -46,7 +46,7 @@ SCHEMA = "grpokit.preflight/1"
 
 DISCLAIMER = (
     "The forecast is the idealised optimum of the KL-regularised GRPO objective iterated from the "
-    "measured pass rate (success amplification, Mroueh 2025; docs math section 5): a reference "
+    "measured pass rate (success amplification, Mroueh 2025; docs/math.md section 5): a reference "
     "point to hold training against, not a promise."
 )
 

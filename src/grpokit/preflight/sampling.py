@@ -8,12 +8,14 @@ completions training would see, so both sample through the config's
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from grpokit.config import GRPOKitConfig
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import UserError
 from grpokit.preflight.measure import RewardInfo, SamplingSettings
+from grpokit.progress import progress
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.sampling import Sampler, ScoredBatch
@@ -74,21 +76,29 @@ def open_sampler(
 
 
 def sample_groups(
-    sampler: Sampler, cfg: GRPOKitConfig, rows: list[PromptRow], generations: int, *, seed: int
+    sampler: Sampler,
+    cfg: GRPOKitConfig,
+    rows: list[PromptRow],
+    generations: int,
+    *,
+    seed: int,
+    log: Callable[[str], None] | None = None,
 ) -> list[ScoredBatch]:
     """G completions for each row, scored; in chunks of the training step's prompt count, from
-    one generator seeded with ``seed``."""
+    one generator seeded with ``seed``. Progress goes to ``log`` (default stderr)."""
     if generations < 1:
         raise UserError(f"--generations must be >= 1, got {generations}")
-    return list(
-        sampler.chunks(
-            rows,
-            generations,
-            prompts_per_chunk=cfg.training.generation_batch_size // generations,
-            seed=seed,
-            reseed_each_chunk=False,
+    with progress("sampling prompts", len(rows), log=log) as bar:
+        return list(
+            sampler.chunks(
+                rows,
+                generations,
+                prompts_per_chunk=cfg.training.generation_batch_size // generations,
+                seed=seed,
+                reseed_each_chunk=False,
+                progress=bar,
+            )
         )
-    )
 
 
 def sampling_settings(

@@ -80,7 +80,7 @@ def table_lines(r: TheoryResult) -> list[str]:
     )
     lines.append(
         "This is the idealised optimum of the KL-regularised objective at every iteration "
-        "(Mroueh 2025; docs math section 5), not a promise of what a finite run reaches."
+        "(Mroueh 2025; docs/math.md section 5), not a promise of what a finite run reaches."
     )
     return lines
 

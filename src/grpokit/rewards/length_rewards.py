@@ -77,7 +77,7 @@ class SoftOverlongParams(BaseModel):
 
 
 def soft_overlong_value(length: int, max_completion_len: int, soft_punish_cache: int) -> float:
-    """DAPO's soft overlong punishment for one length (math.md section 4).
+    """DAPO's soft overlong punishment for one length (docs/math.md section 4).
 
     0 up to ``L_max - L_cache``; ``((L_max - L_cache) - length) / L_cache`` in the buffer; -1 from
     ``L_max`` on.

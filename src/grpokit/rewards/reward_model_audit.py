@@ -31,6 +31,7 @@ from typing import Any
 
 from grpokit.errors import UserError
 from grpokit.monitor.series import pearson, spearman
+from grpokit.progress import progress
 from grpokit.rewards._text import completion_text
 from grpokit.rewards.check import read_completions
 from grpokit.rewards.judge.audit import PLANTED_PROMPTS, _fmt, planted_answers
@@ -174,13 +175,15 @@ def audit_reward_model(
     lengths = reward.count_tokens([completion_text(s.completion) for s in samples])
     rng = random.Random(seed)
     repeats: list[list[float]] = [[] for _ in samples]
-    for repeat in range(k):
-        order = list(range(len(samples)))
-        if repeat:  # a different order: different batches and padding around each text
-            rng.shuffle(order)
-        scores, _ = reward.raw_scores([encoded[i] for i in order])
-        for position, i in enumerate(order):
-            repeats[i].append(float(scores[position]))
+    with progress("reward model audit", k * len(samples)) as bar:
+        for repeat in range(k):
+            order = list(range(len(samples)))
+            if repeat:  # a different order: different batches and padding around each text
+                rng.shuffle(order)
+            scores, _ = reward.raw_scores([encoded[i] for i in order])
+            for position, i in enumerate(order):
+                repeats[i].append(float(scores[position]))
+            bar.advance(len(samples), f"repeat {repeat + 1}/{k}")
     means = [statistics.fmean(r) for r in repeats]
     real = [i for i, s in enumerate(samples) if s.kind == "real"]
     real_means = [means[i] for i in real]

@@ -21,6 +21,7 @@ from grpokit.data.prompts import PromptRow
 from grpokit.models.checkpoints import ModelSpec, model_dir
 from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
 from grpokit.models.onednn import CpuMatmul
+from grpokit.progress import Progress
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
@@ -251,12 +252,14 @@ class Sampler:
         prompts_per_chunk: int,
         seed: int,
         reseed_each_chunk: bool,
+        progress: Progress | None = None,
     ) -> Iterator[ScoredBatch]:
         """The rows in chunks of ``prompts_per_chunk`` prompts, each sampled and scored.
 
         reseed_each_chunk: chunk c draws from a generator seeded with ``seed + c``, so that every
         model compared on the same prompts gets the same randomness (eval, generate); otherwise
         one generator seeded with ``seed`` runs through all chunks (preflight).
+        ``progress`` advances by each chunk's prompts.
         """
         per_chunk = max(1, prompts_per_chunk)
         generator = torch.Generator().manual_seed(seed)
@@ -264,9 +267,10 @@ class Sampler:
             for c, start in enumerate(range(0, len(rows), per_chunk)):
                 if reseed_each_chunk:
                     generator = torch.Generator().manual_seed(seed + c)
-                yield self.sample(
-                    rows[start : start + per_chunk], num_generations, generator=generator
-                )
+                chunk = rows[start : start + per_chunk]
+                yield self.sample(chunk, num_generations, generator=generator)
+                if progress is not None:
+                    progress.advance(len(chunk))
 
     def score_prompts(
         self,
@@ -275,6 +279,7 @@ class Sampler:
         *,
         seed: int,
         prompts_per_chunk: int | None = None,
+        progress: Progress | None = None,
     ) -> Sampled:
         """The held-out check: ``samples`` completions of every row with fixed seeds, scored.
 
@@ -294,6 +299,7 @@ class Sampler:
                     prompts_per_chunk=prompts_per_chunk,
                     seed=seed,
                     reseed_each_chunk=True,
+                    progress=progress,
                 )
             )
         return Sampled(batches, list(self.rewards.max_values))

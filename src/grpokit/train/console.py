@@ -40,3 +40,18 @@ def stop_guard() -> Iterator[Callable[[], int | None]]:
     finally:
         for number, old in previous.items():
             signal.signal(number, old)
+
+
+def show_reward_warnings(log: Callable[[str], None]) -> Callable[[], None]:
+    """Send the warnings rewards log (a judge whose replies hold no score, a sandbox layer this
+    kernel lacks ...) to the run's own log; returns the function that stops it."""
+    import logging
+
+    class _Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            log(f"[rewards] {record.getMessage()}")
+
+    handler = _Forward(level=logging.WARNING)
+    logger = logging.getLogger("grpokit.rewards")
+    logger.addHandler(handler)
+    return lambda: logger.removeHandler(handler)

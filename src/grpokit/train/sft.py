@@ -22,6 +22,7 @@ from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import Prompt
 from grpokit.errors import UserError
 from grpokit.models.loading import pad_token_id
+from grpokit.progress import progress
 from grpokit.train.forward import completion_logprobs, pack
 
 
@@ -94,28 +95,28 @@ def run_sft(
     order: list[int] = []
     history = []
     model.train()
-    for step in range(1, max_steps + 1):
-        if len(order) < batch_size:
-            order += torch.randperm(len(demos), generator=g).tolist()
-        idx, order = order[:batch_size], order[batch_size:]
-        t0 = time.perf_counter()
-        batch = pack([prompts[i] for i in idx], [targets[i] for i in idx], pad).to(device)
-        logp, entropy = completion_logprobs(model, batch, with_entropy=True)
-        mask = batch.completion_mask
-        loss = -(torch.where(mask > 0, logp, 0.0)).sum() / mask.sum()
-        torch.autograd.backward(loss)
-        torch.nn.utils.clip_grad_norm_(parameters, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        assert entropy is not None
-        ent = float((entropy * mask).sum() / mask.sum())
-        value = loss.item()
-        history.append(
-            {"step": step, "loss": value, "entropy": ent, "time": time.perf_counter() - t0}
-        )
-        if step == 1 or step % 5 == 0 or step == max_steps:
-            log(f"sft step {step}/{max_steps}: loss {value:.3f}, entropy {ent:.3f}")
-        if not math.isfinite(value):
-            raise UserError(f"SFT loss became {value} at step {step}; lower the learning rate")
+    with progress("SFT", max_steps, log=log) as bar:
+        for step in range(1, max_steps + 1):
+            if len(order) < batch_size:
+                order += torch.randperm(len(demos), generator=g).tolist()
+            idx, order = order[:batch_size], order[batch_size:]
+            t0 = time.perf_counter()
+            batch = pack([prompts[i] for i in idx], [targets[i] for i in idx], pad).to(device)
+            logp, entropy = completion_logprobs(model, batch, with_entropy=True)
+            mask = batch.completion_mask
+            loss = -(torch.where(mask > 0, logp, 0.0)).sum() / mask.sum()
+            torch.autograd.backward(loss)
+            torch.nn.utils.clip_grad_norm_(parameters, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            assert entropy is not None
+            ent = float((entropy * mask).sum() / mask.sum())
+            value = loss.item()
+            history.append(
+                {"step": step, "loss": value, "entropy": ent, "time": time.perf_counter() - t0}
+            )
+            bar.advance(1, f"loss {value:.3f}, entropy {ent:.3f}")
+            if not math.isfinite(value):
+                raise UserError(f"SFT loss became {value} at step {step}; lower the learning rate")
     model.eval()
     return history

@@ -68,7 +68,7 @@ def loss_metrics(out: PolicyLossOutput) -> dict[str, float]:
 def forecast_metrics(
     metrics: dict[str, float], reward_names: list[str], *, beta: float, scale_rewards: str
 ) -> dict[str, float]:
-    """Success-amplification forecast from measured pass rates (math.md section 5).
+    """Success-amplification forecast from measured pass rates (docs/math.md section 5).
 
     The idealised optimum of the KL-regularised objective; the trainer logs it once, at the first
     step, so the report can hold the observed pass rates against it.

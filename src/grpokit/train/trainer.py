@@ -49,7 +49,7 @@ from grpokit.train.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from grpokit.train.console import stop_guard
+from grpokit.train.console import show_reward_warnings, stop_guard
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_gradients,
@@ -152,6 +152,7 @@ class GRPOTrainer:
             for leftover in remove_partial_checkpoints(self.run_dir):
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
         rewards = self._build_rewards()
+        self._stop_reward_warnings = show_reward_warnings(self.log)
         missing_tracker_packages(self.args.report_to)  # before the slow model load
 
         self.policy: Policy = build_policy(
@@ -706,3 +707,4 @@ class GRPOTrainer:
             sink.close()
         self.sinks = []
         self.rewards.close()
+        self._stop_reward_warnings()

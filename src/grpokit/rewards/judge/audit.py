@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.errors import UserError
+from grpokit.progress import progress
 from grpokit.rewards._text import completion_text
 from grpokit.rewards.judge.config import JudgeParams
 from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward, prompt_text
@@ -220,24 +221,28 @@ def audit_reward(
     completions_list = [item.completion for item in all_items]
     replies: list[dict[str, Any]] = []
     answered = [[0, 0, 0] for _ in range(judge_count)]  # requests, replies, parse failures
-    for repeat in range(k):
-        batch = reward.judge_batch(prompts_list, completions_list, columns, use_cache=False)
-        for j in range(judge_count):
-            for i, outcome in enumerate(batch.outcomes[j]):
-                all_items[i].scores[j].append(outcome.score)
-                answered[j][0] += 1
-                if outcome.reply is not None:
-                    answered[j][1] += 1
-                    answered[j][2] += outcome.score is None
-                if repeat == 0 and len(replies) < 12 and i % max(1, len(all_items) // 6) == 0:
-                    replies.append(
-                        {
-                            "judge": reward.judges[j].label,
-                            "kind": all_items[i].kind,
-                            "score": outcome.score,
-                            "reply": outcome.reply if outcome.reply is not None else outcome.error,
-                        }
-                    )
+    with progress("judge audit", k * len(all_items)) as bar:
+        for repeat in range(k):
+            batch = reward.judge_batch(prompts_list, completions_list, columns, use_cache=False)
+            bar.advance(len(all_items), f"repeat {repeat + 1}/{k}")
+            for j in range(judge_count):
+                for i, outcome in enumerate(batch.outcomes[j]):
+                    all_items[i].scores[j].append(outcome.score)
+                    answered[j][0] += 1
+                    if outcome.reply is not None:
+                        answered[j][1] += 1
+                        answered[j][2] += outcome.score is None
+                    if repeat == 0 and len(replies) < 12 and i % max(1, len(all_items) // 6) == 0:
+                        replies.append(
+                            {
+                                "judge": reward.judges[j].label,
+                                "kind": all_items[i].kind,
+                                "score": outcome.score,
+                                "reply": outcome.reply
+                                if outcome.reply is not None
+                                else outcome.error,
+                            }
+                        )
 
     real = [item for item in all_items if item.kind == "real"]
     judge_stats: list[JudgeStats] = []
