@@ -96,6 +96,15 @@ class ModelConfig(_Strict):
             "PyTorch's default. No effect on GPU or in 16-bit dtypes."
         ),
     )
+    chat_template: str | None = Field(
+        None,
+        description=(
+            "How prompts become text for a model whose tokenizer has no chat template (a base "
+            "model): a Jinja chat template, inline or as a file path relative to the config, or "
+            "'plain' for the messages' texts joined by blank lines with nothing added. Replaces "
+            "the tokenizer's own template when set."
+        ),
+    )
 
     @field_validator("device")
     @classmethod

@@ -3,10 +3,46 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from grpokit.data.prompts import Prompt
-from grpokit.errors import UserError
+from grpokit.errors import UserError, read_utf8
+
+# The separator is an expression: transformers renders templates with trim_blocks, which would
+# eat a newline written after a block tag.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{{ m['content'] }}{% if not loop.last %}{{ '\\n\\n' }}{% endif %}"
+    "{% endfor %}"
+)
+"""``model.chat_template: plain``: the messages' texts joined by blank lines, nothing added."""
+
+NO_TEMPLATE = (
+    "the tokenizer of {name} has no chat template, so grpokit cannot tell how its prompts "
+    "should look. Set model.chat_template: a Jinja chat template (inline, or a .jinja file "
+    "next to the config), or 'plain' to feed the messages' texts joined by blank lines"
+)
+"""The message for a model without a chat template and no ``model.chat_template``."""
+
+
+def apply_template_setting(tokenizer: Any, setting: str | None, base_dir: Path) -> None:
+    """Give ``tokenizer`` the chat template ``model.chat_template`` asks for: 'plain', a
+    template file (relative to ``base_dir``) or an inline template; None leaves it as it is."""
+    if setting is None:
+        return
+    if setting == "plain":
+        tokenizer.chat_template = PLAIN_TEMPLATE
+        return
+    candidate = Path(setting).expanduser()
+    candidate = candidate if candidate.is_absolute() else base_dir / candidate
+    if "{" not in setting and "\n" not in setting:
+        if not candidate.is_file():
+            raise UserError(
+                f"model.chat_template: {candidate} does not exist (give a Jinja template, a "
+                "file with one, or 'plain')"
+            )
+        setting = read_utf8(candidate)
+    tokenizer.chat_template = setting
 
 
 def to_messages(prompt: Prompt, system_prompt: str | None) -> list[dict[str, str]]:
@@ -27,21 +63,21 @@ def encode_prompt(
 ) -> list[int]:
     """Token ids of the prompt rendered with the chat template, ready for generation.
 
-    Without a chat template the text is used as it is. Over-long prompts are cut from the left,
-    keeping the end (the question and the generation prompt) as TRL does.
+    Over-long prompts are cut from the left, keeping the end (the question and the generation
+    prompt) as TRL does. A tokenizer without a chat template is refused (see
+    :data:`PLAIN_TEMPLATE` and ``model.chat_template``) rather than guessed at.
     ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
     variables, e.g. ``{"enable_thinking": False}`` for Qwen3.
     """
     messages = to_messages(prompt, system_prompt)
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            messages,
-            tokenize=False,
-            add_generation_prompt=True,
-            **dict(chat_template_kwargs or {}),
-        )
-    else:
-        text = "\n\n".join(m["content"] for m in messages)
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(NO_TEMPLATE.format(name=getattr(tokenizer, "name_or_path", "the model")))
+    text = tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=True,
+        **dict(chat_template_kwargs or {}),
+    )
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UserError(f"prompt {prompt!r} encodes to no tokens")

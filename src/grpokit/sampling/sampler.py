@@ -17,7 +17,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
+from grpokit.data.chat import NO_TEMPLATE, apply_template_setting
 from grpokit.data.prompts import PromptRow
+from grpokit.errors import UserError
 from grpokit.models.checkpoints import ModelSpec, model_dir
 from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
 from grpokit.models.onednn import CpuMatmul
@@ -73,7 +75,7 @@ def load_model_policy(
     elif init_from:
         init_from = str(_resolve(base_dir, init_from))
     lora = settings.lora if (trainable and model is None) else None
-    return load_policy(
+    policy = load_policy(
         name_or_path,
         dtype=settings.dtype,
         lora=LoraSettings(**lora.model_dump()) if lora else None,
@@ -83,6 +85,10 @@ def load_model_policy(
         device=device if device is not None else resolve_device(settings.device),
         cpu_matmul=settings.cpu_matmul,
     )
+    apply_template_setting(policy.tokenizer, settings.chat_template, base_dir)
+    if not policy.tokenizer.chat_template:  # before any sampling: name the setting now
+        raise UserError(NO_TEMPLATE.format(name=name_or_path))
+    return policy
 
 
 def _resolve(base_dir: Path, path: str) -> Path:

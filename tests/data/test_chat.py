@@ -1,0 +1,75 @@
+"""A model without a chat template is refused with the setting that fixes it, never guessed at."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from grpokit.cli import main
+from grpokit.data.chat import PLAIN_TEMPLATE, apply_template_setting, encode_prompt
+from grpokit.errors import UserError
+
+
+@pytest.fixture
+def base_model_dir(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """The tiny model with its tokenizer's chat template taken away (a base model)."""
+    out = tmp_path / "base-model"
+    shutil.copytree(tiny_model_dir, out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    (out / "chat_template.jinja").unlink(missing_ok=True)
+    return out
+
+
+def _train(tmp_path: Path, model_dir: Path, **model: str) -> tuple[int, str]:
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "Say hi."}) + "\n")
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": str(model_dir), **model},
+                "data": {"train": "p.jsonl", "system_prompt": "Be brief."},
+                "rewards": [{"type": "xml_format"}],
+                "training": {
+                    "num_generations": 2,
+                    "per_device_train_batch_size": 2,
+                    "max_completion_length": 4,
+                    "max_steps": 1,
+                    "report_to": "none",
+                    "output_dir": "run",
+                },
+            }
+        )
+    )
+    result = CliRunner().invoke(main, ["train", str(config), "--no-progress"])
+    return result.exit_code, result.output
+
+
+def test_a_model_without_a_template_names_the_setting(tmp_path: Path, base_model_dir: Path) -> None:
+    code, output = _train(tmp_path, base_model_dir)
+    assert code == 2, output
+    assert "has no chat template" in output and "model.chat_template" in output
+    assert "'plain'" in output
+
+
+def test_plain_joins_the_messages_and_trains(tmp_path: Path, base_model_dir: Path) -> None:
+    code, output = _train(tmp_path, base_model_dir, chat_template="plain")
+    assert code == 0, output
+
+
+def test_a_template_from_a_file_or_inline(tmp_path: Path, tiny_tokenizer: object) -> None:
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    apply_template_setting(tiny_tokenizer, "t.jinja", tmp_path)
+    ids = encode_prompt(tiny_tokenizer, "hi", system_prompt="sys")
+    assert tiny_tokenizer.decode(ids) == "[sys][hi]"  # type: ignore[attr-defined]
+    apply_template_setting(tiny_tokenizer, "plain", tmp_path)
+    assert tiny_tokenizer.chat_template == PLAIN_TEMPLATE  # type: ignore[attr-defined]
+    assert tiny_tokenizer.decode(encode_prompt(tiny_tokenizer, "hi", system_prompt="sys")) == "sys\n\nhi"  # type: ignore[attr-defined]  # fmt: skip
+    with pytest.raises(UserError, match="model.chat_template: .*missing.jinja does not exist"):
+        apply_template_setting(tiny_tokenizer, "missing.jinja", tmp_path)
