@@ -3,7 +3,6 @@ linear layers compute the float32 product to bfloat16 rounding, with float32 gra
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,7 @@ from grpokit.models.onednn import (
     onednn_available,
     onednn_linear,
     set_compute_dtype,
-    store_frozen_linears,
 )
-from grpokit.train.forward import completion_logprobs, pack
 
 needs_bf16 = pytest.mark.skipif(
     not (onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
@@ -130,27 +127,3 @@ def test_auto_dtype_keeps_float32_weights_and_marks_where_the_cpu_has_bf16(
     assert forced.compute_dtype == torch.float32
     plain = load_policy(str(tiny_model_dir), dtype="float32", need_reference=False)
     assert plain.compute_dtype == torch.float32
-
-
-@needs_bf16
-def test_frozen_bf16_reference_computes_exactly_the_float32_one_under_autocast(
-    tiny_model_factory: Callable[..., Path],
-) -> None:
-    model_dir = tiny_model_factory(seed=2, initializer_range=0.3)
-    policy = load_policy(str(model_dir), need_reference=True)
-    reference = policy.reference
-    assert reference is not None
-    set_compute_dtype(policy.model, torch.bfloat16)
-    set_compute_dtype(reference, torch.bfloat16)
-    head = reference.get_output_embeddings()  # type: ignore[operator]
-    tied = head.weight is reference.get_input_embeddings().weight  # type: ignore[operator]
-    linears = [m for m in reference.modules() if isinstance(m, torch.nn.Linear)]
-    assert store_frozen_linears(reference, torch.bfloat16) == len(linears) - int(tied)
-    assert all(m.weight.dtype == torch.bfloat16 for m in linears if m is not head or not tied)
-    batch = pack([[1, 50, 60, 70]] * 2 + [[9, 400]], [[5, 6, 7], [900], [44, 45]], 2)
-    with torch.no_grad():
-        ours, _ = completion_logprobs(reference, batch)
-        want, _ = completion_logprobs(policy.model, batch)
-    assert torch.equal(ours, want)
-    with pytest.raises(ValueError, match="trainable"):
-        store_frozen_linears(policy.model, torch.bfloat16)

@@ -30,7 +30,6 @@ from grpokit.models.onednn import (
     bf16_compute_applies,
     compute_dtype,
     set_compute_dtype,
-    store_frozen_linears,
     use_onednn_linears,
 )
 
@@ -407,10 +406,6 @@ def load_policy(
         if module is not None:
             use_onednn_linears(module, cpu_matmul)
             set_compute_dtype(module, torch.bfloat16 if bf16 else None)
-    if bf16 and reference is not None:
-        # The frozen copy runs under autocast only: bfloat16 linear weights compute exactly what
-        # float32 ones would there, without a cast per forward, in half the memory.
-        store_frozen_linears(reference, torch.bfloat16)
     model.train()
     return Policy(
         model=model,

@@ -91,33 +91,6 @@ def compute_autocast(model: torch.nn.Module) -> Iterator[None]:
         yield
 
 
-def store_frozen_linears(model: torch.nn.Module, dtype: torch.dtype) -> int:
-    """Keep a frozen model's linear weights (and biases) in ``dtype``, in place.
-
-    For a model that only ever runs under autocast to ``dtype`` (a reference model) this changes
-    no result: autocast rounds float32 weights to ``dtype`` the same way before every product.
-    It saves that cast on each forward and half the weights' memory. A weight that a non-linear
-    module shares (an output head tied to the input embeddings) keeps its dtype.
-
-    Returns:
-        How many layers now hold ``dtype`` weights.
-    """
-    shared = {
-        id(p)
-        for m in model.modules()
-        if not isinstance(m, torch.nn.Linear)
-        for p in m.parameters(recurse=False)
-    }
-    changed = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear) and id(module.weight) not in shared:
-            if module.weight.requires_grad:
-                raise ValueError("store_frozen_linears: the model has trainable linear weights")
-            module.to(dtype)
-            changed += 1
-    return changed
-
-
 def _applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # Under CPU autocast torch's own linear casts to bfloat16 (caching the weight's cast for the
     # region) and runs oneDNN's bf16 product: leave it to autocast.
