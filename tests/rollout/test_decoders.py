@@ -151,7 +151,7 @@ needs_bf16 = pytest.mark.skipif(
 def test_bf16_static_decoder_follows_the_autocast_forward(arch: str, pack: bool) -> None:
     """Decoding in bfloat16 computes, to bfloat16 rounding, what the training forward computes
     under autocast; the transformers decoder under autocast is that forward exactly. Measured on
-    these wide random models: total variation at most 0.033 from the autocast forward and 0.053
+    these wide random models: total variation at most 0.030 from the autocast forward and 0.048
     from float32 (0.051 between the autocast forward and float32 itself)."""
     model = build(arch)
     n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92, 93, 94, 95]]

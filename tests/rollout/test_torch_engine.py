@@ -277,8 +277,8 @@ def test_bf16_engine_samples_what_the_bf16_training_forward_scores(
     peaked_model_dir: Path, engine_for: EngineFor
 ) -> None:
     """A policy marked for bfloat16 decodes in bfloat16 (its weights untouched) and returns
-    float32 log-probs close to the training forward's: per token within 0.4 (measured on this
-    wide random model: up to 0.24 with the static decoder, 0.11 with transformers' forward under
+    float32 log-probs close to the training forward's: per token within 0.3 (measured on this
+    wide random model: up to 0.14 with the static decoder, 0.11 with transformers' forward under
     autocast), against float32 rounding for the float32 engine."""
     policy = load_policy(str(peaked_model_dir), need_reference=False)
     set_compute_dtype(policy.model, torch.bfloat16)
@@ -295,7 +295,7 @@ def test_bf16_engine_samples_what_the_bf16_training_forward_scores(
     for row, got in enumerate(batch.logprobs):
         assert got.dtype == torch.float32
         want = scored[row, : len(got)]
-        assert float((got - want).abs().max()) < 0.4
+        assert float((got - want).abs().max()) < 0.3
     forced = TorchEngine(
         policy.model, eos_token_ids=eos, pad_token_id=EOS, compute_dtype=torch.float32
     )
