@@ -10,6 +10,7 @@ import torch
 
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import (
+    OneDNNLinear,
     PackedLinear,
     bf16_compute_applies,
     compute_autocast,
@@ -127,3 +128,30 @@ def test_auto_dtype_keeps_float32_weights_and_marks_where_the_cpu_has_bf16(
     assert forced.compute_dtype == torch.float32
     plain = load_policy(str(tiny_model_dir), dtype="float32", need_reference=False)
     assert plain.compute_dtype == torch.float32
+
+
+@needs_bf16
+def test_frozen_weights_are_cast_once_per_autocast_region() -> None:
+    """A frozen weight (a LoRA base layer, a reference copy) is cast to bfloat16 once per
+    compute_autocast region: every product in it saves the same copy for its backward (autocast
+    alone would cast, and keep, one copy per product)."""
+    layer = OneDNNLinear(16, 8, bias=False)
+    layer.requires_grad_(False)
+    set_compute_dtype(layer, torch.bfloat16)
+    x = torch.randn(3, 16, requires_grad=True)
+    saved: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        for _ in range(2):
+            with compute_autocast(layer):
+                first, second = layer(x), layer(x * 2)
+            (first.float().sum() + second.float().sum()).backward()
+    copies = [t for t in saved if t.dtype == torch.bfloat16 and t.shape == (16, 8)]  # W^T
+    assert len(copies) == 4  # two products per region, two regions
+    assert copies[0].data_ptr() == copies[1].data_ptr()  # one copy within a region
+    assert x.grad is not None and layer.weight.grad is None
+    torch.testing.assert_close(x.grad, 6 * layer.weight.sum(0).expand(3, 16), rtol=1e-2, atol=1e-2)
