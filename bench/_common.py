@@ -115,6 +115,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def peak_gpu_mib() -> float | None:
+    """Peak GPU memory allocated by this process's tensors so far (None without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.max_memory_allocated() / 2**20
+
+
 def emit_result(result: dict[str, Any]) -> None:
     """How a child process hands its measurement to :func:`run_child`."""
     print("RESULT " + json.dumps(result), flush=True)

@@ -47,6 +47,7 @@ from _common import (  # noqa: E402
     median,
     model_path,
     paired_ratios,
+    peak_gpu_mib,
     peak_rss_mib,
     print_paired,
     run_child,
@@ -83,9 +84,11 @@ def _brevity(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[
     return result
 
 
-def run_grpokit(
-    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1, dtype: str = "auto"
-) -> dict[str, Any]:
+def grpokit_trainer(
+    args: argparse.Namespace, setting: dict[str, Any], max_steps: int, dtype: str = "auto"
+) -> Any:
+    """grpokit's trainer on the benchmark's config (written to a temporary directory); ``dtype``
+    is model.dtype (with ``--bf16``, training.bf16 sets bfloat16 weights instead)."""
     import torch
     import yaml
 
@@ -101,10 +104,10 @@ def run_grpokit(
     doc = {
         "model": {
             "name_or_path": args.model_path,
-            "dtype": dtype,
+            **({} if args.bf16 else {"dtype": dtype}),
             "lora": LORA if setting["lora"] else None,
             "gradient_checkpointing": args.gradient_checkpointing,
-            "device": "cpu",
+            "device": args.device,
         },
         "data": {"train": "train.jsonl", "shuffle": False},
         "rewards": [{"type": "python", "name": "brevity", "function": "reward.py:brevity"}],
@@ -116,30 +119,45 @@ def run_grpokit(
             "learning_rate": 1e-6,
             "loss_type": "dapo",
             "top_k": args.top_k or None,
-            "max_steps": args.steps + warmup,
+            "bf16": args.bf16,
+            "max_steps": max_steps,
             "report_to": ["none"],
             "log_completions": False,
             "output_dir": str(work / "run"),
         },
     }
     (work / "config.yaml").write_text(yaml.safe_dump(doc))
-    trainer = GRPOTrainer(load_config(work / "config.yaml"), progress=False, log=lambda m: None)
+    return GRPOTrainer(load_config(work / "config.yaml"), progress=False, log=lambda m: None)
+
+
+def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float]]:
+    """Run ``n`` steps of a grpokit trainer: each step's seconds and mean completion length."""
     times, lengths = [], []
-    for _ in range(args.steps + warmup):
+    for _ in range(n):
         t0 = time.perf_counter()
         record = trainer.step()[0]
         times.append(time.perf_counter() - t0)
         lengths.append(record["completions/mean_length"])
+    return times, lengths
+
+
+def run_grpokit(
+    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1, dtype: str = "auto"
+) -> dict[str, Any]:
+    trainer = grpokit_trainer(args, setting, max_steps=args.steps + warmup, dtype=dtype)
+    times, lengths = grpokit_steps(trainer, args.steps + warmup)
     return {
         "step_times": times[warmup:],
         "mean_length": median(lengths[warmup:]),
         "rss_mib": peak_rss_mib(),
+        "gpu_peak_mib": peak_gpu_mib(),
     }
 
 
 def run_trl(
-    args: argparse.Namespace, setting: dict[str, Any], bf16: bool = False
+    args: argparse.Namespace, setting: dict[str, Any], autocast: bool = False
 ) -> dict[str, Any]:
+    """TRL's step times; ``autocast``: TRL's bf16=True on float32 weights (CPU autocast)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -148,7 +166,8 @@ def run_trl(
     torch.set_num_threads(args.threads) if args.threads else None
     work = Path(tempfile.mkdtemp(prefix="trl-bench-"))
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=torch.float32)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype)
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in QUESTIONS])
     config = GRPOConfig(
         output_dir=str(work),
@@ -163,8 +182,8 @@ def run_trl(
         logging_steps=1,
         report_to="none",
         save_strategy="no",
-        use_cpu=True,
-        bf16=bf16,
+        use_cpu=args.device == "cpu",
+        bf16=args.bf16 or autocast,
         gradient_checkpointing=args.gradient_checkpointing,
         shuffle_dataset=False,
         seed=0,
@@ -203,7 +222,12 @@ def run_trl(
         for h in trainer.state.log_history
         if "completions/mean_length" in h
     ]
-    return {"step_times": times[1:], "mean_length": median(lengths[1:]), "rss_mib": peak_rss_mib()}
+    return {
+        "step_times": times[1:],
+        "mean_length": median(lengths[1:]),
+        "rss_mib": peak_rss_mib(),
+        "gpu_peak_mib": peak_gpu_mib(),
+    }
 
 
 def child(args: argparse.Namespace) -> None:
@@ -212,7 +236,7 @@ def child(args: argparse.Namespace) -> None:
         dtype = "float32" if args.child == "grpokit-fp32" else "auto"
         emit_result(run_grpokit(args, setting, dtype=dtype))
     else:
-        emit_result(run_trl(args, setting, bf16=args.child == "trl-bf16"))
+        emit_result(run_trl(args, setting, autocast=args.child == "trl-bf16"))
 
 
 def _setting_pairs(
@@ -259,6 +283,8 @@ def main() -> None:
         "--top-k", type=int, default=1, help="1: greedy, equal work on both sides; 0: sampling"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    ap.add_argument("--bf16", action="store_true", help="bfloat16 weights on both sides")
     ap.add_argument("--peers", nargs="+", choices=PEERS, help="(default: all that apply here)")
     ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
@@ -271,7 +297,8 @@ def main() -> None:
 
     from grpokit.models.onednn import bf16_compute_applies
 
-    bf16 = bf16_compute_applies(torch.device("cpu"))
+    # model.dtype: auto computes in bfloat16 on a CPU that has it (not with bfloat16 weights).
+    bf16 = args.device == "cpu" and not args.bf16 and bf16_compute_applies(torch.device("cpu"))
     if args.smoke:
         args.settings, args.steps, args.max_completion_length = ["full-beta0.04"], 1, 8
         args.peers = args.peers or ["grpokit", "trl"]
@@ -285,11 +312,13 @@ def main() -> None:
         f"--max-completion-length={args.max_completion_length}",
         f"--threads={args.threads}",
         f"--top-k={args.top_k}",
+        f"--device={args.device}",
     ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
+    common += ["--bf16"] if args.bf16 else []
     print(
         f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "
         f"{args.max_completion_length} tokens; top-k {args.top_k}; {args.steps} measured steps; "
-        f"grpokit computes in {'bfloat16' if bf16 else 'float32'} (model.dtype: auto); "
+        f"grpokit computes in {'bfloat16' if bf16 or args.bf16 else 'float32'}; "
         f"{load_average()}"
     )
     pairs: list[tuple[str, list[float], str]] = []

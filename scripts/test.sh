@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Lint, type-check the core, then run the tests. --slow runs the end-to-end tests marked slow
+# Lint, type-check (mypy --strict on all of src/grpokit), then run the tests. --slow runs the
+# end-to-end tests marked slow
 # (the embedded model, minutes); --lint-only stops after the static checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIN=.venv/bin
+BIN=${GRPOKIT_VENV:-.venv}/bin
 mode=${1:-fast}
 if [ "$mode" != "--slow" ]; then
   $BIN/ruff check src tests bench
   $BIN/ruff format --check src tests bench
-  $BIN/mypy src/grpokit/core
+  $BIN/mypy src/grpokit
   [ "$mode" = "--lint-only" ] && exit 0
   $BIN/python -m pytest -q -p no:cacheprovider --doctest-modules src/grpokit tests
 else

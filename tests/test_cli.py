@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import yaml
+from click.testing import CliRunner
+
+from grpokit.cli import main
 
 
 def grpokit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -26,6 +29,14 @@ def test_help_lists_every_command() -> None:
     for command in ("train", "demo", "rewards"):
         assert command in out.stdout
     assert grpokit("train", "--help").returncode == 0
+
+
+def test_help_config_groups_the_training_fields() -> None:
+    result = CliRunner().invoke(main, ["train", "--help-config"])
+    assert result.exit_code == 0, result.output
+    for group in ("generation", "loss", "optimisation", "checkpointing", "logging", "distribution"):
+        assert f"training: ({group})" in result.output
+    assert "--help-config" in CliRunner().invoke(main, ["train", "--help"]).output
 
 
 def _tiny_config(tmp_path: Path, tiny_model_dir: Path, **training: object) -> Path:
@@ -59,10 +70,37 @@ def test_train_runs_and_resumes_from_the_cli(tmp_path: Path, tiny_model_dir: Pat
     # The success-amplification forecast is recorded at the first step, beside the pass rate.
     assert 0.0 <= first["forecast/regex_match/pass_rate"] <= 1.0
     assert "pass_rate/regex_match" in first
-    # Resuming a finished run with a longer schedule continues from its checkpoint.
-    out = grpokit("train", str(tmp_path / "run"), "--no-progress")
+    # Resuming with a longer schedule extends the run; the changes are recorded with their step.
+    run = tmp_path / "run"
+    out = grpokit(
+        "train",
+        str(run),
+        "--no-progress",
+        "--set",
+        "training.max_steps=2",
+        "--set",
+        "training.temperature=0.7",
+    )
     assert out.returncode == 0, out.stderr
     assert "resumed from" in out.stdout + out.stderr
+    assert (run / "checkpoint-2").is_dir()
+    changes = [json.loads(x) for x in (run / "config_changes.jsonl").read_text().splitlines()]
+    assert sorted((c["step"], c["key"], c["old"], c["new"]) for c in changes) == [
+        (1, "training.max_steps", 1, 2),
+        (1, "training.temperature", 1.0, 0.7),
+    ]
+    saved = yaml.safe_load((run / "config.yaml").read_text())["training"]
+    assert (saved["max_steps"], saved["temperature"]) == (2, 0.7)
+    # What the checkpoint depends on cannot change; nothing is written.
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    result = CliRunner().invoke(
+        main,
+        ["train", str(run), "--set", "training.num_generations=4", "--set", "model.lora={r: 8}"],
+    )
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    assert "cannot change when resuming: model.lora (None -> {'r': 8" in result.output
+    assert "training.num_generations (2 -> 4): the batch shape" in result.output
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 
 def test_user_errors_exit_2_with_one_message(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -31,7 +31,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 
 
 def test_seed_article_grpo_config_is_expressible(tmp_path: Path) -> None:
-    # The seed article's GRPOConfig, one to one (recipes/business-ideas/config.yaml too).
+    # The seed article's GRPOConfig, one to one (the business-ideas recipe's config.yaml too).
     text = BASE.replace(
         "  gradient_accumulation_steps: 4\n",
         "  gradient_accumulation_steps: 4\n  num_train_epochs: 2\n  logging_steps: 1\n"
@@ -153,3 +153,80 @@ def test_every_field_has_a_description() -> None:
 
     walk(GRPOKitConfig)
     assert len(seen) >= 5
+
+
+def test_numbers_must_be_finite_and_keys_unique(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"config.yaml:8: training.learning_rate: .inf is not a "):
+        load_config(_write(tmp_path, BASE.replace("1.0e-4", ".inf")))
+    with pytest.raises(UserError, match=r"config.yaml:7: rewards.0.weight: .NaN is not a finite"):
+        load_config(_write(tmp_path, BASE.replace("xml_format", "xml_format\n    weight: .NaN")))
+    with pytest.raises(UserError, match=r"training.beta=.nan': .nan is not a finite number"):
+        load_config(_write(tmp_path, BASE), ["training.beta=.nan"])
+    with pytest.raises(UserError, match=r"line 7: training.beta: Input should be a finite number"):
+        load_config(_write(tmp_path, BASE), ["training.beta=nan"])  # the string "nan"
+    # PyYAML keeps the last of two equal keys silently; the config refuses them.
+    with pytest.raises(UserError, match=r"config.yaml:12: training.num_generations is given twice"):
+        load_config(_write(tmp_path, BASE + "  num_generations: 8\n"))
+
+
+def test_config_encoding(tmp_path: Path) -> None:
+    p = tmp_path / "config.yaml"
+    p.write_bytes(("# réglages\n" + BASE).encode("latin-1"))
+    with pytest.raises(UserError, match=r"config.yaml: not UTF-8 text: byte 0xe9 at offset 3 "):
+        load_config(p)
+    p.write_bytes(b"\xef\xbb\xbf" + BASE.encode())  # a byte-order mark is fine
+    assert load_config(p).training.num_generations == 4
+
+
+def test_set_into_a_value_or_past_a_list_says_where(tmp_path: Path) -> None:
+    config = _write(tmp_path, BASE)
+    with pytest.raises(UserError, match=r"model.name_or_path is a value \('smollm2-135m-instruct'"):
+        load_config(config, ["model.name_or_path.a.b=1"])
+    with pytest.raises(UserError, match=r"rewards is a list of 1; '3' is not one of its indexes"):
+        load_config(config, ["rewards.3.weight=1"])
+
+
+def test_trl_reward_weights_replace_each_rewards_weight(tmp_path: Path) -> None:
+    text = BASE.replace(
+        "  - type: xml_format\n",
+        "  - type: xml_format\n  - type: length_penalty\n    free_length: 10\n",
+    )
+    cfg = load_config(_write(tmp_path, text), ["training.reward_weights=[0.5, 2]"])
+    assert [r.weight for r in cfg.rewards] == [0.5, 2.0]
+    with pytest.raises(
+        UserError, match=r"reward_weights has 3 weight\(s\) but there are 2 rewards"
+    ):
+        load_config(_write(tmp_path, text), ["training.reward_weights=[1, 1, 1]"])
+
+
+def test_trl_forms_of_settings(tmp_path: Path) -> None:
+    cfg = load_config(
+        _write(tmp_path, BASE),
+        ["training.report_to=wandb", "training.warmup_steps=0.25", "training.eval_steps=5"],
+    )
+    t = cfg.training
+    assert (t.report_to, t.warmup_ratio, t.warmup_steps) == (["wandb"], 0.25, 0)
+    assert (t.eval_strategy, t.eval_interval) == ("steps", 5)
+    assert t.save_interval(steps_per_epoch=3) == 500
+    t.save_strategy = "epoch"
+    assert t.save_interval(steps_per_epoch=3) == 3
+    t.save_strategy = "no"
+    assert t.save_interval(steps_per_epoch=3) == 0
+    assert t.sampling_settings == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": None,
+        "repetition_penalty": 1.0,
+    }
+
+
+def test_device_is_checked_by_name_and_on_this_machine(tmp_path: Path) -> None:
+    import torch
+
+    with pytest.raises(UserError, match="model.device: 'tpu' is not a device grpokit runs on"):
+        load_config(_write(tmp_path, BASE), ["model.device=tpu"])
+    cfg = load_config(_write(tmp_path, BASE), ["model.device=cuda"])  # loads anywhere
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="model.device 'cuda': this machine has no CUDA"):
+            cfg.check_machine()

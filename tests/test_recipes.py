@@ -8,9 +8,10 @@ import pytest
 
 from grpokit.config import load_config
 from grpokit.data import check_columns, load_prompts
+from grpokit.recipes import RECIPES_DIR
 from grpokit.rewards import BuildContext, build_reward_set
 
-RECIPES = sorted((Path(__file__).parent.parent / "recipes").glob("*/config*.yaml"))
+RECIPES = sorted(RECIPES_DIR.glob("*/config*.yaml"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=[f"{p.parent.name}/{p.name}" for p in RECIPES])

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
 import click
 
-from grpokit.errors import UserError
+from grpokit.errors import RunFailed, RunStopped, UserError
 
 # peft still calls transformers' renamed gradient-checkpointing helpers; the warning is theirs to
 # fix and says nothing to a grpokit user.
@@ -25,13 +27,41 @@ class _Group(click.Group):
         except UserError as e:
             click.secho(f"error: {e}", fg="red", err=True)
             sys.exit(2)
+        except RunFailed as e:
+            if _debug():
+                traceback.print_exception(e.__cause__ or e)
+            click.secho(f"error: {e}", fg="red", err=True)
+            sys.exit(1)
+        except RunStopped as e:
+            click.secho(str(e), fg="yellow", err=True)
+            sys.exit(128 + e.signal_number)
         except KeyboardInterrupt as e:
             click.secho(str(e) or "interrupted", fg="yellow", err=True)
             sys.exit(130)
 
 
+def _debug() -> bool:
+    """--debug or GRPOKIT_DEBUG=1: show the traceback behind a failed run's message."""
+    return os.environ.get("GRPOKIT_DEBUG", "") not in ("", "0")
+
+
+def _set_debug(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:  # in the environment, so that processes a launcher starts see it too
+        os.environ["GRPOKIT_DEBUG"] = "1"
+
+
+_debug_option = click.option(
+    "--debug",
+    is_flag=True,
+    expose_value=False,
+    callback=_set_debug,
+    help="Show the full traceback when a run fails (also: GRPOKIT_DEBUG=1).",
+)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="grpokit")
+@_debug_option
 def main() -> None:
     """Post-train a language model with GRPO from one YAML config.
 
@@ -45,6 +75,15 @@ def main() -> None:
     """
 
 
+def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from grpokit.config_docs import help_text
+
+    click.echo(help_text())
+    ctx.exit()
+
+
 @main.command()
 @click.argument("config", type=click.Path(path_type=Path))
 @click.option(
@@ -52,17 +91,28 @@ def main() -> None:
     "overrides",
     multiple=True,
     metavar="KEY=VALUE",
-    help="Override a config value, e.g. --set training.beta=0.04 (repeatable).",
+    help="Override a config value, e.g. --set training.beta=0.04 (repeatable). With a run "
+    "directory: change what may change mid-run, e.g. --set training.max_steps=200.",
 )
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run directory.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs and CI).")
 @click.option(
     "--nproc",
-    type=int,
+    type=click.IntRange(min=1),
     default=None,
     help="Data-parallel processes on this machine (runs torchrun; the same as "
     "`torchrun --nproc-per-node N -m grpokit train ...`).",
 )
+@click.option(
+    "--help-config",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_config_help,
+    help="Show every config field (training: by group: generation, loss, optimisation, "
+    "checkpointing, logging, distribution) and exit. TRL's GRPOConfig fields: docs/trl.md.",
+)
+@_debug_option
 def train(
     config: Path,
     overrides: tuple[str, ...],
@@ -73,8 +123,17 @@ def train(
     """Train with GRPO. CONFIG is a YAML file, or a run directory to resume.
 
     Passing a run directory (one holding config.yaml and checkpoint-N/) resumes it from its
-    latest checkpoint with the same data order, optimizer state and random state.
+    latest checkpoint with the same data order, optimizer state and random state. --set may
+    extend it (training.max_steps) or change what does not touch the checkpoint's state
+    (checkpointing, logging, sampling, held-out eval, device); the changes are recorded with
+    their step in RUN_DIR/config_changes.jsonl.
     """
+    if config.is_dir() and output_dir is not None:
+        raise UserError(
+            f"--output-dir: {config} is a run directory, which resumes in place. To train on "
+            f"from it in a new directory: grpokit train CONFIG --set model.init_from="
+            f"{config}/checkpoint-N --output-dir {output_dir}"
+        )
     if nproc is not None:
         from grpokit.train.distributed import launch
 
@@ -86,7 +145,7 @@ def train(
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():
-        result = resume_run(config, progress=not no_progress)
+        result = resume_run(config, list(overrides), progress=not no_progress)
     else:
         result = train_from_config(
             config, list(overrides), output_dir=output_dir, progress=not no_progress
@@ -132,6 +191,7 @@ def _register_optional() -> None:
         ("grpokit.train.sft_cli", "sft_cmd"),
         ("grpokit.models.cli", "export_cmd"),
         ("grpokit.evaluate.generate_cli", "generate_cmd"),
+        ("grpokit.recipes.cli", "recipes_cli"),
     ):
         try:
             mod = importlib.import_module(module)

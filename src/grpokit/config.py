@@ -1,7 +1,7 @@
 """The YAML config: pydantic models with help text, loading with line numbers in errors.
 
 Field names under `training:` follow TRL's GRPOConfig where the meaning is the same, so a TRL
-user's settings carry over one to one (recipes/business-ideas/config.yaml holds the seed
+user's settings carry over one to one (the business-ideas recipe's config.yaml holds the seed
 article's GRPOConfig).
 Batch arithmetic follows TRL too: `per_device_train_batch_size` counts completions, and one
 generation batch of `per_device_train_batch_size * world_size * gradient_accumulation_steps`
@@ -11,6 +11,10 @@ completions (= prompts_per_step * num_generations) feeds one optimizer step per 
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import json
+import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,19 +25,27 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
 
-from grpokit.errors import UserError
+from grpokit.data.prompts import PromptRow
+from grpokit.data.sources import DatasetSource
+from grpokit.errors import UserError, read_utf8
 from grpokit.monitor.config import MonitorConfig
 from grpokit.rewards.spec import RewardSpec, validate_reward_specs
+from grpokit.trl_fields import TRL_FIELDS, TRL_SCRIPT_KEYS, drop_accepted_trl_fields
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # Infinite and NaN numbers are refused everywhere: a learning rate of .inf validates, then
+    # turns the weights to NaN at the first step.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoraConfig(_Strict):
@@ -78,7 +90,8 @@ class ModelConfig(_Strict):
         ),
     )
     device: str = Field(
-        "auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda:0'."
+        "auto",
+        description="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:N' or 'mps'.",
     )
     cpu_matmul: Literal["auto", "onednn", "torch"] = Field(
         "auto",
@@ -91,16 +104,78 @@ class ModelConfig(_Strict):
         ),
     )
 
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(
+                f"{value!r} is not a device grpokit runs on; use auto, cpu, cuda, cuda:N or mps"
+            )
+        return value
+
+    def check_device(self, option: str = "model.device") -> None:
+        """Fail when the device names hardware this machine lacks; checked when a run starts
+        (a config written for a GPU machine still loads elsewhere, e.g. for `grpokit eval`)."""
+        import torch
+
+        kind, _, index = self.device.partition(":")
+        if kind == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if count == 0:
+                raise UserError(
+                    f"{option} {self.device!r}: this machine has no CUDA device that PyTorch "
+                    "can use; use auto or cpu"
+                )
+            if index and int(index) >= count:
+                raise UserError(
+                    f"{option} {self.device!r}: this machine has {count} CUDA device(s), "
+                    f"cuda:0 to cuda:{count - 1}"
+                )
+        if kind == "mps" and not torch.backends.mps.is_available():
+            raise UserError(
+                f"{option} 'mps': Apple's Metal (MPS) is not available here; use auto or cpu"
+            )
+
+
+class DatasetSpec(_Strict):
+    """A dataset as ``datasets.load_dataset`` takes it (TRL's dataset_name, dataset_config and
+    dataset_train_split)."""
+
+    path: str = Field(
+        description="A local file (.jsonl, .json, .csv, .parquet, .arrow) or folder (of such "
+        "files, or written by save_to_disk), relative to the config file; or a Hugging Face hub "
+        "dataset name (owner/name)."
+    )
+    name: str | None = Field(None, description="The dataset's config name (load_dataset's name).")
+    split: str = Field(
+        "train",
+        description="The split, with an optional slice as `datasets` writes it: train[:500], "
+        "train[10%:], train+test.",
+    )
+    revision: str | None = Field(None, description="A hub branch, tag or commit.")
+    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
+        None, description="Files to read inside a folder or hub repository (glob patterns)."
+    )
+
 
 class DataConfig(_Strict):
-    train: str = Field(
-        description="Training prompts: a .jsonl or .csv file, or a `datasets` save_to_disk directory."
+    train: str | DatasetSpec = Field(
+        description="Training prompts: a path or hub name as `datasets.load_dataset` takes it "
+        "(.jsonl, .json, .csv, .parquet, .arrow, a folder of such files, a save_to_disk folder), "
+        "or {path, name, split, revision, data_files}."
     )
-    heldout: str | None = Field(
-        None, description="Held-out prompts for eval (never trained on); same formats as `train`."
+    heldout: str | DatasetSpec | None = Field(
+        None, description="Held-out prompts for eval (never trained on); same forms as `train`."
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="Renames dataset columns to the names the prompt and rewards use, "
+        "{dataset column: name}, e.g. {question: prompt, solution: answer}.",
     )
     prompt_column: str = Field(
-        "prompt", description="Column with the prompt: a string or a list of chat messages."
+        "prompt",
+        description="Column with the prompt (after `columns`): a string or a list of chat "
+        "messages.",
     )
     system_prompt: str | None = Field(None, description="System prompt added to every prompt.")
     system_prompt_file: str | None = Field(
@@ -113,6 +188,15 @@ class DataConfig(_Strict):
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("set either system_prompt or system_prompt_file, not both")
         return self
+
+    def source(self, which: Literal["train", "heldout"]) -> DatasetSource:
+        """The prompt set ``which`` as grpokit.data reads it (relative paths unresolved)."""
+        spec = self.train if which == "train" else self.heldout
+        if spec is None:
+            raise UserError("data.heldout is not set; add held-out prompts to the config")
+        if isinstance(spec, str):
+            return DatasetSource(spec)
+        return DatasetSource(**spec.model_dump())
 
 
 _FSDP_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap")
@@ -169,19 +253,346 @@ class FSDPConfig(_Strict):
     )
 
 
+# Groups of training: fields, for the help output and docs/trl.md (the names stay TRL's).
+_GEN: JsonDict = {"group": "generation"}
+_LOSS: JsonDict = {"group": "loss"}
+_OPT: JsonDict = {"group": "optimisation"}
+_CKPT: JsonDict = {"group": "checkpointing"}
+_LOG: JsonDict = {"group": "logging"}
+_DIST: JsonDict = {"group": "distribution"}
+TRAINING_GROUPS = ("generation", "loss", "optimisation", "checkpointing", "logging", "distribution")
+
+# Keys of generation_kwargs that grpokit's samplers honour (the sampling fields of this section).
+GENERATION_KWARGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# apply_chat_template arguments grpokit sets itself.
+_TEMPLATE_ARGS = ("conversation", "messages", "tokenize", "add_generation_prompt", "tools")
+_8BIT_ADAMW = ("adamw_bnb_8bit", "adamw_8bit")
+
+
+_TRL_NAMES = {"dtype": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
+"""model: settings that TRL keeps under training: (by its names there)."""
+
+ReportTo = Literal["tensorboard", "wandb", "mlflow", "none"]
+
+
+def _default_report_to() -> list[ReportTo]:
+    return ["tensorboard"]
+
+
 class TrainingConfig(_Strict):
-    output_dir: str | None = Field(
-        None, description="Run directory; default runs/<config file name>."
+    # ---- generation
+    num_generations: int = Field(
+        8, ge=2, description="Completions per prompt: the group size G.", json_schema_extra=_GEN
     )
-    seed: int = Field(42, description="Seed for data order, sampling and initialisation.")
-    learning_rate: float = Field(1e-6, gt=0, description="AdamW peak learning rate.")
-    num_train_epochs: float = Field(1.0, gt=0, description="Passes over the training prompts.")
-    max_steps: int = Field(-1, description="Optimizer steps to run; overrides epochs when > 0.")
+    max_prompt_length: int | None = Field(
+        512,
+        ge=1,
+        description="Prompts longer than this (in tokens) are truncated from the left; null keeps "
+        "them whole (TRL 1.x dropped this setting; older TRL configs have it).",
+        json_schema_extra=_GEN,
+    )
+    max_completion_length: int = Field(
+        512, ge=1, description="Maximum new tokens per completion.", json_schema_extra=_GEN
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature.", json_schema_extra=_GEN
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="Nucleus sampling threshold.", json_schema_extra=_GEN
+    )
+    top_k: int | None = Field(
+        0, ge=0, description="Top-k sampling; 0 or null disables it.", json_schema_extra=_GEN
+    )
+    min_p: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Minimum token probability, relative to the most likely token's (typical "
+        "values 0.01-0.2); null disables it.",
+        json_schema_extra=_GEN,
+    )
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0,
+        description="Penalty on tokens already in the prompt or completion: > 1 discourages "
+        "repeating them, < 1 encourages it, 1 is off.",
+        json_schema_extra=_GEN,
+    )
+    generation_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="More sampling settings, overriding the fields above (TRL's precedence); "
+        f"grpokit's samplers take {', '.join(GENERATION_KWARGS)}.",
+        json_schema_extra=_GEN,
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None,
+        description="Variables for the tokenizer's chat template when prompts are encoded, "
+        "e.g. {enable_thinking: false} for Qwen3.",
+        json_schema_extra=_GEN,
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: drop groups with equal rewards and sample more prompts.",
+        json_schema_extra=_GEN,
+    )
+    max_dynamic_sampling_rounds: int = Field(
+        3,
+        ge=1,
+        description="Generation rounds per step at most when dynamic_sampling is on.",
+        json_schema_extra=_GEN,
+    )
+    use_vllm: bool = Field(
+        False,
+        description="Generate with vLLM (GPU only; pip install 'grpokit[vllm]') instead of torch.",
+        json_schema_extra=_GEN,
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description=(
+            "colocate: vLLM shares the training GPU, weights copied after every optimizer step; "
+            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL."
+        ),
+        json_schema_extra=_GEN,
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.3,
+        gt=0,
+        le=1,
+        description="Share of the GPU vLLM may take in colocate mode.",
+        json_schema_extra=_GEN,
+    )
+    vllm_server_base_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="Address of the vLLM server (server mode).",
+        json_schema_extra=_GEN,
+    )
+
+    # ---- loss
+    beta: float = Field(
+        0.0,
+        ge=0,
+        description="KL coefficient towards the reference model.",
+        json_schema_extra=_LOSS,
+    )
+    epsilon: float = Field(
+        0.2, ge=0, description="Lower clip range of the ratio.", json_schema_extra=_LOSS
+    )
+    epsilon_high: float | None = Field(
+        None,
+        ge=0,
+        description="Upper clip range (DAPO clip-higher); default = epsilon.",
+        json_schema_extra=_LOSS,
+    )
+    delta: float | None = Field(
+        None,
+        description="Upper clamp of the ratio for negative advantages (two-sided clip).",
+        json_schema_extra=_LOSS,
+    )
+    num_iterations: int = Field(
+        1,
+        ge=1,
+        description="Optimisation passes (mu) over each generation batch.",
+        json_schema_extra=_LOSS,
+    )
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        "dapo",
+        description="How token losses are averaged: dapo over the tokens of the whole optimizer "
+        "step, bnpo over those of a micro-batch, grpo per sequence then over sequences, dr_grpo "
+        "over max_completion_length tokens per sequence (src/grpokit/core/losses.py).",
+        json_schema_extra=_LOSS,
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Divide advantages by the group std, the batch std, or not at all.",
+        json_schema_extra=_LOSS,
+    )
+    advantage_estimator: Literal["grpo", "rloo"] = Field(
+        "grpo",
+        description="Baseline: group mean (GRPO) or leave-one-out mean (RLOO).",
+        json_schema_extra=_LOSS,
+    )
+    importance_sampling_level: Literal["token", "sequence"] = Field(
+        "token", description="Per-token ratio, or one per sequence (GSPO).", json_schema_extra=_LOSS
+    )
+    mask_truncated_completions: bool = Field(
+        False,
+        description="Exclude completions that hit max_completion_length from the loss.",
+        json_schema_extra=_LOSS,
+    )
+    reward_weights: list[float] | None = Field(
+        None,
+        description="One weight per reward, in the order of `rewards:`; it replaces their "
+        "`weight:`. null: each reward's own weight (default 1).",
+        json_schema_extra=_LOSS,
+    )
+
+    # ---- optimisation
+    seed: int = Field(
+        42, description="Seed for data order, sampling and initialisation.", json_schema_extra=_OPT
+    )
+    learning_rate: float = Field(
+        1e-6, gt=0, description="Peak learning rate of AdamW.", json_schema_extra=_OPT
+    )
+    num_train_epochs: float = Field(
+        3.0, gt=0, description="Passes over the training prompts.", json_schema_extra=_OPT
+    )
+    max_steps: int = Field(
+        -1,
+        description="Optimizer steps to run; overrides epochs when > 0.",
+        json_schema_extra=_OPT,
+    )
     per_device_train_batch_size: int = Field(
-        8, ge=1, description="Completions per micro-batch (TRL's meaning)."
+        8,
+        ge=1,
+        description="Completions per micro-batch (TRL's meaning).",
+        json_schema_extra=_OPT,
     )
     gradient_accumulation_steps: int = Field(
-        1, ge=1, description="Micro-batches per optimizer step."
+        1, ge=1, description="Micro-batches per optimizer step.", json_schema_extra=_OPT
+    )
+    optim: Literal["adamw_torch_fused", "adamw_torch", "adamw_bnb_8bit", "adamw_8bit"] = Field(
+        "adamw_torch_fused",
+        description="AdamW implementation: torch's fused kernel (one kernel for all parameters), "
+        "torch's loop, or bitsandbytes' 8-bit states (adamw_bnb_8bit = adamw_8bit; needs "
+        "`pip install bitsandbytes`).",
+        json_schema_extra=_OPT,
+    )
+    max_grad_norm: float = Field(
+        1.0, gt=0, description="Gradient clipping norm.", json_schema_extra=_OPT
+    )
+    max_nonfinite_steps: int = Field(
+        3,
+        ge=1,
+        description=(
+            "An optimizer step whose loss or gradient norm is NaN or infinite is skipped (the "
+            "weights stay as they were; metric skipped_steps counts them). After this many "
+            "skipped in a row the run stops with a checkpoint and the likely causes."
+        ),
+        json_schema_extra=_OPT,
+    )
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
+        "linear", description="Learning-rate schedule after warm-up.", json_schema_extra=_OPT
+    )
+    warmup_ratio: float = Field(
+        0.0, ge=0, lt=1, description="Warm-up share of the total steps.", json_schema_extra=_OPT
+    )
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Warm-up steps; overrides warmup_ratio when > 0. A value below 1 is a share "
+        "of the total steps, as in transformers.",
+        json_schema_extra=_OPT,
+    )
+    weight_decay: float = Field(
+        0.0, ge=0, description="AdamW weight decay.", json_schema_extra=_OPT
+    )
+    adam_beta1: float = Field(
+        0.9, ge=0, lt=1, description="AdamW beta1 (first-moment decay).", json_schema_extra=_OPT
+    )
+    adam_beta2: float = Field(
+        0.999, ge=0, lt=1, description="AdamW beta2 (second-moment decay).", json_schema_extra=_OPT
+    )
+    adam_epsilon: float = Field(1e-8, ge=0, description="AdamW epsilon.", json_schema_extra=_OPT)
+    bf16: bool = Field(
+        False, description="Train in bfloat16 (sets model.dtype).", json_schema_extra=_OPT
+    )
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="TRL's name for model.gradient_checkpointing.",
+        json_schema_extra=_OPT,
+    )
+    activation_checkpointing: bool | None = Field(
+        None,
+        description="transformers 5's name for gradient_checkpointing.",
+        json_schema_extra=_OPT,
+    )
+
+    # ---- checkpointing
+    output_dir: str | None = Field(
+        None,
+        description="Run directory; default runs/<config file name>.",
+        json_schema_extra=_CKPT,
+    )
+    save_strategy: Literal["steps", "epoch", "no"] = Field(
+        "steps",
+        description="When to checkpoint during the run: every save_steps steps, at the end of "
+        "each epoch, or never ('no'). The final checkpoint is always written.",
+        json_schema_extra=_CKPT,
+    )
+    save_steps: int = Field(
+        500,
+        ge=0,
+        description="Checkpoint every N steps (save_strategy: steps); 0 = only at the end.",
+        json_schema_extra=_CKPT,
+    )
+    save_minutes: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "Also checkpoint when this many minutes have passed since the last checkpoint "
+            "(0 = off), whatever save_steps says: a crash, a full disk or a killed job never "
+            "loses more than this much work. Not a TRL setting."
+        ),
+        json_schema_extra=_CKPT,
+    )
+    save_total_limit: int | None = Field(
+        None,
+        ge=1,
+        description="Keep at most this many checkpoints (oldest deleted); null keeps them all.",
+        json_schema_extra=_CKPT,
+    )
+
+    # ---- logging
+    logging_steps: int = Field(
+        10,
+        ge=1,
+        description="Print a metrics line and report to report_to every N steps "
+        "(metrics.jsonl gets every step).",
+        json_schema_extra=_LOG,
+    )
+    report_to: list[ReportTo] = Field(
+        default_factory=_default_report_to,
+        description="Metric sinks besides metrics.jsonl: a name or a list of names; 'none' for "
+        "none.",
+        json_schema_extra=_LOG,
+    )
+    log_completions: bool = Field(
+        True, description="Write sampled completions to completions.jsonl.", json_schema_extra=_LOG
+    )
+    log_completions_steps: int = Field(
+        1, ge=1, description="Write completions every N steps.", json_schema_extra=_LOG
+    )
+    num_completions_to_print: int = Field(
+        8,
+        ge=0,
+        description="Completions written per logged step.",
+        json_schema_extra=_LOG,
+    )
+    eval_strategy: Literal["no", "steps"] = Field(
+        "no",
+        description="Periodic held-out eval: 'steps' every eval_steps steps, 'no' never. "
+        "Setting eval_steps alone turns it on.",
+        json_schema_extra=_LOG,
+    )
+    eval_steps: int | None = Field(
+        None,
+        ge=0,
+        description="Evaluate on data.heldout every N steps; default logging_steps.",
+        json_schema_extra=_LOG,
+    )
+    eval_samples: int = Field(
+        1, ge=1, description="Samples per held-out prompt in periodic eval.", json_schema_extra=_LOG
+    )
+    eval_max_prompts: int = Field(
+        16, ge=1, description="Held-out prompts used by periodic eval.", json_schema_extra=_LOG
+    )
+
+    # ---- distribution
+    num_processes: int = Field(
+        1,
+        ge=1,
+        description="Data-parallel processes (set by the launcher; 1 on a laptop).",
+        json_schema_extra=_DIST,
     )
     max_tokens_per_micro_batch: int | None = Field(
         None,
@@ -195,86 +606,7 @@ class TrainingConfig(_Strict):
             "the same for dapo, dr_grpo and grpo (normalised per step or per sequence); bnpo "
             "normalises per micro-batch by definition. null: rows only."
         ),
-    )
-    num_generations: int = Field(8, ge=2, description="Completions per prompt: the group size G.")
-    num_iterations: int = Field(
-        1, ge=1, description="Optimisation passes (mu) over each generation batch."
-    )
-    beta: float = Field(0.0, ge=0, description="KL coefficient towards the reference model.")
-    epsilon: float = Field(0.2, ge=0, description="Lower clip range of the ratio.")
-    epsilon_high: float | None = Field(
-        None, ge=0, description="Upper clip range (DAPO clip-higher); default = epsilon."
-    )
-    delta: float | None = Field(
-        None, description="Upper clamp of the ratio for negative advantages (two-sided clip)."
-    )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
-        "dapo", description="Loss aggregation over tokens (see docs: math section 3)."
-    )
-    scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="Divide advantages by the group std, the batch std, or not at all."
-    )
-    advantage_estimator: Literal["grpo", "rloo"] = Field(
-        "grpo", description="Baseline: group mean (GRPO) or leave-one-out mean (RLOO)."
-    )
-    importance_sampling_level: Literal["token", "sequence"] = Field(
-        "token", description="Per-token ratio, or one per sequence (GSPO)."
-    )
-    max_prompt_length: int | None = Field(
-        512, ge=1, description="Prompts longer than this (in tokens) are truncated from the left."
-    )
-    max_completion_length: int = Field(256, ge=1, description="Maximum new tokens per completion.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
-    top_k: int | None = Field(0, ge=0, description="Top-k sampling; 0 or null disables it.")
-    mask_truncated_completions: bool = Field(
-        False, description="Exclude completions that hit max_completion_length from the loss."
-    )
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO dynamic sampling: drop groups with equal rewards and sample more prompts.",
-    )
-    max_dynamic_sampling_rounds: int = Field(
-        3, ge=1, description="Generation rounds per step at most when dynamic_sampling is on."
-    )
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = Field(
-        "linear", description="Learning-rate schedule after warm-up."
-    )
-    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Warm-up share of the total steps.")
-    warmup_steps: int = Field(
-        0, ge=0, description="Warm-up steps; overrides warmup_ratio when > 0."
-    )
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    adam_beta1: float = Field(0.9, description="AdamW beta1.")
-    adam_beta2: float = Field(0.99, description="AdamW beta2.")
-    adam_epsilon: float = Field(1e-8, description="AdamW epsilon.")
-    bf16: bool = Field(False, description="Train in bfloat16 (sets model.dtype).")
-    gradient_checkpointing: bool | None = Field(
-        None, description="TRL's name for model.gradient_checkpointing."
-    )
-    logging_steps: int = Field(1, ge=1, description="Print a metrics line every N steps.")
-    save_steps: int = Field(0, ge=0, description="Checkpoint every N steps; 0 = only at the end.")
-    save_total_limit: int | None = Field(
-        2, ge=1, description="Keep at most this many checkpoints (oldest deleted)."
-    )
-    log_completions: bool = Field(
-        True, description="Write sampled completions to completions.jsonl."
-    )
-    log_completions_steps: int = Field(1, ge=1, description="Write completions every N steps.")
-    num_completions_to_print: int = Field(
-        8, ge=0, description="Completions written per logged step."
-    )
-    eval_steps: int = Field(
-        0, ge=0, description="Evaluate on data.heldout every N steps (0 = off)."
-    )
-    eval_samples: int = Field(1, ge=1, description="Samples per held-out prompt in periodic eval.")
-    eval_max_prompts: int = Field(16, ge=1, description="Held-out prompts used by periodic eval.")
-    report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
-        default_factory=lambda: ["tensorboard"], description="Metric sinks besides metrics.jsonl."
-    )
-    num_processes: int = Field(
-        1, ge=1, description="Data-parallel processes (set by the launcher; 1 on a laptop)."
+        json_schema_extra=_DIST,
     )
     fsdp: bool = Field(
         False,
@@ -285,26 +617,12 @@ class TrainingConfig(_Strict):
             "ignores it and says so. transformers' legacy strings ('full_shard', 'shard_grad_op', "
             "'offload', 'auto_wrap', space-separated) are accepted and set fsdp_config."
         ),
+        json_schema_extra=_DIST,
     )
     fsdp_config: FSDPConfig = Field(
-        default_factory=FSDPConfig, description="FSDP settings (transformers' fsdp_config keys)."
-    )
-    use_vllm: bool = Field(
-        False,
-        description="Generate with vLLM (GPU only; pip install 'grpokit[vllm]') instead of torch.",
-    )
-    vllm_mode: Literal["colocate", "server"] = Field(
-        "colocate",
-        description=(
-            "colocate: vLLM shares the training GPU, weights copied after every optimizer step; "
-            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL."
-        ),
-    )
-    vllm_gpu_memory_utilization: float = Field(
-        0.3, gt=0, le=1, description="Share of the GPU vLLM may take in colocate mode."
-    )
-    vllm_server_base_url: str = Field(
-        "http://127.0.0.1:8000", description="Address of the vLLM server (server mode)."
+        default_factory=FSDPConfig,
+        description="FSDP settings (transformers' fsdp_config keys).",
+        json_schema_extra=_DIST,
     )
 
     @model_validator(mode="before")
@@ -335,6 +653,104 @@ class TrainingConfig(_Strict):
         if isinstance(value, str):
             _legacy_fsdp(value)  # raises the reason it was not translated
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_forms(cls, data: Any) -> Any:
+        """TRL's and transformers' ways of writing these settings, and TRL fields that change
+        nothing here (grpokit.trl_fields)."""
+        if not isinstance(data, dict):
+            return data
+        data = drop_accepted_trl_fields(data)
+        renamed = data.get("activation_checkpointing")
+        if renamed is not None:
+            if data.get("gradient_checkpointing") not in (None, renamed):
+                raise ValueError(
+                    "activation_checkpointing and gradient_checkpointing (its older name) differ; "
+                    "set one"
+                )
+            data["gradient_checkpointing"] = renamed
+        if "fsdp" in data and data["fsdp"] is None:  # transformers' "off"
+            data["fsdp"] = False
+        if "fsdp_config" in data and data["fsdp_config"] is None:
+            del data["fsdp_config"]
+        warmup = data.get("warmup_steps")
+        if isinstance(warmup, float) and 0 < warmup < 1:  # transformers 5: a share of the run
+            if data.get("warmup_ratio"):
+                raise ValueError(
+                    "warmup_steps below 1 is a share of the run, as warmup_ratio is; set one"
+                )
+            data["warmup_ratio"], data["warmup_steps"] = warmup, 0
+        # eval_steps alone turns the periodic eval on, as it did before eval_strategy existed.
+        if "eval_strategy" not in data and data.get("eval_steps"):
+            data["eval_strategy"] = "steps"
+        return data
+
+    @field_validator("logging_steps", "save_steps", "eval_steps", "warmup_steps", mode="before")
+    @classmethod
+    def _whole_steps(cls, value: Any) -> Any:
+        if isinstance(value, float) and not isinstance(value, bool):
+            if not value.is_integer():
+                raise ValueError(
+                    f"{value} is not a whole number of steps (a value below 1 as a share of the "
+                    "run is transformers' form, which grpokit takes only for warmup_steps)"
+                )
+            return int(value)
+        return value
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_list(cls, value: Any) -> Any:
+        names = [value] if isinstance(value, str) else value
+        if isinstance(names, list):
+            if "all" in names:
+                raise ValueError(
+                    "'all' (every installed integration) is not supported: name the sinks, "
+                    "e.g. [tensorboard, wandb]"
+                )
+            if "none" in names and len(names) > 1:
+                raise ValueError("'none' cannot be combined with other sinks")
+        return names
+
+    @field_validator("generation_kwargs", "chat_template_kwargs", mode="before")
+    @classmethod
+    def _json_mapping(cls, value: Any) -> Any:
+        # TRL's command line passes these mappings as JSON text.
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"not a mapping nor JSON text of one ({e.msg})") from None
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(set(value or {}) & set(_TEMPLATE_ARGS))
+        if reserved:
+            raise ValueError(
+                f"{', '.join(reserved)}: set by grpokit when it encodes a prompt; give only the "
+                "template's own variables"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _generation_kwargs(self) -> TrainingConfig:
+        for key, value in (self.generation_kwargs or {}).items():
+            if key not in GENERATION_KWARGS:
+                raise ValueError(
+                    f"generation_kwargs.{key}: not a setting grpokit's samplers take; they take "
+                    f"{', '.join(GENERATION_KWARGS)}"
+                )
+            # The value is checked as the field of the same name checks it.
+            try:
+                type(self).__pydantic_validator__.validate_assignment(
+                    type(self).model_construct(), key, value
+                )
+            except ValidationError as e:
+                msg = e.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ValueError(f"generation_kwargs.{key}: {msg}") from None
+        return self
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> TrainingConfig:
@@ -370,6 +786,53 @@ class TrainingConfig(_Strict):
     def prompts_per_step(self) -> int:
         return self.generation_batch_size // self.num_generations
 
+    @property
+    def optimizer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the AdamW that `optim` names: ``torch.optim.AdamW`` (with
+        ``fused`` for adamw_torch_fused) or, when :attr:`adamw_8bit`, bitsandbytes'
+        ``AdamW8bit``."""
+        kwargs: dict[str, Any] = {
+            "lr": self.learning_rate,
+            "betas": (self.adam_beta1, self.adam_beta2),
+            "eps": self.adam_epsilon,
+            "weight_decay": self.weight_decay,
+        }
+        if not self.adamw_8bit:
+            kwargs["fused"] = self.optim == "adamw_torch_fused"
+        return kwargs
+
+    @property
+    def adamw_8bit(self) -> bool:
+        """Whether `optim` is bitsandbytes' 8-bit AdamW."""
+        return self.optim in _8BIT_ADAMW
+
+    @property
+    def sampling_settings(self) -> dict[str, Any]:
+        """temperature, top_p, top_k (0 = off), min_p (None = off) and repetition_penalty, with
+        generation_kwargs overriding them (TRL's precedence)."""
+        settings: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k or 0,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
+        return settings | dict(self.generation_kwargs or {})
+
+    def save_interval(self, steps_per_epoch: int) -> int:
+        """Steps between checkpoints during the run (0: none before the final one)."""
+        if self.save_strategy == "epoch":
+            return steps_per_epoch
+        return self.save_steps if self.save_strategy == "steps" else 0
+
+    @property
+    def eval_interval(self) -> int:
+        """Steps between periodic held-out evals (0: off); eval_steps defaults to logging_steps
+        as in transformers."""
+        if self.eval_strategy == "no":
+            return 0
+        return self.logging_steps if self.eval_steps is None else self.eval_steps
+
 
 def _fix_accumulation(per_step: int, group: int) -> int:
     for k in range(1, group + 1):
@@ -392,15 +855,87 @@ class GRPOKitConfig(_Strict):
     )
     _config_dir: Path = PrivateAttr(default_factory=Path.cwd)
     _config_path: Path | None = PrivateAttr(default=None)
+    _system_prompt: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_model_settings(cls, data: Any) -> Any:
+        """TRL keeps training.bf16 and training.gradient_checkpointing with the training
+        arguments; here they are settings of the model. Read once, into model:, so that nothing
+        downstream has two places to look (an explicit, different model: value is a conflict)."""
+        if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
+            return data
+        training, model = data["training"], data.get("model") or {}
+        if not isinstance(model, dict):
+            return data
+        moved: dict[str, Any] = {}
+        if training.get("bf16") is True:
+            moved["dtype"] = "bfloat16"
+        checkpointing = training.get("gradient_checkpointing")
+        if checkpointing is None:  # transformers 5's name for it
+            checkpointing = training.get("activation_checkpointing")
+        if isinstance(checkpointing, bool):
+            moved["gradient_checkpointing"] = checkpointing
+        for key, value in moved.items():
+            if key in model and model[key] != value:
+                raise ValueError(
+                    f"model.{key} is {model[key]!r} but training.{_TRL_NAMES[key]} asks for "
+                    f"{value!r}; set one of them"
+                )
+        return data | {"model": model | moved} if moved else data
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> GRPOKitConfig:
+    def _cross_checks(self, info: ValidationInfo) -> GRPOKitConfig:
         validate_reward_specs(self.rewards)
-        if self.training.bf16:
-            self.model.dtype = "bfloat16"
-        if self.training.gradient_checkpointing is not None:
-            self.model.gradient_checkpointing = self.training.gradient_checkpointing
+        # Relative paths resolve against the config file's directory, which load_config passes
+        # in; a config validated without one resolves against the working directory.
+        base = (info.context or {}).get("config_dir")
+        if base is not None:
+            self._config_dir = Path(base)
+        self._system_prompt = self.data.system_prompt
+        if self.data.system_prompt_file:
+            path = self.resolve(self.data.system_prompt_file)
+            if not path.is_file():
+                raise ValueError(f"data.system_prompt_file: {path} does not exist")
+            self._system_prompt = read_utf8(path).strip()
         return self
+
+    @model_validator(mode="after")
+    def _reward_weights(self) -> GRPOKitConfig:
+        # TRL's reward_weights: one weight per reward function, replacing their own weights.
+        weights = self.training.reward_weights
+        if weights is not None:
+            if len(weights) != len(self.rewards):
+                names = ", ".join(spec.display_name for spec in self.rewards)
+                raise ValueError(
+                    f"training.reward_weights has {len(weights)} weight(s) but there are "
+                    f"{len(self.rewards)} rewards ({names}); give one weight per reward, in "
+                    "the order of `rewards:`, or set each reward's `weight:`"
+                )
+            for spec, weight in zip(self.rewards, weights, strict=True):
+                spec.weight = weight
+        return self
+
+    def prompts(self, which: Literal["train", "heldout"]) -> list[PromptRow]:
+        """The training or held-out prompt rows, read as data.train / data.heldout say."""
+        from grpokit.data.prompts import load_prompts
+
+        return load_prompts(
+            self.data.source(which),
+            prompt_column=self.data.prompt_column,
+            columns=self.data.columns,
+            base_dir=self.config_dir,
+        )
+
+    def check_machine(self) -> None:
+        """Fail before any loading when this machine cannot run the config: model.device
+        names hardware it lacks, or training.optim needs a package it lacks."""
+        self.model.check_device()
+        if self.training.adamw_8bit and importlib.util.find_spec("bitsandbytes") is None:
+            raise UserError(
+                f"training.optim: {self.training.optim} needs bitsandbytes "
+                "(pip install bitsandbytes); or use adamw_torch_fused"
+            )
 
     @property
     def config_dir(self) -> Path:
@@ -425,12 +960,9 @@ class GRPOKitConfig(_Strict):
 
     @property
     def system_prompt(self) -> str | None:
-        if self.data.system_prompt_file:
-            path = self.resolve(self.data.system_prompt_file)
-            if not path.is_file():
-                raise UserError(f"data.system_prompt_file: {path} does not exist")
-            return path.read_text(encoding="utf-8").strip()
-        return self.data.system_prompt
+        """data.system_prompt, or the text of data.system_prompt_file (read when the config
+        was validated, so a missing file is a config error with its line)."""
+        return self._system_prompt
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(
@@ -455,25 +987,87 @@ def _line_map(node: yaml.Node, path: tuple[Any, ...] = ()) -> dict[tuple[Any, ..
     return lines
 
 
+def _yaml_float(text: str) -> float:
+    """The value of a YAML 1.1 float scalar (.inf, -.Inf, .nan, 1.0e+400 ...)."""
+    t = text.lower().replace("_", "")
+    if t.lstrip("+-") == ".inf":
+        return -math.inf if t.startswith("-") else math.inf
+    if t == ".nan":
+        return math.nan
+    try:
+        return float(t)
+    except ValueError:  # sexagesimal 1:30.5, finite
+        return 0.0
+
+
+def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -> None:
+    """Refuse what PyYAML accepts silently: a key given twice in a mapping (the last would win)
+    and a number that is not finite (.inf, .nan)."""
+    if isinstance(node, yaml.MappingNode):
+        first: dict[Any, int] = {}
+        for key, value in node.value:
+            line = key.start_mark.line + 1
+            if key.value in first and key.value != "<<":
+                where = ".".join(str(x) for x in (*path, key.value))
+                raise UserError(
+                    f"{source}:{line}: {where} is given twice (also on line {first[key.value]}); "
+                    "keep one"
+                )
+            first[key.value] = line
+            _check_document(value, source, (*path, key.value))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_document(item, source, (*path, i))
+    elif node.tag == "tag:yaml.org,2002:float" and not math.isfinite(_yaml_float(node.value)):
+        where = ".".join(str(x) for x in path) or "(top level)"
+        raise UserError(
+            f"{source}:{node.start_mark.line + 1}: {where}: {node.value} is not a finite number; "
+            "give a finite value"
+        )
+
+
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise UserError(f"--set {item!r}: expected key=value, e.g. --set training.beta=0.04")
     key, raw = item.split("=", 1)
+    keys = key.strip().split(".")
+    if not all(k.strip() for k in keys):
+        raise UserError(f"--set {item!r}: an empty key; write e.g. --set training.beta=0.04")
     try:
         value = yaml.safe_load(raw) if raw else ""
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"--set {item!r}: {raw} is not a finite number; give a finite value")
+    return keys, value
 
 
-def _apply_override(data: dict[str, Any], keys: list[str], value: Any) -> None:
+def _apply_override(data: dict[str, Any], keys: list[str], value: Any, item: str) -> None:
+    """Put ``value`` at the dotted ``keys`` (list items by index), creating missing sections."""
     node: Any = data
-    for k in keys[:-1]:
-        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
-    if isinstance(node, list):
-        node[int(keys[-1])] = value
-    else:
-        node[keys[-1]] = value
+    for depth, key in enumerate(keys):
+        where = ".".join(keys[:depth]) or "the config"
+        last = depth == len(keys) - 1
+        if isinstance(node, dict):
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        elif isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise UserError(
+                    f"--set {item!r}: {where} is a list of {len(node)}; '{key}' is not one of "
+                    f"its indexes (0 to {len(node) - 1})"
+                )
+            if last:
+                node[int(key)] = value
+            else:
+                node = node[int(key)]
+        else:
+            raise UserError(
+                f"--set {item!r}: {where} is a value ({node!r}), not a section; it has no "
+                f"key '{key}'"
+            )
 
 
 def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
@@ -494,6 +1088,20 @@ def _field_names_at(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """Why a key is not accepted: a TRL field grpokit refuses, a TRL key that belongs elsewhere,
+    or a misspelling."""
+    key, section = str(loc[-1]), loc[:-1]
+    if section == ("training",) and key in TRL_FIELDS:
+        return TRL_FIELDS[key].refusal()
+    if section in ((), ("training",)) and key in TRL_SCRIPT_KEYS:
+        return f"a TRL script argument; in grpokit it is {TRL_SCRIPT_KEYS[key]}"
+    if section == () and (key in TrainingConfig.model_fields or key in TRL_FIELDS):
+        return "a training setting: put it under training:"
+    close = difflib.get_close_matches(key, _field_names_at(section), n=1)
+    return "unknown key" + (f"; did you mean {close[0]!r}?" if close else "; check the spelling")
+
+
 def format_validation_error(
     err: ValidationError, source: str, lines: dict[tuple[Any, ...], int]
 ) -> str:
@@ -511,19 +1119,17 @@ def format_validation_error(
         prefix = f"  line {line}: " if line else "  "
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            close = difflib.get_close_matches(str(loc[-1]), _field_names_at(loc[:-1]), n=1)
-            msg += f"; did you mean {close[0]!r}?" if close else "; check the spelling"
+            msg = _unknown_key(loc)
         out.append(f"{prefix}{where}: {msg}")
     return "\n".join(out)
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKitConfig:
-    """Read and validate a YAML config; errors become one UserError naming file, line and field."""
-    path = Path(path)
+def read_config_data(path: Path) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]]:
+    """The YAML mapping of a config file and the line of each key path; the file's problems
+    (not UTF-8, not YAML, duplicate keys, non-finite numbers) as one UserError."""
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
+    text = read_utf8(path)
     try:
         node = yaml.compose(text)
         data = yaml.safe_load(text)
@@ -531,21 +1137,38 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKit
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise UserError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or node is None:
         raise UserError(f"{path}: expected a mapping with model:, data:, rewards:, training:")
-    lines = _line_map(node) if node is not None else {}
+    _check_document(node, path)
+    return data, _line_map(node)
+
+
+def validate_config(
+    data: dict[str, Any],
+    path: Path,
+    lines: dict[tuple[Any, ...], int],
+    overrides: list[str] | None = None,
+    *,
+    config_dir: Path | None = None,
+) -> GRPOKitConfig:
+    """The config from a file's YAML mapping and --set overrides. Relative paths resolve
+    against ``config_dir``, by default the file's directory."""
     for item in overrides or []:
         keys, value = _parse_override(item)
-        try:
-            _apply_override(data, keys, value)
-        except (IndexError, ValueError, TypeError):
-            raise UserError(f"--set {item!r}: no such place in the config") from None
+        _apply_override(data, keys, value, item)
+    base = config_dir if config_dir is not None else path.resolve().parent
     try:
-        cfg = GRPOKitConfig.model_validate(data)
+        cfg = GRPOKitConfig.model_validate(data, context={"config_dir": base})
     except ValidationError as e:
         raise UserError(format_validation_error(e, str(path), lines)) from None
     except UserError as e:
         raise UserError(f"{path}: {e}") from None
-    cfg._config_dir = path.resolve().parent
     cfg._config_path = path.resolve()
     return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKitConfig:
+    """Read and validate a YAML config; errors become one UserError naming file, line and field."""
+    path = Path(path)
+    data, lines = read_config_data(path)
+    return validate_config(data, path, lines, overrides)

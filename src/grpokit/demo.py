@@ -11,24 +11,21 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from grpokit.config import EMBEDDED_MODEL, load_config
+from grpokit.config import EMBEDDED_MODEL, ModelConfig, load_config
 from grpokit.core.stats import wilson_interval
-from grpokit.data.prompts import load_prompts
+from grpokit.data.prompts import PromptRow, load_prompts
 from grpokit.data.tasks import ARITHMETIC_SYSTEM_PROMPT, write_arithmetic_task
-from grpokit.models.loading import load_policy
-from grpokit.rewards.compose import RewardSet, build_reward_set
+from grpokit.rewards.compose import build_reward_set
 from grpokit.rewards.registry import BuildContext
-from grpokit.rollout.base import SamplingParams
-from grpokit.rollout.torch_engine import TorchEngine
-from grpokit.train.scoring import RewardSummary, sample_and_score, summarize
+from grpokit.sampling import PassSummary, Sampled, Sampler, sampling_params
 from grpokit.train.sft import load_demonstrations, run_sft
 from grpokit.train.trainer import GRPOTrainer
 
@@ -37,6 +34,7 @@ from grpokit.train.trainer import GRPOTrainer
 SFT_STEPS = 16
 GRPO_STEPS = 60
 EVAL_SAMPLES = 2
+HELDOUT_SEED = 1234
 
 
 def demo_config(data_dir: Path, sft_dir: Path, *, steps: int) -> dict[str, Any]:
@@ -78,35 +76,13 @@ def demo_config(data_dir: Path, sft_dir: Path, *, steps: int) -> dict[str, Any]:
     }
 
 
-def heldout_pass_rates(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    rewards: RewardSet,
-    heldout_path: Path,
-    *,
-    samples: int,
-    max_completion_length: int,
-    seed: int = 1234,
-) -> list[RewardSummary]:
-    """Each held-out prompt answered `samples` times with a fixed seed; per-reward summaries."""
-    rows = load_prompts(heldout_path)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engine = TorchEngine(model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=pad)
-    scored = sample_and_score(
-        engine,
-        tokenizer,
-        rows,
-        rewards,
-        num_generations=samples,
-        sampling=SamplingParams(max_completion_length=max_completion_length, temperature=1.0),
-        system_prompt=ARITHMETIC_SYSTEM_PROMPT,
-        max_prompt_length=None,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    return summarize(scored.scores, rewards.max_values)
+def heldout_pass_rates(sampler: Sampler, rows: list[PromptRow], *, samples: int) -> Sampled:
+    """Each held-out prompt answered ``samples`` times with a fixed seed, scored: the same draws
+    for every stage, so the stages differ only by their weights."""
+    return sampler.score_prompts(rows, samples, seed=HELDOUT_SEED)
 
 
-def _cell(s: RewardSummary) -> str:
+def _cell(s: PassSummary) -> str:
     if s.passed is None:
         return f"{s.mean:.2f}"
     lo, hi = wilson_interval(s.passed, s.applicable)
@@ -128,24 +104,26 @@ def run_demo(output_dir: Path, *, steps: int | None = None, quick: bool = False)
     )
     cfg = load_config(cfg_path)
     rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=output_dir, run_dir=None, seed=0))
-    max_len = cfg.training.max_completion_length
+    heldout = load_prompts(paths["heldout"])
     console.rule("[bold]grpokit demo: two-digit addition with <thinking>/<answer> tags")
     console.print(f"files in {output_dir}; GRPO config {cfg_path}")
 
     t0 = time.perf_counter()
-    policy = load_policy(EMBEDDED_MODEL, dtype="float32", lora=None, need_reference=False)
-    results: dict[str, list[RewardSummary]] = {}
+    # The base model, in full (SFT trains every weight), sampled as the GRPO run will sample.
+    base = Sampler.load(
+        ModelConfig(name_or_path=EMBEDDED_MODEL),
+        rewards,
+        sampling=sampling_params(cfg.training),
+        system_prompt=cfg.system_prompt,
+        max_prompt_length=cfg.training.max_prompt_length,
+        base_dir=output_dir,
+    )
+    policy = base.policy
+    results: dict[str, list[PassSummary]] = {}
     console.print(
         f"[bold]1/4[/] base model on {n_heldout} held-out problems x {EVAL_SAMPLES} samples"
     )
-    results["base model"] = heldout_pass_rates(
-        policy.model,
-        policy.tokenizer,
-        rewards,
-        paths["heldout"],
-        samples=EVAL_SAMPLES,
-        max_completion_length=max_len,
-    )
+    results["base model"] = heldout_pass_rates(base, heldout, samples=EVAL_SAMPLES).summary()
     base_format = results["base model"][0]
     console.print(f"  format followed: {_cell(base_format)}")
     if not base_format.passed:
@@ -168,32 +146,19 @@ def run_demo(output_dir: Path, *, steps: int | None = None, quick: bool = False)
         log=lambda m: console.print("  " + m),
     )
     policy.save(sft_dir)
-    results["after SFT"] = heldout_pass_rates(
-        policy.model,
-        policy.tokenizer,
-        rewards,
-        paths["heldout"],
-        samples=EVAL_SAMPLES,
-        max_completion_length=max_len,
-    )
+    results["after SFT"] = heldout_pass_rates(base, heldout, samples=EVAL_SAMPLES).summary()
     console.print(
         f"  format {_cell(results['after SFT'][0])}, answer {_cell(results['after SFT'][1])}, "
         f"entropy {history[-1]['entropy']:.2f} (kept above 0 so GRPO groups still differ)"
     )
-    del policy
+    del policy, base
 
     console.print(f"[bold]3/4[/] GRPO: {grpo_steps} steps from the SFT checkpoint (LoRA)")
     trainer = GRPOTrainer(cfg, run_dir=output_dir / "grpo", progress=True, log=console.print)
     result = trainer.train()
     console.print("[bold]4/4[/] trained model on the same held-out problems and seeds")
-    results["after GRPO"] = heldout_pass_rates(
-        trainer.policy.model,
-        trainer.policy.tokenizer,
-        rewards,
-        paths["heldout"],
-        samples=EVAL_SAMPLES,
-        max_completion_length=max_len,
-    )
+    trained = replace(trainer.sampler, rewards=rewards)
+    results["after GRPO"] = heldout_pass_rates(trained, heldout, samples=EVAL_SAMPLES).summary()
 
     table = Table(
         title=f"held-out pass rates ({n_heldout} problems x {EVAL_SAMPLES} samples, 95% CI)"

@@ -1,14 +1,21 @@
-"""Wilson interval, pass@k, paired differences, zero-variance share."""
+"""Wilson and per-prompt cluster intervals, Student t, pass@k, paired differences, zero-variance
+share."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from grpokit.core.stats import (
+    cluster_pass_interval,
+    cluster_pass_summary,
+    design_effect,
     paired_difference,
     pass_at_k,
+    student_t_quantile,
+    student_t_sf,
     t_quantile_975,
     wilson_interval,
     zero_variance_share,
@@ -50,9 +57,9 @@ def test_paired_difference() -> None:
     assert mean == pytest.approx(0.5)
     assert low == pytest.approx(0.5 - 0.5657929, abs=1e-6)
     assert high == pytest.approx(0.5 + 0.5657929, abs=1e-6)
-    # Default: Student t with 3 degrees of freedom, 3.182 * 0.2886751 = 0.9185642.
+    # Default: Student t with 3 degrees of freedom, 3.182446 * 0.2886751 = 0.9186931.
     mean, low, high = paired_difference([1, 1, 1, 0], [0, 1, 0, 0])
-    assert (low, high) == pytest.approx((0.5 - 0.9185642, 0.5 + 0.9185642), abs=1e-6)
+    assert (low, high) == pytest.approx((0.5 - 0.9186931, 0.5 + 0.9186931), abs=1e-6)
     assert paired_difference([2.0, 3.0], [1.0, 2.0]) == (1.0, 1.0, 1.0)
 
 
@@ -87,6 +94,123 @@ def test_bad_arguments() -> None:
 
 
 def test_t_quantiles() -> None:
-    assert t_quantile_975(3) == pytest.approx(3.182)
-    assert t_quantile_975(40) == pytest.approx(2.0211, abs=2e-4)
-    assert t_quantile_975(1000) == pytest.approx(1.9623, abs=2e-4)
+    # Printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2), to their 3 decimals.
+    assert t_quantile_975(3) == pytest.approx(3.182, abs=5e-4)
+    assert t_quantile_975(40) == pytest.approx(2.021, abs=5e-4)
+    assert t_quantile_975(1000) == pytest.approx(1.962, abs=5e-4)
+    assert student_t_quantile(0.995, 10) == pytest.approx(3.169, abs=5e-4)
+    assert student_t_quantile(0.025, 3) == pytest.approx(-3.182, abs=5e-4)
+    # Closed forms: df 1 is Cauchy, t = tan(pi (p - 1/2)); df 2 has t = (2p - 1) sqrt(2 / (4p(1-p))).
+    for p in (0.9, 0.975, 1 - 5e-5):
+        assert student_t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9)
+        q2 = (2 * p - 1) * math.sqrt(2 / (4 * p * (1 - p)))
+        assert student_t_quantile(p, 2) == pytest.approx(q2, rel=1e-9)
+    # Large df: the normal quantile.
+    assert student_t_quantile(0.975, 10**6) == pytest.approx(1.959966, abs=1e-6)
+
+
+def test_student_t_sf_closed_forms() -> None:
+    # df 1: 1/2 - atan(t) / pi; df 2: (1 - t / sqrt(2 + t^2)) / 2; df 3:
+    # 1/2 - (atan(t / sqrt 3) + sqrt(3) t / (3 + t^2)) / pi.
+    for t in (0.0, 0.5, 2.0, 7.0):
+        assert student_t_sf(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, rel=1e-12)
+        assert student_t_sf(t, 2) == pytest.approx((1 - t / math.sqrt(2 + t * t)) / 2, rel=1e-12)
+        d3 = 0.5 - (math.atan(t / math.sqrt(3)) + math.sqrt(3) * t / (3 + t * t)) / math.pi
+        assert student_t_sf(t, 3) == pytest.approx(d3, rel=1e-9, abs=1e-15)
+        assert student_t_sf(-t, 5) == pytest.approx(1 - student_t_sf(t, 5))
+    assert student_t_sf(math.inf, 4) == 0.0
+    # Many degrees of freedom: close to the normal tail 1 - Phi(3) = 0.0013499.
+    assert student_t_sf(3.0, 1999) == pytest.approx(0.0013499, rel=0.02)
+    with pytest.raises(ValueError, match="df"):
+        student_t_sf(1.0, 0)
+
+
+# ---- per-prompt (cluster) intervals --------------------------------------------------------------
+
+
+def test_design_effect_hand_computed() -> None:
+    # 4 prompts x 2 samples: passes 2, 2, 0, 0 -> p = 0.5, residuals (s - p m) = 1, 1, -1, -1;
+    # clustered 4/3 * 4 / 64 = 1/12, binomial 0.25 / 7 -> deff = 7/3 (every prompt's samples
+    # agree: close to the maximum 2 for K = 2, the excess is the k / (k - 1) correction).
+    assert design_effect([2, 2, 0, 0], [2, 2, 2, 2]) == pytest.approx(7 / 3)
+    # passes 1, 1, 1, 1: every prompt at the mean, no between-prompt variance -> floor 1.
+    assert design_effect([1, 1, 1, 1], [2, 2, 2, 2]) == 1.0
+    # one sample per prompt, or one prompt: 1; all failures: the worst case N / k.
+    assert design_effect([1, 0, 1], [1, 1, 1]) == 1.0
+    assert design_effect([3], [8]) == 1.0
+    assert design_effect([0, 0, 0, 0], [2, 2, 2, 4]) == pytest.approx(10 / 4)
+    with pytest.raises(ValueError, match="sizes >= 1"):
+        design_effect([0], [0])
+
+
+def test_cluster_interval_reduces_to_wilson_with_one_sample_per_prompt() -> None:
+    passes = [[True]] * 17 + [[False]] * 15
+    assert cluster_pass_summary(passes) == pytest.approx((17, 32, *wilson_interval(17, 32)))
+    assert cluster_pass_interval([[False]] * 32) == pytest.approx(wilson_interval(0, 32))
+    assert cluster_pass_summary([]) == (0, 0, 0.0, 1.0)
+    assert cluster_pass_summary([[], [True, False]])[:2] == (1, 2)
+
+
+def test_cluster_interval_hand_computed() -> None:
+    # 4 prompts x 2: deff 7/3 (above), n_eff = 8 / (7/3) = 24/7, q = t(0.975, 3) = 3.182446:
+    # Wilson(p 0.5, n 24/7, q): z2n = q^2 * 7/24 = 2.953990, centre 0.5,
+    # half = q / (1 + z2n) * sqrt(0.25 / n + z2n / (4 n)) = 0.804870 * sqrt(0.072917 + 0.215395)
+    # = 0.432172.
+    passed, n, lo, hi = cluster_pass_summary([[True, True]] * 2 + [[False, False]] * 2)
+    assert (passed, n) == (4, 8)
+    assert (lo, hi) == pytest.approx((0.5 - 0.432172, 0.5 + 0.432172), abs=2e-6)
+    # All failures on 32 prompts x 2: counted as 32 prompts (worst case), t with 31 df.
+    lo, hi = cluster_pass_interval([[False, False]] * 32)
+    q = t_quantile_975(31)
+    assert lo == 0.0 and hi == pytest.approx(q * q / 32 / (1 + q * q / 32))
+    assert hi > wilson_interval(0, 64)[1]
+
+
+def _beta_binomial(
+    rng: np.random.Generator, reps: int, prompts: int, k: int, mean: float, rho: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """reps datasets of prompts x k samples: prompt success p_i ~ Beta with the given mean and
+    intra-prompt correlation rho = 1 / (a + b + 1). Returns (p [reps, prompts], passes [reps,
+    prompts, k])."""
+    ab = 1 / rho - 1
+    p = rng.beta(mean * ab, (1 - mean) * ab, size=(reps, prompts))
+    return p, rng.random((reps, prompts, k)) < p[..., None]
+
+
+@pytest.mark.parametrize(
+    ("prompts", "k", "mean", "rho", "wilson_below"),
+    [(32, 8, 0.4, 0.3, 0.8), (32, 2, 0.5, 0.5, 0.9), (10, 4, 0.3, 0.3, 0.88)],
+)
+def test_cluster_interval_covers_at_95_percent_where_wilson_does_not(
+    prompts: int, k: int, mean: float, rho: float, wilson_below: float
+) -> None:
+    # 2000 simulated evals with known intra-prompt correlation: coverage of the true mean.
+    # Standard error of a coverage near 0.95 over 2000 datasets: 0.005.
+    reps = 2000
+    _, x = _beta_binomial(np.random.default_rng(7), reps, prompts, k, mean, rho)
+    cluster = wilson = 0
+    for data in x:
+        lo, hi = cluster_pass_interval(data.tolist())
+        cluster += lo <= mean <= hi
+        lo, hi = wilson_interval(int(data.sum()), prompts * k)
+        wilson += lo <= mean <= hi
+    assert 0.93 <= cluster / reps <= 0.97
+    assert wilson / reps < wilson_below
+
+
+def test_paired_difference_over_prompt_means_covers_with_correlated_samples() -> None:
+    # Two models on the same prompts: prompt difficulty is shared (a logit offset per prompt),
+    # the trained model adds 0.8 on the logit scale. The t interval over per-prompt means is the
+    # cluster interval of the difference; the true difference is E[p_b - p_a] over prompts.
+    rng = np.random.default_rng(3)
+    reps, prompts, k = 2000, 24, 4
+    logit = rng.normal(-0.3, 1.5, size=(reps, prompts))
+    pa, pb = 1 / (1 + np.exp(-logit)), 1 / (1 + np.exp(-(logit + 0.8)))
+    big = rng.normal(-0.3, 1.5, size=2_000_000)
+    truth = float(np.mean(1 / (1 + np.exp(-(big + 0.8))) - 1 / (1 + np.exp(-big))))
+    a = (rng.random((reps, prompts, k)) < pa[..., None]).mean(axis=2)
+    b = (rng.random((reps, prompts, k)) < pb[..., None]).mean(axis=2)
+    covered = sum(
+        lo <= truth <= hi for _, lo, hi in (paired_difference(b[r], a[r]) for r in range(reps))
+    )
+    assert 0.93 <= covered / reps <= 0.97

@@ -40,7 +40,7 @@ def test_chat_message_prompts(tmp_path: Path) -> None:
         ('{"prompt": "a"}\n{"prompt": "b"\n', r"p.jsonl:2: not valid JSON"),
         (
             '{"prompt": "a"}\n\n{"question": "b"}\n',
-            r"p.jsonl:3: no 'prompt' column \(columns: question\)",
+            r"p.jsonl:3: no 'prompt' value \(columns with values: question\)",
         ),
         ('{"prompt": ""}\n', r"p.jsonl:1: column 'prompt' is empty"),
         ('{"prompt": 3}\n', r"p.jsonl:1: .*non-empty string or a list of chat messages"),

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from grpokit.core.stats import wilson_interval
+from grpokit.core.stats import t_quantile_975, wilson_interval
 from grpokit.errors import UserError
 from grpokit.evaluate.cli import eval_cmd
 from grpokit.evaluate.eval import (
@@ -66,7 +66,11 @@ def test_summarize_eval_hand_checked_table() -> None:
     result = _hand_result()
     base, trained = result.models
     assert (base.compliant, trained.compliant) == (1, 5)  # a None is not a pass
-    assert base.compliant_ci == pytest.approx(wilson_interval(1, 8))
+    # Per-prompt cluster interval: prompts A 1/4 and B 0/4 around p = 1/8 give residuals 0.5
+    # and -0.5, so the clustered variance 2 * 0.5 / 64 equals the binomial 1/8 * 7/8 / 7:
+    # design effect 1, Wilson on 8 samples with t on 2 - 1 df (two prompts say little).
+    assert base.compliant_ci == pytest.approx(wilson_interval(1, 8, z=t_quantile_975(1)))
+    assert result.intervals == "prompt-cluster"
     fmt_b, fmt_t = base.rewards["fmt"], trained.rewards["fmt"]
     assert (fmt_t.n, fmt_t.none_count, fmt_t.passed) == (7, 1, 5)
     assert fmt_t.pass_rate == pytest.approx(5 / 7)
@@ -83,7 +87,7 @@ def test_summarize_eval_hand_checked_table() -> None:
     paired = {c.metric: c for c in result.paired}
     # per-prompt fmt means: base 0.25, 0; trained 0.75, 2/3 -> differences 0.5, 0.667
     assert paired["fmt"].diff == pytest.approx(7 / 12)
-    half = 12.706 * (1 / 6 / 2**0.5) / 2**0.5
+    half = t_quantile_975(1) * (1 / 6 / 2**0.5) / 2**0.5  # 12.706
     assert paired["fmt"].ci == pytest.approx((7 / 12 - half, 7 / 12 + half))
     assert paired["compliant"].diff == pytest.approx(0.5)
     assert paired["compliant"].ci == pytest.approx((0.5, 0.5))
@@ -93,6 +97,7 @@ def test_summarize_eval_hand_checked_table() -> None:
     assert "| 1 | prompt B | 4 | 0/4 | 2/4 |" in md
     assert "| fmt | trained - base | +0.583 |" in md
     assert "fmt >= 1" in md
+    assert "95% intervals: per-prompt cluster" in md
 
 
 def test_eval_alerts_compare_with_the_base() -> None:

@@ -17,7 +17,7 @@ from grpokit.evaluate.schema import (
     EvalResult,
     ModelSummary,
     PairedComparison,
-    PromptRow,
+    PromptResult,
     RewardSummary,
 )
 
@@ -160,8 +160,8 @@ def _eval_result() -> EvalResult:
         rewards=["xml_format"],
         models=[summary("base", 1), summary("trained", 5)],
         prompts=[
-            PromptRow(index=0, prompt=PROMPT_JA, samples=4, compliant={"base": 0, "trained": 3}),
-            PromptRow(
+            PromptResult(index=0, prompt=PROMPT_JA, samples=4, compliant={"base": 0, "trained": 3}),
+            PromptResult(
                 index=1, prompt="<b>bold</b>", samples=4, compliant={"base": 1, "trained": 2}
             ),
         ],
@@ -187,6 +187,13 @@ def test_report_with_eval_table(run_dir: Path, tmp_path: Path) -> None:
     assert "<td>0/4</td><td>3/4</td>" in html
     assert "&lt;b&gt;bold&lt;/b&gt;" in html
     assert "12% [10, 60]" in html and "[+0.1, +0.9]" in html
+    # An eval.json written before the cluster intervals says its intervals are Wilson's.
+    assert "95% intervals: Wilson over all samples as if independent" in html
+    clustered = _eval_result().model_copy(update={"intervals": "prompt-cluster"})
+    (eval_dir / "eval.json").write_text(clustered.model_dump_json(), encoding="utf-8")
+    html = build_report(run_dir, eval_dir=eval_dir).read_text(encoding="utf-8")
+    assert "95% intervals: per-prompt cluster (Wilson on the effective sample size" in html
+    assert "as if independent" not in html
     (eval_dir / "eval.json").write_text('{"format": "other"}')
     with pytest.raises(UserError, match="not a grpokit eval file"):
         build_report(run_dir, eval_dir=eval_dir)

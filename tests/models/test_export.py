@@ -27,6 +27,8 @@ from grpokit.models.gguf_export import (
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.models.tiny import TINY_CONFIG
 
+from .gguf_checks import chat_ids, llama_greedy, open_llama, tiny_of, torch_greedy
+
 PROMPTS = [
     "What is 17 + 25?",
     "Write one sentence about rivers.",
@@ -36,51 +38,6 @@ GREEDY_TOKENS = 16
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def chat_ids(tokenizer: Any, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-    ids: list[int] = tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return ids
-
-
-def torch_greedy(model: torch.nn.Module, ids: list[int], n: int) -> list[int]:
-    """Greedy continuation by plain argmax over full forwards (no cache, no sampling code)."""
-    model.eval()
-    x = torch.tensor([ids])
-    out: list[int] = []
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = int(model(input_ids=x).logits[0, -1].argmax())
-            out.append(nxt)
-            x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
-    return out
-
-
-def llama_greedy(llm: Any, ids: list[int], n: int) -> list[int]:
-    out: list[int] = []
-    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
-        out.append(int(token))
-        if len(out) == n:
-            break
-    return out
-
-
-def open_llama(path: Path, *, logits_all: bool = False) -> Any:
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python runs the GGUF export")
-    # An f32 KV cache (llama.cpp's default is f16) so that an f32 export is compared with
-    # PyTorch at full precision: random tiny models have near ties that f16 rounding flips.
-    return llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=256,
-        n_threads=1,
-        logits_all=logits_all,
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        verbose=False,
-    )
 
 
 def perturbed_lora_checkpoint(base: Path, out: Path, seed: int = 0) -> Policy:
@@ -299,36 +256,13 @@ def test_tokenizer_metadata_from_tokenizer_json_matches_llama_cpp_s_converter(
     assert padded["tokenizer.ggml.token_type"][-1] == 5
 
 
-def _tiny_of(kind: str, tokenizer_dir: Path, out: Path) -> Path:
-    """A tiny random model of another architecture, with the SmolLM2 tokenizer."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    settings = {**TINY_CONFIG, "vocab_size": len(tokenizer), "initializer_range": 0.3,
-                "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}  # fmt: skip
-    if kind == "mistral":
-        settings["sliding_window"] = None
-    config = AutoConfig.for_model(kind, **settings)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(3)
-        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]
-    if kind == "qwen2":  # the q/k/v biases are zero at init; give them values worth checking
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("proj.bias"):
-                    param.normal_(0, 0.3)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
 @pytest.mark.parametrize("kind", ["qwen2", "mistral"])
 def test_gguf_other_architectures_match_greedy(
     kind: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = _tiny_of(kind, tiny_model_dir, tmp_path / kind)
+    model_dir = tiny_of(kind, tiny_model_dir, tmp_path / kind)
     path = export_checkpoint(
         str(model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32", log=print
     )
@@ -362,6 +296,18 @@ def test_unmapped_architecture_is_a_user_error_naming_it(
     assert result.exit_code == 2
     assert "GPT2LMHeadModel" in result.output and "--format hf" in result.output
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "hf"])
+def test_a_wrong_checkpoint_is_named_as_export_calls_it(fmt: str, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not a model")
+    (tmp_path / "empty").mkdir()
+    for given in (tmp_path / "missing", tmp_path / "notes.txt", tmp_path / "empty"):
+        result = CliRunner().invoke(
+            main, ["export", str(given), "--format", fmt, "--out", str(tmp_path / "out.gguf")]
+        )
+        assert result.exit_code == 2, result.output
+        assert f"CHECKPOINT {given}" in result.output and "--model" not in result.output
 
 
 def test_gguf_out_must_be_a_gguf_file(tiny_model_dir: Path, tmp_path: Path) -> None:

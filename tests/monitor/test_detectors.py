@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 
 import pytest
 
+from grpokit.core.stats import student_t_quantile
 from grpokit.monitor import Alert, MonitorConfig, MonitorSet
 from grpokit.monitor.config import (
     EntropyRule,
@@ -28,7 +29,7 @@ from grpokit.monitor.detectors import (
     RepetitionDetector,
     SaturationDetector,
 )
-from grpokit.monitor.series import ema, ranks, spearman
+from grpokit.monitor.series import ChangeTest, ema, ranks, shift, spearman, step_noise
 
 REARM = 3
 
@@ -68,16 +69,59 @@ def test_episode_fires_once_and_rearms_after_false_run() -> None:
     assert [ep.check(c) for c in seq] == [True, False, False, False, False, False, True, False]
 
 
+def test_episode_holds_while_the_change_stays_large() -> None:
+    # (significant and large, large): once fired, a large change that is no longer significant
+    # (its own steps now widen the noise) keeps the episode; two small checks re-arm it.
+    ep = Episode(rearm=2)
+    seq = [(True, True), (False, True), (False, True), (True, True), (False, False),
+           (False, False), (True, True)]  # fmt: skip
+    assert [ep.check(c, h) for c, h in seq] == [True, False, False, False, False, False, True]
+
+
+def test_step_noise_and_shift_hand_computed() -> None:
+    # 1 2 4 4 5 around its least-squares line: sxx 10, sxy 10, syy 10.8, residual sum of
+    # squares 10.8 - 10^2/10 = 0.8 on 3 df -> sigma sqrt(0.8 / 3) = 0.516398.
+    sigma, df = step_noise([1.0, 2.0, 4.0, 4.0, 5.0]) or (0.0, 0)
+    assert (sigma, df) == (pytest.approx(0.516398, abs=1e-6), 3)
+    # A straight line is trend, not noise.
+    assert step_noise([3.0, 5.0, 7.0, 9.0]) == (0.0, 2)
+    assert step_noise([1.0, 2.0]) is None
+    # Means 1.5 -> 5 with se = sigma * sqrt(1/2 + 1/2): t = 3.5 / 0.516398 = 6.7777.
+    s = shift([1.0, 2.0], [4.0, 6.0], [1.0, 2.0, 4.0, 4.0, 5.0])
+    assert s is not None and (s.before, s.after, s.df) == (1.5, 5.0, 3)
+    assert s.t == pytest.approx(6.7777, abs=1e-4)
+    flat = shift([1.0, 1.0], [2.0], [1.0, 1.0, 1.0])
+    assert flat is not None and flat.t == math.inf
+    assert shift([1.0], [2.0], [1.0, 2.0]) is None
+
+
+def test_change_test_level_from_the_false_alarm_target() -> None:
+    test = ChangeTest(false_alarm_rate=0.01, horizon_steps=100, noise_window=50)
+    assert test.alpha == pytest.approx(1e-4)
+    assert test.split(2).alpha == pytest.approx(5e-5)
+    assert test.critical(30) == pytest.approx(student_t_quantile(1 - 1e-4, 30))
+    s = shift([0.0] * 5, [1.0] * 3, [0.0, 0.1, -0.1, 0.05, -0.05] * 3)
+    assert s is not None and s.df == 13 and test.rose(s) and not test.fell(s)
+    # the same shift on 3 df of noise is not enough: t 15.7 against 22.2
+    s = shift([0.0] * 5, [1.0] * 3, [0.0, 0.1, -0.1, 0.05, -0.05])
+    assert s is not None and not test.rose(s)
+    assert "false alarms per 100 steps" in test.evidence(s)
+    assert ChangeTest.of(MonitorConfig(horizon_steps=50)).alpha == pytest.approx(2e-4)
+
+
 # ---- length grows while the reward rises -------------------------------------------------------
 
 
 def test_length_reward_fires_once_on_joint_rise() -> None:
     rows = [{"completions/mean_length": 40 + 3 * t, "reward": 0.1 + 0.02 * t} for t in range(1, 21)]
     alerts = run(LengthRewardDetector(LengthRewardRule(), REARM), rows)
-    assert fired(alerts) == [("length_reward", 10)]
-    # first third of steps 1-10: lengths 43 46 49 (mean 46); last third 64 67 70 (mean 67)
-    assert alerts[0].value == pytest.approx(21 / 46)
-    assert "46 -> 67 tokens" in alerts[0].message
+    # The noise comes from the steps before the 10-step window (at least 3 of them): step 13.
+    assert fired(alerts) == [("length_reward", 13)]
+    # halves of steps 4-13: lengths 52 .. 64 (mean 58), 67 .. 79 (mean 73); a straight line
+    # has no noise around its trend, so the test passes and the 26% growth decides
+    assert alerts[0].value == pytest.approx(15 / 58)
+    assert "58 -> 73 tokens, steps 4-8 -> 9-13" in alerts[0].message
+    assert "no step-to-step noise" in alerts[0].message
 
 
 @pytest.mark.parametrize(
@@ -150,6 +194,18 @@ def test_kl_high_refires_after_recovery() -> None:
     assert fired(alerts) == [("kl_high", 1), ("kl_high", 6)]
 
 
+def test_kl_jump_needs_to_stand_out_of_the_noise() -> None:
+    # A spiky KL: the median of the 10 steps before is 0.004 (floored at 0.005), so 0.45 is a
+    # 90x jump, but steps that swing between 0.002 and 0.22 make it t = 3.2 on 8 df, short of
+    # the bar (6.44 for 1e-4 one-sided).
+    spiky = [0.003, 0.2, 0.004, 0.003, 0.22, 0.002, 0.004, 0.19, 0.003, 0.21]
+    assert fired(run(KLDetector(KLRule(), REARM), [{"kl": v} for v in [*spiky, 0.45]])) == []
+    quiet = [0.032, 0.036, 0.034, 0.038, 0.036, 0.032, 0.036, 0.034, 0.036, 0.035]
+    alerts = run(KLDetector(KLRule(), REARM), [{"kl": v} for v in [*quiet, 0.45]])
+    assert fired(alerts) == [("kl_jump", 11)]
+    assert "t = +197.8 on 8 df beyond 6.4" in alerts[0].message
+
+
 def test_kl_silent_on_smooth_growth_from_zero() -> None:
     # TRL's KL is exactly 0 at the first step and grows smoothly with a small beta.
     rows = [{"kl": 0.007 * t} for t in range(30)]
@@ -176,6 +232,7 @@ def test_heldout_divergence_fires_when_eval_falls_as_train_rises() -> None:
     assert fired(alerts) == [("heldout_divergence", 20)]
     assert alerts[0].value == pytest.approx(0.11)
     assert "step 10" in alerts[0].message
+    assert "no eval/judge/stderr logged" in alerts[0].message
 
 
 def test_heldout_divergence_on_the_total_reward() -> None:
@@ -185,6 +242,24 @@ def test_heldout_divergence_on_the_total_reward() -> None:
     alerts = run(HeldoutDetector(HeldoutRule(), REARM, []), rows)
     assert fired(alerts) == [("heldout_divergence", 20)]
     assert alerts[0].message.startswith("total reward:")
+
+
+@pytest.mark.parametrize(("stderr", "expect"), [(0.1, []), (0.01, [("heldout_divergence", 20)])])
+def test_heldout_drop_tested_against_the_logged_standard_error(
+    stderr: float, expect: list[tuple[str, int]]
+) -> None:
+    # The drop at step 20 is 0.11 from the best eval (0.56 at step 10), the best of 3 earlier
+    # evals: z = 0.11 / (stderr * sqrt 2) against the one-sided normal quantile at 1e-4 / 3
+    # (3.99): 0.78 with evals of 16 samples (stderr 0.1) is noise, 7.8 is not.
+    train = [0.2 + 0.02 * t for t in range(1, 31)]
+    rows = _heldout_rows(train, {5: 0.5, 10: 0.56, 15: 0.53, 20: 0.45})
+    for row in rows:
+        if "eval/judge/mean" in row:
+            row["eval/judge/stderr"] = stderr
+    alerts = run(HeldoutDetector(HeldoutRule(), REARM, ["judge"]), rows)
+    assert fired(alerts) == expect
+    if alerts:
+        assert "z = 7.8 against the evals' standard errors" in alerts[0].message
 
 
 @pytest.mark.parametrize("slope", [0.02, -0.01])
@@ -222,7 +297,7 @@ def test_entropy_silent_on_moderate_decline() -> None:
 
 def _saturation_rows(judge_slope: float, format_top: float) -> list[dict[str, float]]:
     rows = []
-    for t in range(1, 21):
+    for t in range(1, 31):
         share = min(format_top, 0.5 + 0.1 * (t - 1))
         rows.append(
             {
@@ -237,7 +312,8 @@ def _saturation_rows(judge_slope: float, format_top: float) -> list[dict[str, fl
 def test_saturation_fires_when_one_reward_maxes_and_another_falls() -> None:
     det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {})
     alerts = run(det, _saturation_rows(-0.02, 1.0))
-    assert fired(alerts) == [("reward_saturation", 10)]
+    # the first full 24-step window of the falling judge reward: steps 13-24 against 1-12
+    assert fired(alerts) == [("reward_saturation", 24)]
     assert alerts[0].value == pytest.approx(1.0)
     assert "'format' is saturated" in alerts[0].message and "'judge'" in alerts[0].message
 
@@ -248,7 +324,7 @@ def test_saturation_from_known_maximum_without_pass_rate() -> None:
         for r in _saturation_rows(-0.02, 1.0)
     ]
     det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {"format": 1.0})
-    assert fired(run(det, rows)) == [("reward_saturation", 10)]
+    assert fired(run(det, rows)) == [("reward_saturation", 24)]
     # without the maximum there is no way to tell saturation: no alert
     det = SaturationDetector(SaturationRule(), REARM, ["format", "judge"], {})
     assert run(det, rows) == []

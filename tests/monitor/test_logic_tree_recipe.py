@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from grpokit.config import load_config
 from grpokit.data.prompts import load_prompts
 from grpokit.monitor import MonitorConfig, MonitorSet, text_stats
+from grpokit.recipes import recipe_dir
 from grpokit.rewards.compose import build_reward_set
 from grpokit.rewards.registry import BuildContext
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "logic-tree"
+RECIPE = recipe_dir("logic-tree")
 EXAMPLES = json.loads((RECIPE / "seed_examples_ja.json").read_text(encoding="utf-8"))
 
 

@@ -17,9 +17,10 @@ import pytest
 from grpokit.config import load_config
 from grpokit.evaluate.report import build_report
 from grpokit.monitor import MonitorSet
+from grpokit.recipes import recipe_dir
 from grpokit.train.trainer import GRPOTrainer
 
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "logic-tree"
+RECIPE = recipe_dir("logic-tree")
 STEPS = 3
 
 

@@ -176,6 +176,7 @@ def _tiny_config(tmp_path: Path, tiny_model_dir: Path, **training: Any) -> Path:
             "max_steps": 2,
             "seed": 0,
             "report_to": ["wandb", "mlflow"],
+            "logging_steps": 1,
             "output_dir": "run",
             **training,
         },

@@ -19,7 +19,7 @@ from grpokit.preflight.measure import (
 )
 from grpokit.rewards.compose import RewardScores
 from grpokit.rollout.base import RolloutBatch
-from grpokit.train.scoring import ScoredBatch
+from grpokit.sampling import ScoredBatch
 
 NAN = math.nan
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from pathlib import Path
@@ -57,8 +58,9 @@ def test_check_completions_scores_and_table(tmp_path: Path) -> None:
     import yaml
 
     specs = parse_reward_specs(yaml.safe_load(REWARDS_YAML)["rewards"])
-    scores, rows = check_completions(specs, completions, base_dir=tmp_path)
-    assert rows == ROWS
+    result = check_completions(specs, completions, base_dir=tmp_path)
+    scores, rows = result.scores, result.rows
+    assert rows == ROWS and result.warnings == []
     assert scores.names == ["xml_format", "correct", "brevity"]
     assert scores.column("xml_format") == [1.0, 1.0, 0.0]
     assert scores.column("correct") == [1.0, 0.0, 0.0]
@@ -129,3 +131,96 @@ def test_bad_jsonl_line(tmp_path: Path) -> None:
     path.write_text('{"completion": "a"}\n{oops\n', encoding="utf-8")
     with pytest.raises(UserError, match="bad.jsonl:2: not valid JSON"):
         check_completions(parse_reward_specs([{"type": "xml_format"}]), path, base_dir=tmp_path)
+
+
+BROKEN_REWARDS = """\
+def picky(prompts, completions, **kw):
+    return [1.0 / len(str(c)) for c in completions]
+
+def short(prompts, completions, **kw):
+    return [0.0] * (len(completions) - 1)
+
+def batch_only(prompts, completions, **kw):
+    if len(completions) > 1:
+        raise RuntimeError("cannot score batches")
+    return [0.0]
+"""
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [
+        (
+            "picky",
+            r"^error: reward 'picky' raised ZeroDivisionError: float division by zero \(at "
+            r".*broken\.py:2 in (<listcomp>|picky)\) on row 2 \(.*samples\.jsonl:3\)\n$",
+        ),
+        (
+            "short",
+            r"^error: reward 'short' returned 2 values for 3 completions; it must return "
+            r"exactly one value \(float or None\) per completion \(scoring the 3 completions\)\n$",
+        ),
+        (
+            "batch_only",
+            r"^error: reward 'batch_only' raised RuntimeError: cannot score batches \(at "
+            r".*broken\.py:9 in batch_only\) on the batch of 3 completions \(on no single row",
+        ),
+    ],
+)
+def test_misbehaving_reward_is_one_message(tmp_path: Path, function: str, message: str) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN_REWARDS, encoding="utf-8")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"rewards:\n  - type: xml_format\n  - type: python\n    function: broken.py:{function}\n",
+        encoding="utf-8",
+    )
+    completions = tmp_path / "samples.jsonl"
+    # Line 2 is blank: the row numbers of the table and the file's line numbers differ.
+    completions.write_text('{"completion": "a"}\n\n{"completion": ""}\n{"completion": "b"}\n')
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.stderr), result.stderr
+    assert "Traceback" not in result.output and result.stdout == ""
+
+
+def test_non_utf8_files_name_the_byte_offset(tmp_path: Path) -> None:
+    config, completions = write_files(tmp_path)
+    good = completions.read_bytes()
+    completions.write_bytes(good + '{"completion": "café"}\n'.encode("latin-1"))
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert result.exit_code == 2, result.output
+    offset = len(good) + len('{"completion": "caf')
+    assert (
+        f"{completions}: not UTF-8 text: byte 0xe9 at byte offset {offset} (line 4)"
+        in result.stderr
+    )
+    assert "iconv" in result.stderr
+
+    config.write_bytes("# réglages\n".encode("latin-1") + REWARDS_YAML.encode())
+    completions.write_bytes(good)
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{config}: not UTF-8 text: byte 0xe9 at byte offset 3 (line 1)" in result.stderr
+    # With a byte-order mark (read and skipped), offsets still count from the file's start.
+    config.write_bytes(codecs.BOM_UTF8 + "# réglages\n".encode("latin-1"))
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions)]
+    )
+    assert f"{config}: not UTF-8 text: byte 0xe9 at byte offset 6 (line 1)" in result.stderr
+
+
+def test_byte_order_mark_is_read(tmp_path: Path) -> None:
+    config, completions = write_files(tmp_path)
+    config.write_bytes(codecs.BOM_UTF8 + config.read_bytes())
+    completions.write_bytes(codecs.BOM_UTF8 + completions.read_bytes())
+    result = CliRunner().invoke(
+        main, ["rewards", "check", str(config), "--completions", str(completions), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == len(ROWS)

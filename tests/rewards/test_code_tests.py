@@ -11,7 +11,7 @@ import pytest
 from grpokit.errors import UserError
 from grpokit.rewards import code_tests
 from grpokit.rewards.code_rewards import CodeCase, extract_code, normalize_output, parse_test_cases
-from grpokit.rewards.sandbox import SandboxLimits, run_python
+from grpokit.rewards.sandbox import SandboxLimits, run_python, sandbox_report
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256, max_output_bytes=64 * 1024)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]
@@ -163,3 +163,87 @@ def test_parsing_helpers() -> None:
     assert extract_code("plain = 1") == "plain = 1"
     assert extract_code("```python\na\n```", "whole") == "```python\na\n```"
     assert normalize_output("1  \n2\n\n\n") == ["1", "2"]
+
+
+def test_test_code_forms_the_judge_runs(reward) -> None:  # type: ignore[no-untyped-def]
+    # The tests run in the judge process; every name they take from the solution is a request.
+    rows = {
+        "humaneval check(candidate)": (
+            "def total(xs):\n    return sum(xs)",
+            "def total(xs):\n    return len(xs)",
+            [
+                "def check(candidate):\n    assert candidate([1, 2]) == 3\n    assert candidate([]) == 0\n\n"
+                "check(total)"
+            ],
+        ),
+        "isclose, set, sorted": (
+            "import math\ndef area(r):\n    return math.pi * r * r\n"
+            "def common(a, b):\n    return list(set(a) & set(b))",
+            "def area(r):\n    return 12\ndef common(a, b):\n    return a[:1]",
+            [
+                "import math\nassert math.isclose(area(2), 12.566, rel_tol=1e-3)",
+                "assert set(common([1, 2, 3], [2, 3, 4])) == {2, 3}",
+                "assert sorted(common([5, 1], [1, 5])) == [1, 5]",
+            ],
+        ),
+        "class with methods": (
+            "class Stack:\n    def __init__(self):\n        self.items = []\n"
+            "    def push(self, x):\n        self.items.append(x)\n"
+            "    def pop(self):\n        return self.items.pop()\n"
+            "    def size(self):\n        return len(self.items)",
+            "class Stack:\n    def push(self, x):\n        pass\n    def pop(self):\n        return 2\n"
+            "    def size(self):\n        return 2",
+            ["s = Stack()\ns.push(1)\ns.push(2)\nassert s.pop() == 2\nassert s.size() == 1"],
+        ),
+        "generator, exceptions, globals": (
+            "LIMIT = 10\ndef evens(n):\n    return (i for i in range(0, n, 2))\n"
+            "def div(a, b):\n    return a / b",
+            "LIMIT = 9\ndef evens(n):\n    return [0, 2, 4]\ndef div(a, b):\n    return None",
+            [
+                "assert list(evens(5)) == [0, 2, 4] and LIMIT == 10",
+                "try:\n    div(1, 0)\nexcept ZeroDivisionError:\n    pass\nelse:\n    raise AssertionError('no error')",
+            ],
+        ),
+        "exact values: tuple, bytes, nested dict": (
+            "def pair():\n    return (1, 2)\ndef raw():\n    return b'ab'\n"
+            "def table():\n    return {(1, 'a'): [None, 2.5, {frozenset({1})}]}\n"
+            "def big():\n    return 3 ** 10000",
+            "def pair():\n    return [1, 2]\ndef raw():\n    return 'ab'\n"
+            "def table():\n    return {(1, 'a'): [None, 2.5]}\ndef big():\n    return 3 ** 9999",
+            [
+                "assert pair() == (1, 2)",
+                "assert raw() == b'ab'",
+                "assert table() == {(1, 'a'): [None, 2.5, {frozenset({1})}]}",
+                "assert big() == 3 ** 10000",
+            ],
+        ),
+    }
+    completions = [fenced(code) for good, bad, _ in rows.values() for code in (good, bad)]
+    tests = [cases for _, _, cases in rows.values() for _ in range(2)]
+    scores = reward(prompts=["p"] * len(completions), completions=completions, tests=tests)
+    by_row = {name: (scores[2 * i], scores[2 * i + 1]) for i, name in enumerate(rows)}
+    assert by_row == {name: (1.0, 0.0) for name in rows}
+    metrics = reward.last_metrics
+    layers = sandbox_report()
+    assert metrics["sandbox/landlock_abi"] == layers.landlock_abi
+    assert metrics["sandbox/seccomp"] == float(layers.seccomp)
+    assert metrics["sandbox/pid_namespace"] == float(layers.pid_namespace)
+
+
+def test_tests_the_judge_cannot_check_are_user_errors(reward) -> None:  # type: ignore[no-untyped-def]
+    solution = fenced("def apply(f, x):\n    return f(x)")
+    with pytest.raises(UserError, match=r"row 0 of column 'tests', test case 1, cannot be checked"):
+        reward(prompts=["p"], completions=[solution], tests=[["assert apply(lambda x: x, 1) == 1"]])
+    with pytest.raises(UserError, match="test case 2 is not valid Python"):
+        reward(prompts=["p"], completions=[solution], tests=[["assert True", "assert (("]])
+
+
+def test_strict_sandbox(reward) -> None:  # type: ignore[no-untyped-def]
+    if sandbox_report().missing():
+        strict = code_tests(sandbox="strict", max_parallel=1)
+        with pytest.raises(UserError, match="`sandbox: strict` refuses"):
+            strict(prompts=["p"], completions=[fenced("x = 1")], tests=[["assert x == 1"]])
+        return
+    strict = code_tests(sandbox="strict", timeout_s=2.0, max_parallel=1)
+    assert strict(prompts=["p"], completions=[fenced("x = 1")], tests=[["assert x == 1"]]) == [1.0]
+    strict.close()

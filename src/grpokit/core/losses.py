@@ -39,7 +39,10 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "ImportanceSamplingLevel",
     "LOSS_AGGREGATIONS",
+    "LossAggregation",
+    "LossInputs",
     "LossType",
+    "PolicyLoss",
     "PolicyLossOutput",
     "masked_mean",
     "policy_loss",
@@ -67,7 +70,7 @@ class PolicyLossOutput:
     kl: Tensor | None
 
 
-class Aggregation(Protocol):
+class Reduce(Protocol):
     """(B, T) per-token losses (0 on padding), (B, T) float mask -> scalar loss."""
 
     def __call__(
@@ -151,11 +154,47 @@ def _aggregate_dr_grpo(
     return per_token.sum() / float(sequences * max_completion_length)
 
 
-LOSS_AGGREGATIONS: dict[str, Aggregation] = {
-    "grpo": _aggregate_grpo,
-    "bnpo": _aggregate_bnpo,
-    "dapo": _aggregate_dapo,
-    "dr_grpo": _aggregate_dr_grpo,
+@dataclass(frozen=True)
+class LossAggregation:
+    """One ``loss_type``: how masked per-token losses become a scalar, and how the scalars of a
+    step's micro-batches add up to the step's loss.
+
+    step_normalised: the reduction divides by step-wide counts (``num_active_tokens``,
+        ``num_sequences``), so the micro-batch losses simply sum to the step's loss (weight 1).
+        Otherwise it is a mean over its own call, and a micro-batch of r of the step's N
+        sequences weighs r / N.
+    """
+
+    reduce: Reduce
+    step_normalised: bool
+
+    def __call__(
+        self,
+        per_token: Tensor,
+        mask: Tensor,
+        *,
+        num_active_tokens: Tensor | float | None,
+        num_sequences: int | None,
+        max_completion_length: int | None,
+    ) -> Tensor:
+        return self.reduce(
+            per_token,
+            mask,
+            num_active_tokens=num_active_tokens,
+            num_sequences=num_sequences,
+            max_completion_length=max_completion_length,
+        )
+
+    def micro_batch_weight(self, rows: int, num_sequences: int) -> float:
+        """The weight of a micro-batch of ``rows`` sequences in a step of ``num_sequences``."""
+        return 1.0 if self.step_normalised else rows / num_sequences
+
+
+LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
+    "grpo": LossAggregation(_aggregate_grpo, step_normalised=False),
+    "bnpo": LossAggregation(_aggregate_bnpo, step_normalised=False),
+    "dapo": LossAggregation(_aggregate_dapo, step_normalised=True),
+    "dr_grpo": LossAggregation(_aggregate_dr_grpo, step_normalised=True),
 }
 """loss_type -> aggregation of masked per-token losses into the scalar loss."""
 
@@ -336,3 +375,72 @@ def policy_loss(
         clip_ratio_region=masked_mean((is_low | is_high).to(logp.dtype), active),
         kl=kl,
     )
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch's per-token tensors and the counts of the whole optimizer step.
+
+    logp, old_logp, ref_logp, mask: (B, T); advantages: (B,). old_logp None means one
+    optimizer step per generation (ratio 1 in value); ref_logp None without a KL term.
+    num_active_tokens / num_sequences: the step's active tokens and completions over all
+    micro-batches and processes (see the module docstring).
+    """
+
+    logp: Tensor
+    old_logp: Tensor | None
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None
+    num_active_tokens: Tensor | float
+    num_sequences: int
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The loss of a run: :func:`policy_loss` with its hyperparameters bound (TRL's names).
+
+    A trainer calls it on each micro-batch's :class:`LossInputs` and scales the result by
+    :meth:`micro_batch_weight`; it needs to know nothing else about the loss type.
+    """
+
+    loss_type: str
+    epsilon_low: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0
+    importance_sampling_level: str = "token"
+    max_completion_length: int | None = None
+    delta: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_AGGREGATIONS:
+            raise ValueError(
+                f"unknown loss_type {self.loss_type!r}; choose one of {sorted(LOSS_AGGREGATIONS)}"
+            )
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the reference model's log-probs enter the loss (beta > 0)."""
+        return self.beta > 0
+
+    def __call__(self, inputs: LossInputs) -> PolicyLossOutput:
+        return policy_loss(
+            inputs.logp,
+            inputs.old_logp,
+            inputs.advantages,
+            inputs.mask,
+            loss_type=self.loss_type,
+            epsilon_low=self.epsilon_low,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            ref_logp=inputs.ref_logp,
+            importance_sampling_level=self.importance_sampling_level,
+            max_completion_length=self.max_completion_length,
+            num_active_tokens=inputs.num_active_tokens,
+            num_sequences=inputs.num_sequences,
+            delta=self.delta,
+        )
+
+    def micro_batch_weight(self, rows: int, num_sequences: int) -> float:
+        """The factor that makes a micro-batch's loss its share of the step's loss."""
+        return LOSS_AGGREGATIONS[self.loss_type].micro_batch_weight(rows, num_sequences)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from grpokit.data.prompts import Prompt
@@ -22,15 +23,23 @@ def encode_prompt(
     *,
     system_prompt: str | None = None,
     max_prompt_length: int | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of the prompt rendered with the chat template, ready for generation.
 
     Without a chat template the text is used as it is. Over-long prompts are cut from the left,
     keeping the end (the question and the generation prompt) as TRL does.
+    ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
+    variables, e.g. ``{"enable_thinking": False}`` for Qwen3.
     """
     messages = to_messages(prompt, system_prompt)
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=True,
+            **dict(chat_template_kwargs or {}),
+        )
     else:
         text = "\n\n".join(m["content"] for m in messages)
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,21 +1,24 @@
-"""Prompt sets: JSONL, CSV or a `datasets` directory, validated row by row.
+"""Prompt sets: what `datasets` reads (local files, folders, hub datasets), checked row by row.
 
 Every column other than the prompt reaches the reward functions as a keyword argument (TRL's
-convention), so a row is kept whole. Errors name the file and line and say what to fix.
+convention), so a row is kept whole. Errors name the file and line (local JSON and CSV files) or
+the row, and say what to fix.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpokit.data.sources import DatasetSource, read_records
 from grpokit.errors import UserError
 
 Prompt = str | list[dict[str, str]]
+
+ROLES = ("system", "user", "assistant", "tool")
+"""Chat roles a prompt's messages may have (those of TRL's conversational datasets)."""
 
 
 @dataclass(frozen=True)
@@ -27,79 +30,73 @@ class PromptRow:
     source: str = ""
 
 
+def _check_messages(value: list[Any], where: str, column: str) -> list[dict[str, str]]:
+    messages = []
+    for i, msg in enumerate(value):
+        if not (
+            isinstance(msg, dict)
+            and isinstance(msg.get("role"), str)
+            and isinstance(msg.get("content"), str)
+        ):
+            raise UserError(
+                f"{where}: message {i} of {column!r} must be "
+                '{"role": "system"|"user"|"assistant", "content": "..."} with text content'
+            )
+        if msg["role"] not in ROLES:
+            raise UserError(
+                f"{where}: message {i} of {column!r} has role {msg['role']!r}; use one of "
+                f"{', '.join(ROLES)} (ShareGPT's human/gpt are user/assistant)"
+            )
+        messages.append({"role": msg["role"], "content": msg["content"]})
+    if not any(m["role"] == "user" for m in messages):
+        raise UserError(
+            f"{where}: the messages of {column!r} have no user message "
+            f"(roles: {', '.join(m['role'] for m in messages)}); a prompt needs one to answer"
+        )
+    return messages
+
+
 def _check_prompt(value: Any, where: str, column: str) -> Prompt:
     if isinstance(value, str):
         if not value.strip():
             raise UserError(f"{where}: column {column!r} is empty")
         return value
     if isinstance(value, list) and value:
-        for i, msg in enumerate(value):
-            if not (
-                isinstance(msg, dict)
-                and isinstance(msg.get("role"), str)
-                and isinstance(msg.get("content"), str)
-            ):
-                raise UserError(
-                    f"{where}: message {i} of {column!r} must be "
-                    '{"role": "system"|"user"|"assistant", "content": "..."}'
-                )
-        return [{"role": m["role"], "content": m["content"]} for m in value]
+        return _check_messages(value, where, column)
     raise UserError(
         f"{where}: column {column!r} must be a non-empty string or a list of chat messages, "
         f"got {type(value).__name__}"
     )
 
 
-def _row(record: Any, where: str, column: str) -> PromptRow:
-    if not isinstance(record, dict):
-        raise UserError(f"{where}: expected a JSON object per line, got {type(record).__name__}")
-    if column not in record:
-        keys = ", ".join(sorted(record)) or "none"
+def _row(record: dict[str, Any], where: str, column: str) -> PromptRow:
+    if record.get(column) is None:
+        present = ", ".join(k for k, v in record.items() if v is not None) or "none"
         raise UserError(
-            f"{where}: no {column!r} column (columns: {keys}); set data.prompt_column or rename it"
+            f"{where}: no {column!r} value (columns with values: {present}); set "
+            "data.prompt_column, or rename a column with data.columns"
         )
-    columns = {k: v for k, v in record.items() if k != column}
+    # A column missing from this row (None, as `datasets` fills it) is left out, so that a
+    # reward that needs it is reported before training (check_columns).
+    columns = {k: v for k, v in record.items() if k != column and v is not None}
     return PromptRow(_check_prompt(record[column], where, column), columns, where)
 
 
-def _read_jsonl(path: Path, column: str) -> list[PromptRow]:
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            rows.append(_row(record, where, column))
-    return rows
+def load_prompts(
+    path: str | Path | DatasetSource,
+    *,
+    prompt_column: str = "prompt",
+    columns: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+) -> list[PromptRow]:
+    """Load a prompt set: anything `datasets.load_dataset` reads (see grpokit.data.sources).
 
-
-def _read_csv(path: Path, column: str) -> list[PromptRow]:
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        # Line numbers count the header as line 1, as an editor shows them.
-        return [_row(dict(r), f"{path}:{reader.line_num}", column) for r in reader]
-
-
-def _read_datasets_dir(path: Path, column: str) -> list[PromptRow]:
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as e:  # datasets raises several types for a wrong directory
-        raise UserError(f"{path}: not a `datasets` save_to_disk directory ({e})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        if "train" not in ds:
-            raise UserError(f"{path}: a DatasetDict without a 'train' split ({list(ds)})")
-        ds = ds["train"]
-    return [_row(dict(r), f"{path}[{i}]", column) for i, r in enumerate(ds)]
-
-
-def load_prompts(path: str | Path, *, prompt_column: str = "prompt") -> list[PromptRow]:
-    """Load a prompt set; the format is chosen by the file extension (or a directory).
+    Args:
+        path: a local file or folder, a hub dataset name, or a :class:`DatasetSource` with its
+            config, split and revision.
+        prompt_column: the column with the prompt, after renaming.
+        columns: renames ``{dataset column: name}`` before anything reads the rows.
+        base_dir: directory that relative paths resolve against (default: the working one).
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp(); p = os.path.join(d, "p.jsonl")
@@ -107,20 +104,15 @@ def load_prompts(path: str | Path, *, prompt_column: str = "prompt") -> list[Pro
     >>> load_prompts(p)[0].columns
     {'answer': '2'}
     """
-    path = Path(path)
-    if not path.exists():
-        raise UserError(f"prompt file {path} does not exist")
-    if path.is_dir():
-        rows = _read_datasets_dir(path, prompt_column)
-    elif path.suffix in (".jsonl", ".json"):
-        rows = _read_jsonl(path, prompt_column)
-    elif path.suffix == ".csv":
-        rows = _read_csv(path, prompt_column)
-    else:
-        raise UserError(f"{path}: unknown prompt file type; use .jsonl, .csv or a datasets dir")
-    if not rows:
-        raise UserError(f"{path}: no prompts")
-    return rows
+    source = path if isinstance(path, DatasetSource) else DatasetSource(str(path))
+    records = read_records(source, base_dir=base_dir, columns=columns)
+    if prompt_column not in records.column_names:
+        raise UserError(
+            f"{records.where(0)}: no {prompt_column!r} column "
+            f"(columns: {', '.join(records.column_names)}); set data.prompt_column, or rename "
+            f"a column with data.columns (e.g. columns: {{question: {prompt_column}}})"
+        )
+    return [_row(r, records.where(i), prompt_column) for i, r in enumerate(records.rows)]
 
 
 def columns_of(rows: Sequence[PromptRow]) -> dict[str, list[Any]]:

@@ -46,6 +46,24 @@ def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     click.echo(f"compare: {path}")
 
 
+def _device_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """The device name checked as model.device is, and present on this machine."""
+    if value is None:
+        return None
+    from pydantic import ValidationError
+
+    from grpokit.config import ModelConfig
+    from grpokit.errors import UserError
+
+    try:
+        ModelConfig.model_validate({"device": value}).check_device(option="--device")
+    except ValidationError as e:
+        raise click.BadParameter(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    except UserError as e:
+        raise click.BadParameter(str(e)) from None
+    return value
+
+
 @click.command("eval")
 @click.option(
     "--model",
@@ -59,9 +77,16 @@ def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     "--prompts",
     type=click.Path(path_type=Path),
     required=True,
-    help="Held-out prompts (.jsonl / .csv / datasets directory), never trained on.",
+    help="Held-out prompts, never trained on: a file or folder `datasets` reads (.jsonl, .json, "
+    ".csv, .parquet, .arrow, a save_to_disk folder).",
 )
-@click.option("--samples", type=int, default=8, show_default=True, help="Samples per prompt (K).")
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Samples per prompt (K).",
+)
 @click.option(
     "--config",
     type=click.Path(path_type=Path),
@@ -77,7 +102,9 @@ def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     help="Output directory (eval.json, completions.jsonl, eval.md); default runs/eval-<prompts>.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (all models).")
-@click.option("--max-prompts", type=int, default=None, help="Use only the first N prompts.")
+@click.option(
+    "--max-prompts", type=click.IntRange(min=1), default=None, help="Use only the first N prompts."
+)
 @click.option(
     "--pass",
     "thresholds",
@@ -86,10 +113,17 @@ def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     help="Pass threshold of a reward (default: its maximum, when it has one). Repeatable.",
 )
 @click.option(
-    "--batch-size", type=int, default=32, show_default=True, help="Completions sampled at once."
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Completions sampled at once.",
 )
 @click.option(
-    "--device", default=None, help="cpu, cuda:0, ...; default: the config's model.device."
+    "--device",
+    default=None,
+    callback=_device_option,
+    help="cpu, cuda, cuda:N or mps; default: the config's model.device.",
 )
 def eval_cmd(
     models: tuple[str, ...],

@@ -3,8 +3,10 @@
 Every model answers every held-out prompt K times with the same sampling settings and the same
 seeds (prompt chunk c is sampled with seed + c for each model), and every configured reward
 scores the answers (a judge reward keeps its cache under the output directory). The result is the
-seed article's per-prompt table, per-reward means and pass rates with 95% Wilson intervals,
-pass@k, mean length, and a paired comparison of each model with the first one (the base).
+seed article's per-prompt table, per-reward means and pass rates with 95% per-prompt (cluster)
+intervals, pass@k, mean length, and a paired comparison of each model with the first one (the
+base). The K samples of one prompt are correlated (an easy prompt passes in most of them), so
+every interval treats the prompts, not the samples, as the independent units.
 
 Writes ``eval.json`` (format in :mod:`grpokit.evaluate.schema`), ``completions.jsonl`` (every
 sample) and ``eval.md`` (the tables) to the output directory.
@@ -14,10 +16,8 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,19 +25,18 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOKitConfig, load_config
-from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval
+from grpokit.core.stats import cluster_pass_interval, paired_difference, pass_at_k
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.evaluate.report import write_atomic
 from grpokit.evaluate.schema import (
+    CLUSTER_INTERVALS,
     EvalResult,
     ModelSummary,
     PairedComparison,
+    PromptResult,
     RewardSummary,
-)
-from grpokit.evaluate.schema import (
-    PromptRow as TableRow,
 )
 from grpokit.evaluate.tables import eval_tables, to_markdown
 from grpokit.monitor.config import MonitorConfig
@@ -47,98 +46,17 @@ from grpokit.monitor.text_stats import (
     REPEATED_NGRAM_FRAC,
     text_stats,
 )
-
-_LABEL_RE = re.compile(r"^(?P<label>[A-Za-z0-9_.\-]+)=(?P<path>.+)$")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What to load for one ``--model``: a base name or directory, and weights to apply on it."""
-
-    label: str
-    name_or_path: str
-    init_from: str | None
-    given: str
-    run_dir: Path | None = None
-    """The run directory the checkpoint comes from, if any (its config.yaml can be used)."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One scored completion."""
-
-    model: str
-    prompt_index: int
-    sample: int
-    text: str
-    total: float | None
-    rewards: dict[str, float | None]
-    length: int
-    truncated: bool
-
-
-def _latest_checkpoint(run_dir: Path) -> Path | None:
-    steps = []
-    for p in run_dir.glob("checkpoint-*"):
-        suffix = p.name.removeprefix("checkpoint-")
-        if p.is_dir() and suffix.isdigit():
-            steps.append((int(suffix), p))
-    return max(steps)[1] if steps else None
-
-
-def resolve_model(arg: str, *, embedded_default: str = "smollm2-135m-instruct") -> ModelSpec:
-    """Turn a ``--model`` argument into what to load.
-
-    Accepted: ``[LABEL=]X`` where X is the embedded model's name, a hub name, a model directory
-    (config.json), a grpokit checkpoint (``checkpoint-N/`` or its ``model/``; a LoRA adapter is
-    merged into the base model named in its grpokit_policy.json), or a run directory (its latest
-    checkpoint).
-    """
-    label: str | None = None
-    match = _LABEL_RE.match(arg)
-    if match and not Path(arg).exists():
-        label, arg = match.group("label"), match.group("path")
-    path = Path(arg).expanduser()
-    if not path.exists():
-        if arg.startswith((".", "/", "~")) or arg.count("/") > 1:
-            raise UserError(f"--model {arg}: no such directory")
-        return ModelSpec(label or arg.rsplit("/", 1)[-1], arg, None, arg)
-    if not path.is_dir():
-        raise UserError(f"--model {arg}: expected a model, checkpoint or run directory, got a file")
-    run_dir: Path | None = None
-    if _latest_checkpoint(path) is not None and not (path / "config.json").is_file():
-        run_dir = path
-        path = _latest_checkpoint(path) or path
-    if (path / "model").is_dir():
-        run_dir = run_dir or (path.parent if (path.parent / "config.yaml").is_file() else None)
-        default_label = f"{path.parent.name}/{path.name}"
-        path = path / "model"
-    else:
-        default_label = path.name
-    if (path / "adapter_config.json").is_file():
-        info_path = path / "grpokit_policy.json"
-        base = embedded_default
-        if info_path.is_file():
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            base = str(info.get("base_model") or base)
-        return ModelSpec(label or default_label, base, str(path), arg, run_dir)
-    if (path / "config.json").is_file():
-        return ModelSpec(label or default_label, str(path), None, arg, run_dir)
-    raise UserError(
-        f"--model {arg}: {path} holds neither a model (config.json), a LoRA adapter "
-        f"(adapter_config.json), nor checkpoint-N/ directories"
-    )
-
-
-def _unique_labels(specs: list[ModelSpec]) -> list[ModelSpec]:
-    seen: dict[str, int] = {}
-    out = []
-    for s in specs:
-        n = seen.get(s.label, 0)
-        seen[s.label] = n + 1
-        out.append(s if n == 0 else ModelSpec(f"{s.label}#{n + 1}", s.name_or_path, s.init_from,
-                                              s.given, s.run_dir))  # fmt: skip
-    return out
+from grpokit.rewards.compose import RewardSet, build_reward_set
+from grpokit.rewards.registry import BuildContext
+from grpokit.sampling import (
+    ModelSpec,
+    Sample,
+    Sampler,
+    resolve_device,
+    resolve_model,
+    seed_everything,
+    unique_labels,
+)
 
 
 def parse_thresholds(items: Sequence[str], names: Sequence[str]) -> dict[str, float]:
@@ -190,7 +108,9 @@ def _reward_summary(
     if threshold is not None and n:
         passed = sum(_passes(v, threshold) for v in present)
         pass_rate = passed / n
-        ci = wilson_interval(passed, n)
+        ci = cluster_pass_interval(
+            [[_passes(v, threshold) for v in p if v is not None] for p in per_prompt]
+        )
         k_max = min(len(p) for p in per_prompt)
         if k_max >= 1:
             for k in _ks(k_max):
@@ -313,6 +233,16 @@ def summarize_eval(
                 [s.rewards.get(name) for s in mine], per_prompt, thresholds.get(name)
             )
         compliant = sum(_compliant(s, thresholds) for s in mine) if thresholds else None
+        compliant_ci = (
+            cluster_pass_interval(
+                [
+                    [_compliant(s, thresholds) for s in mine if s.prompt_index == i]
+                    for i in range(n_prompts)
+                ]
+            )
+            if compliant is not None
+            else None
+        )
         texts = (group_texts or {}).get(label, [s.text for s in mine])
         models.append(
             ModelSummary(
@@ -321,9 +251,7 @@ def summarize_eval(
                 samples=len(mine),
                 compliant=compliant,
                 compliant_rate=compliant / len(mine) if compliant is not None else None,
-                compliant_ci=wilson_interval(compliant, len(mine))
-                if compliant is not None
-                else None,
+                compliant_ci=compliant_ci,
                 mean_length=sum(s.length for s in mine) / len(mine),
                 truncated_frac=sum(s.truncated for s in mine) / len(mine),
                 text=text_stats(texts, samples_per_prompt),
@@ -344,7 +272,7 @@ def summarize_eval(
                 present = [v for s in at if (v := s.rewards.get(name)) is not None]
                 means[label][name] = sum(present) / len(present) if present else None
         rows.append(
-            TableRow(
+            PromptResult(
                 index=i,
                 prompt=prompt,
                 samples=samples_per_prompt,
@@ -392,6 +320,7 @@ def summarize_eval(
         prompts=rows,
         paired=paired,
         alerts=alerts,
+        intervals=CLUSTER_INTERVALS,
     )
 
 
@@ -401,7 +330,7 @@ def summarize_eval(
 def _score_model(
     spec: ModelSpec,
     rows: list[PromptRow],
-    reward_set: Any,
+    reward_set: RewardSet,
     cfg: GRPOKitConfig,
     *,
     samples: int,
@@ -409,70 +338,13 @@ def _score_model(
     device: torch.device,
     batch_size: int,
 ) -> list[Sample]:
-    from grpokit.models.loading import load_policy
-    from grpokit.rollout.base import SamplingParams
-    from grpokit.rollout.torch_engine import TorchEngine
-    from grpokit.train.scoring import sample_and_score
-    from grpokit.train.trainer import seed_everything
-
     seed_everything(seed)
-    policy = load_policy(
-        spec.name_or_path,
-        dtype=cfg.model.dtype,
-        lora=None,
-        need_reference=False,
-        init_from=spec.init_from,
-        device=device,
+    sampler = Sampler.from_config(cfg, reward_set, model=spec, device=device)
+    # The same seed per chunk for every model: same randomness, different weights.
+    scored = sampler.score_prompts(
+        rows, samples, seed=seed, prompts_per_chunk=max(1, batch_size // samples)
     )
-    policy.model.eval()
-    tok = policy.tokenizer
-    eos = policy.eos_token_ids()
-    pad = int(tok.pad_token_id if tok.pad_token_id is not None else min(eos))
-    engine = TorchEngine(policy.model, eos_token_ids=eos, pad_token_id=pad)
-    args = cfg.training
-    sampling = SamplingParams(
-        max_completion_length=args.max_completion_length,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k or 0,
-    )
-    per_chunk = max(1, batch_size // samples)
-    out: list[Sample] = []
-    with torch.no_grad():
-        for c, start in enumerate(range(0, len(rows), per_chunk)):
-            chunk = rows[start : start + per_chunk]
-            scored = sample_and_score(
-                engine,
-                tok,
-                chunk,
-                reward_set,
-                num_generations=samples,
-                sampling=sampling,
-                system_prompt=cfg.system_prompt,
-                max_prompt_length=args.max_prompt_length,
-                # The same seed per chunk for every model: same randomness, different weights.
-                generator=torch.Generator().manual_seed(seed + c),
-            )
-            per_fn = scored.scores.per_function
-            for b, text in enumerate(scored.texts):
-                total = float(scored.scores.total[b])
-                out.append(
-                    Sample(
-                        model=spec.label,
-                        prompt_index=start + b // samples,
-                        sample=b % samples,
-                        text=text,
-                        total=None if math.isnan(total) else total,
-                        rewards={
-                            name: None if math.isnan(v := float(per_fn[b, j])) else v
-                            for j, name in enumerate(scored.scores.names)
-                        },
-                        length=len(scored.rollout.completion_ids[b]),
-                        truncated=scored.rollout.finish_reason[b] == "length",
-                    )
-                )
-    del policy, engine
-    return out
+    return scored.samples(spec.label)
 
 
 def run_eval(
@@ -494,7 +366,7 @@ def run_eval(
         raise UserError("give at least one --model (the base model first)")
     if samples < 1:
         raise UserError("--samples must be at least 1")
-    specs = _unique_labels([resolve_model(m) for m in models])
+    specs = unique_labels([resolve_model(m) for m in models])
     if config is None:
         found = next((s.run_dir / "config.yaml" for s in specs if s.run_dir is not None), None)
         if found is None:
@@ -505,13 +377,11 @@ def run_eval(
         config = found
         log(f"using the rewards and sampling of {config}")
     cfg = load_config(config)
-    rows = load_prompts(prompts_path, prompt_column=cfg.data.prompt_column)
+    rows = load_prompts(
+        prompts_path, prompt_column=cfg.data.prompt_column, columns=cfg.data.columns
+    )
     if max_prompts is not None:
         rows = rows[:max_prompts]
-    from grpokit.rewards.compose import build_reward_set
-    from grpokit.rewards.registry import BuildContext
-    from grpokit.train.trainer import resolve_device
-
     out_dir.mkdir(parents=True, exist_ok=True)
     reward_set = build_reward_set(
         cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=out_dir, seed=seed)

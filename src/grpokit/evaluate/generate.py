@@ -3,7 +3,7 @@
 The quick look a user takes before and after training (the seed article's base-vs-trained check
 by hand): every model answers the same prompts K times, prompt chunk c sampled with seed + c for
 every model, so differences come from the weights and not from the randomness. With a config,
-its rewards score each sample exactly as in training (:func:`grpokit.train.scoring.sample_and_score`).
+its rewards score each sample exactly as in training (:class:`grpokit.sampling.Sampler`).
 For the statistics of a real comparison (intervals, pass@k, paired differences) use
 ``grpokit eval``.
 """
@@ -11,35 +11,20 @@ For the statistics of a real comparison (intervals, pass@k, paired differences) 
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from grpokit.data.chat import encode_prompt, prompt_text
+from grpokit.config import ModelConfig
+from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import SamplingParams
-
-
-@dataclass(frozen=True)
-class GeneratedSample:
-    """One completion of one model. ``rewards`` / ``total`` are empty / None without a config."""
-
-    model: str
-    prompt_index: int
-    sample: int
-    text: str
-    length: int
-    truncated: bool
-    total: float | None = None
-    rewards: dict[str, float | None] = field(default_factory=dict)
+from grpokit.sampling import Sample, Sampler, resolve_device, resolve_model, unique_labels
 
 
 @dataclass
@@ -53,9 +38,9 @@ class GenerateResult:
     seed: int
     sampling: dict[str, float | int]
     reward_names: list[str]
-    samples: list[GeneratedSample]
+    samples: list[Sample]
 
-    def of(self, label: str, prompt_index: int) -> list[GeneratedSample]:
+    def of(self, label: str, prompt_index: int) -> list[Sample]:
         """The samples of one model for one prompt, in sample order."""
         return [s for s in self.samples if s.model == label and s.prompt_index == prompt_index]
 
@@ -86,79 +71,6 @@ def prompt_rows(
     return rows
 
 
-def _model_samples(
-    spec: Any,
-    rows: list[PromptRow],
-    reward_set: RewardSet | None,
-    *,
-    samples: int,
-    sampling: SamplingParams,
-    seed: int,
-    system_prompt: str | None,
-    max_prompt_length: int | None,
-    device: torch.device,
-    batch_size: int,
-) -> list[GeneratedSample]:
-    from grpokit.models.loading import load_policy
-    from grpokit.rollout.torch_engine import TorchEngine
-    from grpokit.train.scoring import sample_and_score
-
-    policy = load_policy(
-        spec.name_or_path, lora=None, need_reference=False, init_from=spec.init_from, device=device
-    )
-    policy.model.eval()
-    tok = policy.tokenizer
-    eos = policy.eos_token_ids()
-    pad = int(tok.pad_token_id if tok.pad_token_id is not None else eos[0])
-    engine = TorchEngine(policy.model, eos_token_ids=eos, pad_token_id=pad)
-    per_chunk = max(1, batch_size // samples)
-    out: list[GeneratedSample] = []
-    for c, start in enumerate(range(0, len(rows), per_chunk)):
-        chunk = rows[start : start + per_chunk]
-        # The same seed for chunk c of every model: same randomness, different weights.
-        generator = torch.Generator().manual_seed(seed + c)
-        if reward_set is not None:
-            scored = sample_and_score(
-                engine,
-                tok,
-                chunk,
-                reward_set,
-                num_generations=samples,
-                sampling=sampling,
-                system_prompt=system_prompt,
-                max_prompt_length=max_prompt_length,
-                generator=generator,
-            )
-            rollout, texts = scored.rollout, scored.texts
-            totals = [None if math.isnan(v) else v for v in scored.scores.total.tolist()]
-            columns = {name: scored.scores.column(name) for name in scored.scores.names}
-        else:
-            ids = [
-                encode_prompt(
-                    tok, r.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
-                )
-                for r in chunk
-            ]
-            rollout = engine.generate(ids, samples, sampling, generator=generator)
-            texts = tok.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-            totals, columns = [None] * len(texts), {}
-        for b, text in enumerate(texts):
-            out.append(
-                GeneratedSample(
-                    model=spec.label,
-                    prompt_index=start + b // samples,
-                    sample=b % samples,
-                    text=text,
-                    length=len(rollout.completion_ids[b]),
-                    truncated=rollout.finish_reason[b] == "length",
-                    total=totals[b],
-                    rewards={name: values[b] for name, values in columns.items()},
-                )
-            )
-    del policy, engine
-    return out
-
-
 def generate_samples(
     models: Sequence[str],
     rows: list[PromptRow],
@@ -171,6 +83,7 @@ def generate_samples(
     reward_set: RewardSet | None = None,
     device: str = "auto",
     batch_size: int = 32,
+    model_config: ModelConfig | None = None,
     log: Callable[[str], None] = print,
 ) -> GenerateResult:
     """Sample ``samples`` completions per prompt from each model (one model in memory at a time).
@@ -186,10 +99,9 @@ def generate_samples(
         reward_set: the config's rewards, or None for unscored samples.
         device: ``auto``, ``cpu``, ``cuda:0``, ...
         batch_size: completions generated at once.
+        model_config: dtype and matmul settings (a config's ``model:`` section); default
+            float32.
     """
-    from grpokit.evaluate.eval import _unique_labels, resolve_model
-    from grpokit.train.trainer import resolve_device
-
     if not models:
         raise UserError("give at least one --model")
     if samples < 1:
@@ -198,24 +110,27 @@ def generate_samples(
         raise UserError("there are no prompts to answer")
     if reward_set is not None:
         check_columns(rows, reward_set.required_columns, "the prompts")
-    specs = _unique_labels([resolve_model(m) for m in models])
-    out: list[GeneratedSample] = []
+    scoring = reward_set if reward_set is not None else RewardSet([], [])
+    specs = unique_labels([resolve_model(m) for m in models])
+    out: list[Sample] = []
     for spec in specs:
         log(f"sampling {spec.label} ({spec.given}) ...")
-        out.extend(
-            _model_samples(
-                spec,
-                rows,
-                reward_set,
-                samples=samples,
-                sampling=sampling,
-                seed=seed,
-                system_prompt=system_prompt,
-                max_prompt_length=max_prompt_length,
-                device=resolve_device(device),
-                batch_size=batch_size,
-            )
+        sampler = Sampler.load(
+            model_config or ModelConfig(),
+            scoring,
+            sampling=sampling,
+            system_prompt=system_prompt,
+            max_prompt_length=max_prompt_length,
+            base_dir=Path.cwd(),
+            model=spec,
+            device=resolve_device(device),
         )
+        # The same seed for chunk c of every model: same randomness, different weights.
+        scored = sampler.score_prompts(
+            rows, samples, seed=seed, prompts_per_chunk=max(1, batch_size // samples)
+        )
+        out += scored.samples(spec.label)
+        del sampler
     return GenerateResult(
         labels=[s.label for s in specs],
         paths={s.label: s.given for s in specs},
@@ -228,7 +143,7 @@ def generate_samples(
     )
 
 
-def _score_line(sample: GeneratedSample, names: Sequence[str]) -> str:
+def _score_line(sample: Sample, names: Sequence[str]) -> str:
     parts = [f"{n} {_fmt(sample.rewards.get(n))}" for n in names]
     if names:
         parts.append(f"total {_fmt(sample.total)}")

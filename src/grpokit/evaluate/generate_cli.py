@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -75,6 +77,7 @@ def generate_cmd(
     """
     from rich.console import Console
 
+    from grpokit.config import ModelConfig
     from grpokit.errors import UserError
     from grpokit.evaluate.generate import generate_samples, prompt_rows, render, write_jsonl
     from grpokit.rewards.compose import RewardSet
@@ -83,30 +86,31 @@ def generate_cmd(
     reward_set: RewardSet | None = None
     prompt_column, config_device = "prompt", "auto"
     max_prompt_length: int | None = None
+    model_config: ModelConfig | None = None
     # The config's sampling settings when given, else plain sampling; options override both.
-    d_temperature, d_top_p, d_top_k, d_max_new = 1.0, 1.0, 0, 128
+    defaults = SamplingParams(max_completion_length=128)
     if config is not None:
         from grpokit.config import load_config
         from grpokit.rewards.compose import build_reward_set
         from grpokit.rewards.registry import BuildContext
+        from grpokit.sampling import sampling_params
 
         cfg = load_config(config)
-        args = cfg.training
-        d_temperature, d_top_p = args.temperature, args.top_p
-        d_top_k, d_max_new = args.top_k or 0, args.max_completion_length
+        defaults = sampling_params(cfg.training)
         system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
-        prompt_column, max_prompt_length = cfg.data.prompt_column, args.max_prompt_length
-        config_device = cfg.model.device
+        prompt_column, max_prompt_length = cfg.data.prompt_column, cfg.training.max_prompt_length
+        config_device, model_config = cfg.model.device, cfg.model
         reward_set = build_reward_set(
             cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=None, seed=seed)
         )
+    overrides: dict[str, Any] = {
+        "max_completion_length": max_new_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+    }
     try:
-        sampling = SamplingParams(
-            max_completion_length=max_new_tokens if max_new_tokens is not None else d_max_new,
-            temperature=temperature if temperature is not None else d_temperature,
-            top_p=top_p if top_p is not None else d_top_p,
-            top_k=top_k if top_k is not None else d_top_k,
-        )
+        sampling = replace(defaults, **{k: v for k, v in overrides.items() if v is not None})
     except ValueError as exc:
         raise UserError(f"sampling settings: {exc}") from exc
     try:
@@ -121,6 +125,7 @@ def generate_cmd(
             max_prompt_length=max_prompt_length,
             reward_set=reward_set,
             device=device or config_device,
+            model_config=model_config,
             log=lambda msg: click.echo(msg, err=True),
         )
     finally:

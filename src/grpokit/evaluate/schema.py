@@ -1,7 +1,7 @@
 """The eval.json file that ``grpokit eval`` writes and ``grpokit report --eval`` reads.
 
 Format ``grpokit-eval/1``: one object with the settings every model was sampled with, a summary per
-model (per reward: mean, pass count, pass rate with a 95% Wilson interval, pass@k), the seed
+model (per reward: mean, pass count, pass rate with a 95% interval, pass@k), the seed
 article's per-prompt table (samples and compliant count per model), and paired comparisons of each
 model against the first one (the base). A sample is *compliant* when every reward that has a pass
 threshold reaches it; rewards without one (unbounded scores) only enter the means.
@@ -14,6 +14,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 EVAL_FORMAT: Literal["grpokit-eval/1"] = "grpokit-eval/1"
+
+IntervalMethod = Literal["wilson", "prompt-cluster"]
+"""How pass-rate intervals were computed: over samples as if independent, or over prompts."""
+CLUSTER_INTERVALS: IntervalMethod = "prompt-cluster"
 
 
 class _Strict(BaseModel):
@@ -30,7 +34,9 @@ class RewardSummary(_Strict):
     )
     passed: int | None = Field(description="Samples at or above the threshold.")
     pass_rate: float | None = Field(description="passed / n (samples where the reward applied).")
-    pass_ci: tuple[float, float] | None = Field(description="95% Wilson interval of pass_rate.")
+    pass_ci: tuple[float, float] | None = Field(
+        description="95% interval of pass_rate (EvalResult.intervals says how)."
+    )
     pass_at_k: dict[int, float] = Field(
         default_factory=dict,
         description="Unbiased pass@k averaged over prompts, for k = 1, 2, 4, ... up to samples.",
@@ -46,7 +52,7 @@ class ModelSummary(_Strict):
     )
     compliant_rate: float | None = Field(description="compliant / samples.")
     compliant_ci: tuple[float, float] | None = Field(
-        description="95% Wilson interval of compliant_rate."
+        description="95% interval of compliant_rate (EvalResult.intervals says how)."
     )
     mean_length: float = Field(description="Mean completion length in tokens.")
     truncated_frac: float = Field(description="Share of completions cut at max_completion_length.")
@@ -57,7 +63,7 @@ class ModelSummary(_Strict):
     seconds: float = Field(default=0.0, description="Wall time to sample and score this model.")
 
 
-class PromptRow(_Strict):
+class PromptResult(_Strict):
     index: int = Field(description="0-based row of the held-out file.")
     prompt: str = Field(description="The prompt's user text as shown in the table.")
     samples: int = Field(description="Samples per model for this prompt.")
@@ -75,7 +81,10 @@ class PairedComparison(_Strict):
     other: str = Field(description="Label of the compared model.")
     diff: float = Field(description="Mean over prompts of other - base (per-prompt means).")
     ci: tuple[float, float] | None = Field(
-        description="95% t interval of diff over prompts; None with fewer than two prompts."
+        description=(
+            "95% t interval of diff over prompts (the prompts are the independent units); None "
+            "with fewer than two prompts."
+        )
     )
     n_prompts: int = Field(description="Prompts in the comparison.")
 
@@ -97,9 +106,17 @@ class EvalResult(_Strict):
         description="Pass threshold per reward that has one (its maximum unless --pass set it).",
     )
     models: list[ModelSummary] = Field(description="One entry per model, the base first.")
-    prompts: list[PromptRow] = Field(description="The per-prompt table.")
+    prompts: list[PromptResult] = Field(description="The per-prompt table.")
     paired: list[PairedComparison] = Field(description="Each later model against the first.")
     alerts: list[dict[str, object]] = Field(
         default_factory=list,
         description="Monitor alerts on the eval samples: rule, model, value, message.",
+    )
+    intervals: IntervalMethod = Field(
+        default="wilson",
+        description=(
+            "How pass_ci and compliant_ci were computed: 'prompt-cluster' (samples of a prompt "
+            "correlated; what grpokit eval writes) or 'wilson' (samples independent; files "
+            "written before the cluster intervals)."
+        ),
     )

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 from grpokit.evaluate.html import esc, table
 from grpokit.evaluate.schema import EvalResult, RewardSummary
 
+INTERVAL_NOTES = {
+    "wilson": "95% intervals: Wilson over all samples as if independent (too narrow when the "
+    "samples of a prompt are correlated)",
+    "prompt-cluster": "95% intervals: per-prompt cluster (Wilson on the effective sample size "
+    "n / design effect, t quantile on prompts - 1 df), since samples of one prompt are correlated",
+}
+"""The footnote of the per-model table, by EvalResult.intervals."""
+
 
 @dataclass(frozen=True)
 class Table:
@@ -64,7 +72,7 @@ def eval_tables(result: EvalResult) -> list[Table]:
         + ")",
     )
     summary = Table(
-        title="Per model: reward means and pass rates (95% Wilson intervals)",
+        title="Per model: reward means and pass rates (95% intervals)",
         header=["model", "compliant", *result.rewards, "mean length", "truncated"],
         rows=[
             [m.label, pct(m.compliant_rate, m.compliant_ci)]
@@ -72,7 +80,8 @@ def eval_tables(result: EvalResult) -> list[Table]:
             + [f"{m.mean_length:.1f}", pct(m.truncated_frac)]
             for m in result.models
         ],
-        note=f"{k} samples per prompt, {len(result.prompts)} prompts, seed {result.seed}",
+        note=f"{k} samples per prompt, {len(result.prompts)} prompts, seed {result.seed}; "
+        + INTERVAL_NOTES[result.intervals],
     )
     tables = [per_prompt, summary]
     ks = sorted({kk for m in result.models for r in m.rewards.values() for kk in r.pass_at_k})
@@ -105,7 +114,8 @@ def eval_tables(result: EvalResult) -> list[Table]:
                     ]
                     for c in result.paired
                 ],
-                note="an interval that excludes 0 is a difference the prompts support",
+                note="95% t intervals over per-prompt means (prompts are the independent units); "
+                "an interval that excludes 0 is a difference the prompts support",
             )
         )
     return tables

@@ -26,10 +26,13 @@ import click
 )
 @click.option(
     "--outtype",
-    type=click.Choice(["f32", "f16", "q8_0"]),
+    "--quantize",
+    "outtype",
+    type=click.Choice(["f32", "f16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"]),
     default="f16",
     show_default=True,
-    help="GGUF tensor type (norms stay f32).",
+    help="GGUF tensor type (norms stay f32). q4_k_m, q5_k_m and q6_k are llama.cpp's k-quant "
+    "mixes, made by its own quantiser from f16 (needs llama-cpp-python).",
 )
 @click.option(
     "--dtype",
@@ -46,6 +49,7 @@ def export_cmd(checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str) -
     Examples:
       grpokit export runs/demo/grpo --format gguf --out demo.gguf
       llama-cli -m demo.gguf -cnv
+      grpokit export runs/demo/grpo --format gguf --quantize q4_k_m --out demo-q4.gguf
       grpokit export runs/demo/grpo/checkpoint-24 --format hf --out demo-hf/
     """
     from grpokit.models.export import export_checkpoint

@@ -6,8 +6,9 @@ what is exported is exactly what was evaluated.
 
 - ``hf``: ``save_pretrained`` of the merged model and its tokenizer (chat template included); it
   loads with ``AutoModelForCausalLM.from_pretrained`` and no grpokit installed.
-- ``gguf``: a file for llama.cpp (see :mod:`grpokit.models.gguf_export`). When the model came from
-  a GGUF file (the embedded default), that file's metadata is carried over.
+- ``gguf``: a file for llama.cpp (see :mod:`grpokit.models.gguf_export`), f32, f16, q8_0 or one of
+  llama.cpp's k-quant mixes. When the model came from a GGUF file (the embedded default), that
+  file's metadata is carried over.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpokit.errors import UserError
-from grpokit.models.gguf_export import GGUF_TYPES, GGUFType, write_gguf
+from grpokit.models.gguf_export import GGUFType, check_outtype, write_gguf
 from grpokit.models.loading import POLICY_FILE, DType
 
 ExportFormat = Literal["hf", "gguf"]
@@ -50,10 +51,10 @@ class LoadedCheckpoint:
 def load_merged(checkpoint: str, *, dtype: DType = "float32") -> LoadedCheckpoint:
     """Load ``checkpoint`` (a checkpoint-N/ or its model/, a run directory, a model directory or
     the embedded model's name) as one plain transformers model with any LoRA adapter merged."""
-    from grpokit.evaluate.eval import resolve_model
+    from grpokit.models.checkpoints import resolve_model
     from grpokit.models.loading import load_policy
 
-    spec = resolve_model(checkpoint)
+    spec = resolve_model(checkpoint, option="CHECKPOINT")
     policy = load_policy(
         spec.name_or_path,
         dtype=dtype,
@@ -171,14 +172,15 @@ def export_checkpoint(
         fmt: ``hf`` or ``gguf``.
         out: the directory (hf) or ``.gguf`` file (gguf; an existing directory gets a file
             named after the checkpoint).
-        outtype: GGUF tensor type, ``f32``, ``f16`` or ``q8_0``.
+        outtype: GGUF tensor type, one of :data:`~grpokit.models.gguf_export.GGUF_TYPES`
+            (``q4_k_m``, ``q5_k_m`` and ``q6_k`` need llama-cpp-python).
         dtype: weights' dtype of the HF export.
         log: where progress notes go.
     """
     if fmt not in ("hf", "gguf"):
         raise UserError(f"--format {fmt}: use hf or gguf.")
-    if fmt == "gguf" and outtype not in GGUF_TYPES:
-        raise UserError(f"--outtype {outtype}: use one of {', '.join(GGUF_TYPES)}.")
+    if fmt == "gguf":
+        check_outtype(outtype)  # before the model loads
     out = Path(out).expanduser()
     if fmt == "gguf":
         if not out.is_dir():

@@ -16,8 +16,12 @@ Two layout facts matter for llama.cpp to reproduce the PyTorch model:
 Tokenizer: when the model's tokenizer is the one of a known GGUF file (the file the model was
 converted from, or the embedded model's), that file's tokenizer metadata is carried over as is,
 including llama.cpp's pre-tokenizer name. Otherwise the metadata is built from the tokenizer's
-``tokenizer.json`` for byte-level BPE tokenizers (GPT-2 style), with llama.cpp's default
-pre-tokenizer.
+``tokenizer.json`` for byte-level BPE tokenizers (GPT-2 style), with the llama.cpp pre-tokenizer
+that reproduces it (:mod:`grpokit.models.gguf_pretokenizer`); a tokenizer llama.cpp cannot
+reproduce is refused.
+
+Quantisation: f32, f16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k are made by llama.cpp's
+own quantiser from an f16 file written first (:mod:`grpokit.models.gguf_quantize`).
 """
 
 from __future__ import annotations
@@ -29,15 +33,25 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 import torch
 
 from grpokit.errors import UserError
+from grpokit.models.gguf_pretokenizer import pre_tokenizer_name
+from grpokit.models.gguf_quantize import (
+    OUTTYPE_OPTION,
+    QUANTIZED_TYPES,
+    quantize_gguf,
+    require_llama_cpp,
+)
 
-GGUFType = Literal["f32", "f16", "q8_0"]
-GGUF_TYPES: tuple[GGUFType, ...] = ("f32", "f16", "q8_0")
+WrittenType = Literal["f32", "f16", "q8_0"]
+GGUFType = Literal["f32", "f16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"]
+GGUF_TYPES: tuple[GGUFType, ...] = get_args(GGUFType)
+"""Output types: f32, f16 and q8_0 are written here; the k-quant mixes are made from an f16 file
+by llama.cpp's quantiser (:mod:`grpokit.models.gguf_quantize`)."""
 
 # Value types of the gguf format (gguf.GGUFValueType), by number, so this module's signatures do
 # not need the gguf package at import time.
@@ -203,7 +217,7 @@ def gguf_tensors(
         yield name, value.numpy()
 
 
-def encode_tensor(array: np.ndarray, outtype: GGUFType) -> tuple[np.ndarray, int | None]:
+def encode_tensor(array: np.ndarray, outtype: WrittenType) -> tuple[np.ndarray, int | None]:
     """The array as stored for ``outtype``, and its raw gguf.GGMLQuantizationType (None: inferred
     from the numpy dtype).
 
@@ -221,7 +235,16 @@ def encode_tensor(array: np.ndarray, outtype: GGUFType) -> tuple[np.ndarray, int
     return array.astype(np.float16), None
 
 
-def _file_type(outtype: GGUFType) -> int:
+def check_outtype(outtype: str) -> None:
+    """:class:`UserError` for an unknown output type, or a k-quant mix without llama-cpp-python
+    (checked before any work)."""
+    if outtype not in GGUF_TYPES:
+        raise UserError(f"{OUTTYPE_OPTION} {outtype}: use one of {', '.join(GGUF_TYPES)}.")
+    if outtype in QUANTIZED_TYPES:
+        require_llama_cpp(outtype)
+
+
+def _file_type(outtype: WrittenType) -> int:
     import gguf
 
     return int(
@@ -236,39 +259,37 @@ def _file_type(outtype: GGUFType) -> int:
 # ---- tokenizer metadata --------------------------------------------------------------------------
 
 
-def _is_byte_level(spec: dict[str, Any]) -> bool:
-    def has_byte_level(node: Any) -> bool:
-        if not isinstance(node, dict):
-            return False
-        if node.get("type") == "ByteLevel":
-            return True
-        return any(has_byte_level(n) for n in node.get("pretokenizers", []) or [])
-
-    return has_byte_level(spec.get("pre_tokenizer")) or has_byte_level(spec.get("decoder"))
+def _tokenizer_name(tokenizer: Any) -> str:
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
 
 
-def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
-    """``tokenizer.*`` keys for a byte-level BPE tokenizer (GPT-2 style), from its tokenizer.json.
+def _tokenizer_json(tokenizer: Any) -> dict[str, Any]:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise UserError(
+            f"GGUF export needs a fast tokenizer (a tokenizer.json); the tokenizer of "
+            f"{_tokenizer_name(tokenizer)} is a {type(tokenizer).__name__}. Export with --format "
+            "hf and convert the directory with llama.cpp's convert_hf_to_gguf.py."
+        )
+    spec: dict[str, Any] = json.loads(backend.to_str())
+    return spec
+
+
+def pre_tokenizer_kv(tokenizer: Any) -> KV:
+    """``tokenizer.ggml.pre``: llama.cpp's rule for cutting text before BPE, recognised from the
+    tokenizer (see :mod:`grpokit.models.gguf_pretokenizer`); :class:`UserError` when unknown."""
+    name = pre_tokenizer_name(_tokenizer_json(tokenizer), _tokenizer_name(tokenizer))
+    return KV("tokenizer.ggml.pre", name, _STRING)
+
+
+def vocab_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
+    """``tokenizer.*`` keys but the pre-tokenizer's: vocabulary, token types, merges, special
+    tokens, chat template, for a byte-level BPE tokenizer (GPT-2 style), from its tokenizer.json.
 
     ``n_vocab`` is the model's embedding rows; ids the tokenizer does not use are filled with
     unused placeholder tokens, since llama.cpp needs one token per row.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise UserError(
-            "GGUF export needs a fast tokenizer (a tokenizer.json); this model's tokenizer is "
-            f"{type(tokenizer).__name__}. Export with --format hf and convert the directory with "
-            "llama.cpp's convert_hf_to_gguf.py."
-        )
-    spec = json.loads(backend.to_str())
-    model_type = spec.get("model", {}).get("type")
-    if model_type != "BPE" or not _is_byte_level(spec):
-        raise UserError(
-            f"GGUF export writes byte-level BPE tokenizers (GPT-2 style: SmolLM, Qwen, Llama 3); "
-            f"this tokenizer is a {model_type} tokenizer without byte-level pre-tokenization. "
-            "Export with --format hf and convert the directory with llama.cpp's "
-            "convert_hf_to_gguf.py."
-        )
+    spec = _tokenizer_json(tokenizer)
     vocab: dict[str, int] = tokenizer.get_vocab()
     too_big = [t for t, i in vocab.items() if i >= n_vocab]
     if too_big:
@@ -287,7 +308,6 @@ def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
     kvs = [
         KV("tokenizer.ggml.model", "gpt2", _STRING),
-        KV("tokenizer.ggml.pre", "default", _STRING),
         KV("tokenizer.ggml.tokens", tokens, _ARRAY, _STRING),
         KV("tokenizer.ggml.token_type", types, _ARRAY, _INT32),
         KV("tokenizer.ggml.merges", merges, _ARRAY, _STRING),
@@ -301,14 +321,25 @@ def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
         value = getattr(tokenizer, attr, None)
         if value is not None:
             kvs.append(KV(f"tokenizer.ggml.{key}", int(value), _UINT32))
+    # Whether encoding adds BOS / EOS, as llama.cpp must (its default depends on the rule).
     sample = tokenizer("a", add_special_tokens=True)["input_ids"]
-    bos = tokenizer.bos_token_id
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     kvs.append(KV("tokenizer.ggml.add_bos_token", bos is not None and sample[:1] == [bos], _BOOL))
+    kvs.append(KV("tokenizer.ggml.add_eos_token", eos is not None and sample[-1:] == [eos], _BOOL))
     kvs.append(KV("tokenizer.ggml.add_space_prefix", False, _BOOL))
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str) and template:
         kvs.append(KV("tokenizer.chat_template", template, _STRING))
     return kvs
+
+
+def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
+    """All ``tokenizer.*`` keys of a byte-level BPE tokenizer: :func:`vocab_metadata` and the
+    pre-tokenizer. Raises :class:`UserError` naming the tokenizer when llama.cpp cannot
+    reproduce it."""
+    pre = pre_tokenizer_kv(tokenizer)
+    kvs = vocab_metadata(tokenizer, n_vocab)
+    return [kvs[0], pre, *kvs[1:]]
 
 
 _SCALARS: dict[int, str] = {
@@ -417,7 +448,7 @@ def export_metadata(
     config: Any,
     tokenizer: Any,
     *,
-    outtype: GGUFType,
+    outtype: WrittenType,
     source: Path | None,
     name: str | None,
     log: Callable[[str], None] = print,
@@ -425,11 +456,13 @@ def export_metadata(
     """All metadata of the exported file (the architecture key excepted: the writer adds it).
 
     From ``source`` (the GGUF the model was converted from), its ``general.*`` entries are carried
-    over; its tokenizer entries are reused when its vocabulary matches the tokenizer's.
+    over; its tokenizer entries are reused when its vocabulary matches the tokenizer's. Otherwise
+    the tokenizer metadata is built from the tokenizer, which llama.cpp must be able to reproduce
+    (:class:`UserError` naming it if not).
     """
     spec = arch_spec(config)
     n_vocab = int(config.vocab_size)
-    ours = tokenizer_metadata(tokenizer, n_vocab)
+    ours = vocab_metadata(tokenizer, n_vocab)
     source_meta = read_metadata(source) if source is not None else {}
     kvs: dict[str, KV] = {}
     skip = {"general.architecture", "general.file_type", "general.quantization_version"}
@@ -458,12 +491,9 @@ def export_metadata(
             if template is not None:  # the checkpoint's template wins over the file's
                 kvs[template.key] = template
             return list(kvs.values())
-    log(
-        "GGUF export: the tokenizer matches no known GGUF tokenizer; writing its metadata from "
-        "tokenizer.json with llama.cpp's default pre-tokenizer (text may split differently "
-        "from transformers around digits and punctuation)."
-    )
-    for kv in ours:
+    pre = pre_tokenizer_kv(tokenizer)
+    log(f"tokenizer: llama.cpp pre-tokenizer '{pre.value}' (recognised from tokenizer.json)")
+    for kv in (ours[0], pre, *ours[1:]):
         kvs[kv.key] = kv
     return list(kvs.values())
 
@@ -484,7 +514,7 @@ def write_gguf(
         model: the model; its config decides the architecture mapping.
         tokenizer: its tokenizer (vocabulary, special tokens, chat template).
         out: the file to write; it appears complete or not at all (written beside, renamed).
-        outtype: tensor storage, ``f32``, ``f16`` or ``q8_0``.
+        outtype: tensor storage, one of :data:`GGUF_TYPES`; a k-quant mix needs llama-cpp-python.
         source: the GGUF the model was converted from, whose metadata is carried over.
         name: ``general.name`` (default: the source's, or "grpokit model").
         log: where notes go.
@@ -494,32 +524,38 @@ def write_gguf(
     """
     import gguf
 
-    if outtype not in GGUF_TYPES:
-        raise UserError(f"GGUF export: outtype '{outtype}' is not one of {', '.join(GGUF_TYPES)}.")
+    check_outtype(outtype)
+    quantized = outtype in QUANTIZED_TYPES
+    written = cast(WrittenType, "f16" if quantized else outtype)
     config = model.config
     spec = arch_spec(config)
     metadata = export_metadata(
-        config, tokenizer, outtype=outtype, source=source, name=name, log=log
+        config, tokenizer, outtype=written, source=source, name=name, log=log
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
+    temporaries = []
     try:
-        writer = gguf.GGUFWriter(tmp, spec.gguf_arch)
+        for _ in range(2 if quantized else 1):
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+            os.close(fd)
+            temporaries.append(Path(tmp_name))
+        writer = gguf.GGUFWriter(temporaries[0], spec.gguf_arch)
         for kv in metadata:
             sub = None if kv.sub_type is None else gguf.GGUFValueType(kv.sub_type)
             writer.add_key_value(kv.key, kv.value, gguf.GGUFValueType(kv.vtype), sub)
         for tensor_name, array in gguf_tensors(model.state_dict(), config, spec):
-            data, raw = encode_tensor(array, outtype)
+            data, raw = encode_tensor(array, written)
             raw_dtype = None if raw is None else gguf.GGMLQuantizationType(raw)
             writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, out)
+        if quantized:
+            quantize_gguf(temporaries[0], temporaries[1], outtype, log=log)
+        os.replace(temporaries[-1], out)
     finally:
-        tmp.unlink(missing_ok=True)
+        for tmp in temporaries:
+            tmp.unlink(missing_ok=True)
     return out

@@ -129,6 +129,15 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that pads batches: the tokenizer's pad token, else its EOS token (the rule
+    :func:`load_tokenizer` applies when it loads a tokenizer without a pad token)."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise UserError("the tokenizer has neither a pad nor an EOS token; grpokit needs one")
+    return int(pad)
+
+
 def _check_not_quantised(config: Any, where: str) -> None:
     if getattr(config, "quantization_config", None) is not None:
         raise UserError(
@@ -273,6 +282,11 @@ class Policy:
             )
         return sorted(ids)
 
+    @property
+    def pad_token_id(self) -> int:
+        """The id that pads prompts and completions in a batch (never attended to)."""
+        return pad_token_id(self.tokenizer)
+
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The parameters the optimizer updates (LoRA weights only under LoRA)."""
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -414,4 +428,48 @@ def load_policy(
         uses_adapter=lora is not None,
         base_name_or_path=name_or_path,
         init_from=init_str,
+    )
+
+
+_CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+"""Where model configs state their context length (Llama/Qwen/Mistral, GPT-2, others)."""
+
+
+def check_context_length(
+    name_or_path: str, *, max_prompt_length: int | None, max_completion_length: int
+) -> None:
+    """Fail before any weights load or cache is allocated when a prompt of max_prompt_length
+    tokens and a completion of max_completion_length cannot fit the model's context.
+
+    Reads only the model's config.json. Models whose config states no context length pass.
+    """
+    from transformers import AutoConfig
+
+    resolved = resolve_model_path(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(resolved)
+    except (OSError, ValueError) as exc:
+        raise _hub_error(name_or_path, exc) from exc
+    key = next((k for k in _CONTEXT_KEYS if isinstance(getattr(config, k, None), int)), None)
+    if key is None:
+        return
+    context: int = getattr(config, key)
+    prompt = max_prompt_length or 0
+    if prompt + max_completion_length <= context:
+        return
+    if max_prompt_length is None:
+        need = f"training.max_completion_length ({max_completion_length})"
+    else:
+        need = (
+            f"training.max_prompt_length + max_completion_length ({max_prompt_length} + "
+            f"{max_completion_length} = {prompt + max_completion_length})"
+        )
+    fix = (
+        f"set max_completion_length to at most {context - prompt}"
+        if context > prompt
+        else f"set max_prompt_length below {context}"
+    )
+    raise UserError(
+        f"{need} tokens do not fit the context of model '{name_or_path}' ({context} tokens, "
+        f"{key} in its config.json); {fix}"
     )

@@ -4,6 +4,10 @@ Every rule has its own ``enabled`` switch. The defaults are meant to stay quiet 
 and to speak up on the patterns the seeds describe: completions that grow because length pays,
 repeated branches (the endless logic tree), a reward pinned at its maximum while another decays,
 entropy collapsing into one answer, and the KL to the reference running away.
+
+A rule about a change needs two things: a change as large as its thresholds say, and one that
+stands out of the metric's step-to-step noise (a one-sided t test; ``false_alarm_rate`` and
+``horizon_steps`` set its level).
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ class LengthRewardRule(_Rule):
     window: int = Field(
         default=10,
         ge=4,
-        description="Steps in the trend window (the last N steps with both metrics).",
+        description=(
+            "Steps in the trend window (the last N steps with both metrics); its later half is "
+            "compared with its earlier half."
+        ),
     )
     min_corr: float = Field(
         default=0.6,
@@ -35,8 +42,8 @@ class LengthRewardRule(_Rule):
         default=0.2,
         gt=0,
         description=(
-            "Relative growth of the mean length between the first and last third of the window "
-            "(0.2 = 20% longer)."
+            "Relative growth of the mean length from the window's earlier half to its later half "
+            "(0.2 = 20% longer); the growth must also pass the noise test."
         ),
     )
 
@@ -56,7 +63,7 @@ class RepetitionRule(_Rule):
         le=1,
         description=(
             "Fire when completions/repeated_ngram_frac rises this much (absolute share) above "
-            "its early level."
+            "its early level, and the rise passes the noise test."
         ),
     )
     min_distinct_ratio: float = Field(
@@ -64,7 +71,8 @@ class RepetitionRule(_Rule):
         gt=0,
         lt=1,
         description=(
-            "Fire when completions/distinct_2 falls below this fraction of its early level."
+            "Fire when completions/distinct_2 falls below this fraction of its early level, and "
+            "the fall passes the noise test."
         ),
     )
 
@@ -76,7 +84,10 @@ class KLRule(_Rule):
     jump_ratio: float = Field(
         default=10.0,
         gt=1,
-        description="Rule kl_jump fires when kl exceeds this multiple of its recent median.",
+        description=(
+            "Rule kl_jump fires when kl exceeds this multiple of its recent median and stands out "
+            "of the previous steps' noise (the noise test)."
+        ),
     )
     jump_window: int = Field(
         default=10, ge=2, description="Steps in the recent median that kl_jump compares against."
@@ -95,7 +106,11 @@ class KLRule(_Rule):
 
 
 class HeldoutRule(_Rule):
-    """Training reward rising while the periodic held-out eval (training.eval_steps) falls."""
+    """Training reward rising while the periodic held-out eval (training.eval_steps) falls.
+
+    When the eval logs its standard error (``eval/<name>/mean/stderr``) the drop must also pass a
+    z test at the noise test's level; otherwise the thresholds below decide alone.
+    """
 
     smooth_steps: int = Field(
         default=3, ge=1, description="The training reward is the mean of the last N steps."
@@ -126,7 +141,10 @@ class EntropyRule(_Rule):
         default=0.2,
         gt=0,
         lt=1,
-        description="Fire when the smoothed entropy falls below this fraction of its early level.",
+        description=(
+            "Fire when the smoothed entropy falls below this fraction of its early level and the "
+            "fall passes the noise test."
+        ),
     )
     baseline_steps: int = Field(
         default=5, ge=1, description="The first N steps with an entropy give the early level."
@@ -158,20 +176,29 @@ class SaturationRule(_Rule):
         default=3, ge=1, description="Saturation uses the mean of the last N steps."
     )
     window: int = Field(
-        default=10, ge=4, description="Steps in the trend window of the falling reward."
+        default=24,
+        ge=4,
+        description=(
+            "Steps in the trend window of the falling reward; the mean of its later half is "
+            "compared with the steps before it (up to monitors.noise_window). Per-step rewards "
+            "of a few prompts are noisy: a short window only sees large falls."
+        ),
     )
     min_corr: float = Field(
-        default=0.6,
+        default=0.3,
         gt=0,
         le=1,
-        description="The falling reward's Spearman correlation with the step must be below minus this.",
+        description=(
+            "The falling reward's Spearman correlation with the step must be below minus this "
+            "(a trend, not a few odd steps)."
+        ),
     )
     min_drop: float = Field(
         default=0.05,
         gt=0,
         description=(
-            "The falling reward's mean must drop this much between the first and last third of "
-            "the window (reward units)."
+            "The falling reward's mean must drop this much from the steps before the window's "
+            "later half to that half (reward units); the drop must also pass the noise test."
         ),
     )
 
@@ -199,12 +226,41 @@ class MonitorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(default=True, description="Master switch for all monitors.")
+    false_alarm_rate: float = Field(
+        default=0.01,
+        gt=0,
+        lt=1,
+        description=(
+            "Target chance that a rule about a change (length_reward, repetition, kl_jump, "
+            "entropy_collapse against the early level, reward_saturation's falling reward, "
+            "heldout_divergence with a logged standard error) fires at least once on "
+            "horizon_steps steps of a healthy run's noise. Each check is a one-sided test at "
+            "false_alarm_rate / horizon_steps (Bonferroni over every step's check)."
+        ),
+    )
+    horizon_steps: int = Field(
+        default=100,
+        ge=1,
+        description=(
+            "Run length that false_alarm_rate refers to; longer runs have proportionally more "
+            "chances of a false alarm. Raising it makes every check stricter."
+        ),
+    )
+    noise_window: int = Field(
+        default=50,
+        ge=3,
+        description=(
+            "A metric's noise is the scatter of its last N values before the window under test "
+            "about their least-squares line (a run's learning trend does not count as noise)."
+        ),
+    )
     rearm_steps: int = Field(
         default=3,
         ge=1,
         description=(
             "An alert fires once per episode; a rule fires again only after its condition has "
-            "been false for this many consecutive checks."
+            "been false for this many consecutive checks (for a rule about a change: the change "
+            "has been below the rule's thresholds)."
         ),
     )
     length_reward: LengthRewardRule = Field(

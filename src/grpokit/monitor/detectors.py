@@ -5,13 +5,24 @@ including the text metrics of :func:`grpokit.monitor.text_stats.text_stats`) and
 alerts that fired at that step. An alert fires once per episode: when its condition turns true,
 not again while it stays true, and again only after it has been false for ``rearm_steps``
 consecutive checks. A step that lacks a detector's metrics is not a check.
+
+Per-step metrics are noisy (a step sees a few prompts), so a rule about a change fires only when
+the change is both large enough to matter (the rule's own thresholds) and beyond the noise: a
+one-sided t test of the shift between two windows against the metric's step-to-step noise
+(:func:`grpokit.monitor.series.shift`), at a per-check level that keeps the chance of any false
+alarm on a healthy run under ``monitors.false_alarm_rate`` (``series.ChangeTest``). Its episode
+then lasts while the change stays large. Rules about a level (kl_high, the entropy floor,
+saturation, group_dominance) compare a smoothed value with a fixed threshold. Every message
+states its evidence.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 from typing import Protocol
 
 from grpokit.monitor.config import (
@@ -24,7 +35,7 @@ from grpokit.monitor.config import (
     RepetitionRule,
     SaturationRule,
 )
-from grpokit.monitor.series import mean, median, metric, trend
+from grpokit.monitor.series import ChangeTest, Shift, mean, median, metric, shift, spearman
 from grpokit.monitor.text_stats import DISTINCT_2, MAX_GROUP_DUPLICATE_FRAC, REPEATED_NGRAM_FRAC
 
 
@@ -53,6 +64,11 @@ class Detector(Protocol):
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]: ...
 
 
+def _before(buffer: Sequence[float], after: int) -> list[float]:
+    """The values of a buffer that precede its last ``after`` (the noise before a change)."""
+    return list(buffer)[: len(buffer) - after]
+
+
 class Episode:
     """Fire once when a condition turns true; re-arm after it has been false ``rearm`` times."""
 
@@ -61,28 +77,55 @@ class Episode:
         self._armed = True
         self._false_run = 0
 
-    def check(self, condition: bool) -> bool:
-        """Record one check; True when this check starts a new episode."""
-        if condition:
-            self._false_run = 0
-            if self._armed:
+    def check(self, condition: bool, holding: bool | None = None) -> bool:
+        """Record one check; True when this check starts a new episode.
+
+        ``holding`` (default: the condition) keeps a started episode going: a change rule fires
+        when the change is large and significant, and its episode lasts while the change stays
+        large, since the change itself soon enters the noise estimate and weakens the test.
+        """
+        if self._armed:
+            if condition:
                 self._armed = False
+                self._false_run = 0
                 return True
             return False
-        self._false_run += 1
-        if self._false_run >= self._rearm:
-            self._armed = True
+        if condition or bool(holding):
+            self._false_run = 0
+        else:
+            self._false_run += 1
+            if self._false_run >= self._rearm:
+                self._armed = True
         return False
 
 
+def _halves(values: Sequence[float]) -> tuple[list[float], list[float]]:
+    """A window split into its earlier and later half (the later one gets an odd middle value)."""
+    half = len(values) // 2
+    return list(values[:half]), list(values[half:])
+
+
+def _steps(points: Sequence[tuple[int, float]]) -> str:
+    """'steps 1-5 -> 6-10': the two halves of a window of (step, value) points."""
+    a, b = _halves([float(p[0]) for p in points])
+    return f"steps {a[0]:.0f}-{a[-1]:.0f} -> {b[0]:.0f}-{b[-1]:.0f}"
+
+
 class LengthRewardDetector:
-    """Rule ``length_reward``: mean completion length trending up together with the reward."""
+    """Rule ``length_reward``: mean completion length growing while the reward rises.
+
+    Over the last ``window`` steps: the later half's mean length is at least ``min_rel_growth``
+    above the earlier half's and that rise passes the noise test; both length and reward have a
+    Spearman correlation with the step of at least ``min_corr`` (a trend, not one odd step).
+    """
 
     rule = "length_reward"
 
-    def __init__(self, cfg: LengthRewardRule, rearm: int) -> None:
+    def __init__(self, cfg: LengthRewardRule, rearm: int, test: ChangeTest | None = None) -> None:
         self.cfg = cfg
+        self.test = test or ChangeTest.of()
         self._points: deque[tuple[int, float, float]] = deque(maxlen=cfg.window)
+        self._lengths = self.test.buffer(cfg.window)
         self._episode = Episode(rearm)
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
@@ -91,43 +134,60 @@ class LengthRewardDetector:
         if length is None or reward is None:
             return []
         self._points.append((step, length, reward))
+        self._lengths.append(length)
         if len(self._points) < self.cfg.window:
             return []
-        corr_len, len_first, len_last = trend([p[1] for p in self._points])
-        corr_rew, rew_first, rew_last = trend([p[2] for p in self._points])
-        growth = (len_last - len_first) / max(len_first, 1.0)
-        fired = self._episode.check(
-            corr_len >= self.cfg.min_corr
+        lengths, rewards = [p[1] for p in self._points], [p[2] for p in self._points]
+        first, last = (mean(h) for h in _halves(lengths))
+        growth = (last - first) / max(first, 1.0)
+        order = list(range(len(self._points)))
+        # The cheap test first: most steps of most runs stop here.
+        corr_len = corr_rew = 0.0
+        if growth >= self.cfg.min_rel_growth:
+            corr_len, corr_rew = spearman(order, lengths), spearman(order, rewards)
+        large = (
+            growth >= self.cfg.min_rel_growth
+            and corr_len >= self.cfg.min_corr
             and corr_rew >= self.cfg.min_corr
-            and growth >= self.cfg.min_rel_growth
         )
-        if not fired:
+        # The noise of the steps before the window: a change inside it cannot inflate it.
+        grew = shift(*_halves(lengths), _before(self._lengths, self.cfg.window)) if large else None
+        fired = self._episode.check(large and self.test.rose(grew), large)
+        if not fired or grew is None:
             return []
-        first_step = self._points[0][0]
+        rew_first, rew_last = (mean(h) for h in _halves(rewards))
         return [
             Alert(
                 self.rule,
                 step,
                 growth,
-                f"completion length grew {growth:.0%} ({len_first:.0f} -> {len_last:.0f} tokens) "
-                f"over steps {first_step}-{step} while the reward rose ({rew_first:.3g} -> "
-                f"{rew_last:.3g}; Spearman length {corr_len:.2f}, reward {corr_rew:.2f}). Check "
-                f"whether the reward pays for length rather than quality.",
+                f"completion length grew {growth:.0%} ({grew.before:.0f} -> {grew.after:.0f} "
+                f"tokens, {_steps([p[:2] for p in self._points])}; {self.test.evidence(grew)}) "
+                f"while the reward rose ({rew_first:.3g} -> {rew_last:.3g}; Spearman length "
+                f"{corr_len:.2f}, reward {corr_rew:.2f}). Check whether the reward pays for "
+                f"length rather than quality.",
             )
         ]
 
 
 class RepetitionDetector:
-    """Rule ``repetition``: repeated n-grams above, or distinct bigrams below, the early level."""
+    """Rule ``repetition``: repeated n-grams above, or distinct bigrams below, the early level.
+
+    The mean of the last ``smooth_steps`` steps against the mean of the first ``baseline_steps``:
+    the change must reach the rule's threshold and pass the noise test.
+    """
 
     rule = "repetition"
 
-    def __init__(self, cfg: RepetitionRule, rearm: int) -> None:
+    def __init__(self, cfg: RepetitionRule, rearm: int, test: ChangeTest | None = None) -> None:
         self.cfg = cfg
+        self.test = (test or ChangeTest.of()).split(2)  # repeated n-grams and distinct-2
         self._early_rep: list[float] = []
         self._early_d2: list[float] = []
         self._recent_rep: deque[float] = deque(maxlen=cfg.smooth_steps)
         self._recent_d2: deque[float] = deque(maxlen=cfg.smooth_steps)
+        self._noise_rep = self.test.buffer(cfg.smooth_steps)
+        self._noise_d2 = self.test.buffer(cfg.smooth_steps)
         self._episode = Episode(rearm)
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
@@ -136,28 +196,38 @@ class RepetitionDetector:
         if rep is None and d2 is None:
             return []
         in_baseline = False
-        for value, early, recent in (
-            (rep, self._early_rep, self._recent_rep),
-            (d2, self._early_d2, self._recent_d2),
+        for value, early, recent, noise in (
+            (rep, self._early_rep, self._recent_rep, self._noise_rep),
+            (d2, self._early_d2, self._recent_d2, self._noise_d2),
         ):
             if value is None:
                 continue
             recent.append(value)
+            noise.append(value)
             if len(early) < self.cfg.baseline_steps:
                 early.append(value)
                 in_baseline = True
         if in_baseline:
             return []
         reasons: list[tuple[float, str]] = []
+        large = False
         if rep is not None and self._early_rep:
-            base, now = mean(self._early_rep), mean(self._recent_rep)
-            if now - base >= self.cfg.max_increase:
-                reasons.append((now, f"repeated n-gram share rose from {base:.2f} to {now:.2f}"))
+            prior = _before(self._noise_rep, len(self._recent_rep))
+            s = shift(self._early_rep, list(self._recent_rep), prior)
+            rose = s is not None and s.diff >= self.cfg.max_increase
+            large |= rose
+            if s is not None and rose and self.test.rose(s):
+                why = f"repeated n-gram share rose from {s.before:.2f} to {s.after:.2f}"
+                reasons.append((s.after, f"{why} ({self.test.evidence(s)})"))
         if d2 is not None and self._early_d2:
-            base, now = mean(self._early_d2), mean(self._recent_d2)
-            if now < self.cfg.min_distinct_ratio * base:
-                reasons.append((now, f"distinct-2 fell from {base:.2f} to {now:.2f}"))
-        if not self._episode.check(bool(reasons)):
+            prior = _before(self._noise_d2, len(self._recent_d2))
+            s = shift(self._early_d2, list(self._recent_d2), prior)
+            fell = s is not None and s.after < self.cfg.min_distinct_ratio * s.before
+            large |= fell
+            if s is not None and fell and self.test.fell(s):
+                why = f"distinct-2 fell from {s.before:.2f} to {s.after:.2f}"
+                reasons.append((s.after, f"{why} ({self.test.evidence(s)})"))
+        if not self._episode.check(bool(reasons), large):
             return []
         value = reasons[0][0]
         text = "; ".join(r[1] for r in reasons)
@@ -174,14 +244,20 @@ class RepetitionDetector:
 
 
 class KLDetector:
-    """Rules ``kl_high`` (kl above a ceiling) and ``kl_jump`` (kl a multiple of its recent median)."""
+    """Rules ``kl_high`` (kl above a ceiling) and ``kl_jump`` (kl a multiple of its recent median).
+
+    A jump must also stand out of the noise: the step's KL against the mean of the previous
+    ``jump_window`` steps passes the noise test.
+    """
 
     rule = "kl_high"
     jump_rule = "kl_jump"
 
-    def __init__(self, cfg: KLRule, rearm: int) -> None:
+    def __init__(self, cfg: KLRule, rearm: int, test: ChangeTest | None = None) -> None:
         self.cfg = cfg
+        self.test = test or ChangeTest.of()
         self._history: deque[float] = deque(maxlen=cfg.jump_window)
+        self._noise = self.test.buffer()
         self._high = Episode(rearm)
         self._jump = Episode(rearm)
 
@@ -205,19 +281,22 @@ class KLDetector:
             # The floor keeps a near-zero median (KL starts at 0) from making any value a jump.
             ref = max(median(self._history), self.cfg.jump_min / self.cfg.jump_ratio)
             ratio = kl / ref
+            # The noise of the steps before this one: the jump itself must not widen it.
+            s = shift(list(self._history), [kl], list(self._noise))
             jumped = kl >= self.cfg.jump_min and ratio >= self.cfg.jump_ratio
-            if self._jump.check(jumped):
+            if self._jump.check(jumped and self.test.rose(s), jumped) and s is not None:
                 alerts.append(
                     Alert(
                         self.jump_rule,
                         step,
                         kl,
                         f"KL jumped to {kl:.3g}, {ratio:.1f}x its median {median(self._history):.3g} "
-                        f"over the previous {len(self._history)} steps. A sudden policy change: "
-                        f"look at the samples of this step.",
+                        f"over the previous {len(self._history)} steps ({self.test.evidence(s)}). "
+                        f"A sudden policy change: look at the samples of this step.",
                     )
                 )
         self._history.append(kl)
+        self._noise.append(kl)
         return alerts
 
 
@@ -226,19 +305,33 @@ class HeldoutDetector:
 
     Pairs ``rewards/<name>/mean`` with ``eval/<name>/mean`` for each reward, and the total
     ``reward`` with ``eval/reward`` (or ``eval/reward/mean``) when a total eval reward is logged.
+    Evals are few, so their noise cannot be read off their series: when the eval logs the
+    standard error of its mean (``eval/<name>/stderr``, ``eval/reward/stderr``), the drop from the
+    best eval must also pass a one-sided z test at the per-check level divided by the number of
+    earlier evals (the best was picked among them); without it the thresholds decide alone, and
+    the message says so.
     """
 
     rule = "heldout_divergence"
 
-    def __init__(self, cfg: HeldoutRule, rearm: int, reward_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        cfg: HeldoutRule,
+        rearm: int,
+        reward_names: Sequence[str],
+        test: ChangeTest | None = None,
+    ) -> None:
         self.cfg = cfg
+        self.test = test or ChangeTest.of()
         self._pairs = [(f"rewards/{n}/mean", f"eval/{n}/mean", n) for n in reward_names]
         self._pairs.append(("reward", "eval/reward", "total reward"))
         self._train: dict[str, deque[float]] = {
             t: deque(maxlen=cfg.smooth_steps) for t, _, _ in self._pairs
         }
         self._train_at: dict[str, dict[int, float]] = {t: {} for t, _, _ in self._pairs}
-        self._evals: dict[str, list[tuple[int, float]]] = {e: [] for _, e, _ in self._pairs}
+        self._evals: dict[str, list[tuple[int, float, float | None]]] = {
+            e: [] for _, e, _ in self._pairs
+        }
         self._episodes = {e: Episode(rearm) for _, e, _ in self._pairs}
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
@@ -254,41 +347,70 @@ class HeldoutDetector:
                 value = metric(metrics, "eval/reward/mean")
             if value is None:
                 continue
+            err_key = eval_key.removesuffix("/mean") + "/stderr"
             history = self._evals[eval_key]
-            history.append((step, value))
+            history.append((step, value, metric(metrics, err_key)))
             train_now = self._train_at[train_key].get(step)
             if len(history) < 2 or train_now is None:
                 continue
-            peak_step, peak = max(history[:-1], key=lambda p: p[1])
+            peak_step, peak, peak_se = max(history[:-1], key=lambda p: p[1])
             train_then = self._train_at[train_key].get(peak_step)
             if train_then is None:
                 continue
             drop, rise = peak - value, train_now - train_then
-            diverged = drop >= self.cfg.min_eval_drop and rise >= self.cfg.min_train_rise
-            if self._episodes[eval_key].check(diverged):
+            large = drop >= self.cfg.min_eval_drop and rise >= self.cfg.min_train_rise
+            passes, evidence = self._drop_test(
+                drop, (peak_se, history[-1][2]), len(history) - 1, err_key
+            )
+            if self._episodes[eval_key].check(large and passes, large):
                 alerts.append(
                     Alert(
                         self.rule,
                         step,
                         drop,
                         f"{label}: held-out mean fell from {peak:.3g} (step {peak_step}) to "
-                        f"{value:.3g} while the training reward rose from {train_then:.3g} to "
-                        f"{train_now:.3g}. The policy is learning what the training prompts "
-                        f"reward, not the task: compare samples, consider an earlier checkpoint.",
+                        f"{value:.3g} ({evidence}) while the training reward rose from "
+                        f"{train_then:.3g} to {train_now:.3g}. The policy is learning what the "
+                        f"training prompts reward, not the task: compare samples, consider an "
+                        f"earlier checkpoint.",
                     )
                 )
         return alerts
 
+    def _drop_test(
+        self,
+        drop: float,
+        errors: tuple[float | None, float | None],
+        candidates: int,
+        err_key: str,
+    ) -> tuple[bool, str]:
+        """Whether the drop from the best of ``candidates`` evals passes the z test, in words."""
+        if errors[0] is None or errors[1] is None:
+            return True, f"no {err_key} logged, so the drop is not tested against eval noise"
+        z_bar = NormalDist().inv_cdf(1.0 - self.test.alpha / candidates)
+        se = math.hypot(errors[0], errors[1])
+        z = drop / se if se > 0 else (math.inf if drop > 0 else 0.0)
+        return z >= z_bar, (
+            f"z = {z:.1f} against the evals' standard errors, beyond {z_bar:.1f} "
+            f"({self.test.false_alarm_rate:.2g} false alarms per {self.test.horizon_steps} steps)"
+        )
+
 
 class EntropyDetector:
-    """Rule ``entropy_collapse``: smoothed entropy below a floor or a fraction of its early level."""
+    """Rule ``entropy_collapse``: smoothed entropy below a floor or a fraction of its early level.
+
+    The fall against the early level (the first ``baseline_steps``) must also pass the noise
+    test; the floor is an absolute level.
+    """
 
     rule = "entropy_collapse"
 
-    def __init__(self, cfg: EntropyRule, rearm: int) -> None:
+    def __init__(self, cfg: EntropyRule, rearm: int, test: ChangeTest | None = None) -> None:
         self.cfg = cfg
+        self.test = test or ChangeTest.of()
         self._early: list[float] = []
         self._recent: deque[float] = deque(maxlen=cfg.smooth_steps)
+        self._noise = self.test.buffer(cfg.smooth_steps)
         self._episode = Episode(rearm)
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
@@ -296,22 +418,31 @@ class EntropyDetector:
         if entropy is None:
             return []
         self._recent.append(entropy)
+        self._noise.append(entropy)
         if len(self._early) < self.cfg.baseline_steps:
             self._early.append(entropy)
         now = mean(self._recent)
         below_floor = now < self.cfg.floor
-        early = mean(self._early) if len(self._early) == self.cfg.baseline_steps else None
-        collapsed = (
-            early is not None
-            and len(self._early) + len(self._recent) > self.cfg.baseline_steps
-            and now < self.cfg.min_frac_of_early * early
+        fell = (
+            shift(self._early, list(self._recent), _before(self._noise, len(self._recent)))
+            if len(self._early) == self.cfg.baseline_steps
+            else None
         )
-        if not self._episode.check(below_floor or collapsed):
+        large = (
+            fell is not None
+            and len(self._early) + len(self._recent) > self.cfg.baseline_steps
+            and now < self.cfg.min_frac_of_early * fell.before
+        )
+        collapsed = large and self.test.fell(fell)
+        if not self._episode.check(below_floor or collapsed, below_floor or large):
             return []
-        if below_floor or early is None:
+        if below_floor or fell is None:
             why = f"below the floor {self.cfg.floor:g}"
         else:
-            why = f"{now / early:.0%} of its early level {early:.3g}"
+            why = (
+                f"{now / fell.before:.0%} of its early level {fell.before:.3g}; "
+                f"{self.test.evidence(fell)}"
+            )
         return [
             Alert(
                 self.rule,
@@ -325,7 +456,13 @@ class EntropyDetector:
 
 
 class SaturationDetector:
-    """Rule ``reward_saturation``: one reward at its maximum while another reward falls."""
+    """Rule ``reward_saturation``: one reward at its maximum while another reward falls.
+
+    Falling: the mean of the later half of the last ``window`` steps is at least ``min_drop``
+    below the mean of the steps before it (up to ``noise_window`` of them: a long reference makes
+    the test see a fall sooner through noisy per-step rewards), that fall passes the noise test,
+    and the reward's Spearman correlation with the step over the window is at most ``-min_corr``.
+    """
 
     rule = "reward_saturation"
 
@@ -335,9 +472,11 @@ class SaturationDetector:
         rearm: int,
         reward_names: Sequence[str],
         reward_max: Mapping[str, float],
+        test: ChangeTest | None = None,
     ) -> None:
         self.cfg = cfg
         self._names = list(reward_names)
+        self.test = (test or ChangeTest.of()).split(len(self._names))  # a fall test per reward
         self._max = dict(reward_max)
         self._share: dict[str, deque[float]] = {
             n: deque(maxlen=cfg.smooth_steps) for n in self._names
@@ -345,7 +484,10 @@ class SaturationDetector:
         self._level: dict[str, deque[float]] = {
             n: deque(maxlen=cfg.smooth_steps) for n in self._names
         }
-        self._means: dict[str, deque[float]] = {n: deque(maxlen=cfg.window) for n in self._names}
+        self._after = cfg.window - cfg.window // 2
+        self._means: dict[str, deque[tuple[int, float]]] = {
+            n: deque(maxlen=self.test.noise_window + self._after) for n in self._names
+        }
         self._episodes = {n: Episode(rearm) for n in self._names}
 
     def _saturation(self, name: str) -> tuple[float, str] | None:
@@ -373,36 +515,56 @@ class SaturationDetector:
             level = metric(metrics, f"rewards/{n}/mean")
             if level is not None:
                 self._level[n].append(level)
-                self._means[n].append(level)
+                self._means[n].append((step, level))
                 seen = True
         if not seen:
             return []
-        falling: dict[str, tuple[float, float]] = {}
-        for n in self._names:
-            if len(self._means[n]) < self.cfg.window:
-                continue
-            corr, first, last = trend(list(self._means[n]))
-            if corr <= -self.cfg.min_corr and first - last >= self.cfg.min_drop:
-                falling[n] = (first, last)
+        falling = {n: f for n in self._names if (f := self._falling(n)) is not None}
         alerts: list[Alert] = []
         for n in self._names:
             sat = self._saturation(n)
-            others = {m: v for m, v in falling.items() if m != n}
-            if not self._episodes[n].check(sat is not None and bool(others)):
+            large = {m: v for m, v in falling.items() if m != n}
+            others = {m: s for m, (s, significant) in large.items() if significant}
+            fired = self._episodes[n].check(
+                sat is not None and bool(others), sat is not None and bool(large)
+            )
+            if not fired or sat is None:
                 continue
-            assert sat is not None
-            fell = ", ".join(f"'{m}' {a:.3g} -> {b:.3g}" for m, (a, b) in others.items())
+            fell = "; ".join(
+                f"'{m}' {s.before:.3g} -> {s.after:.3g} ({self._steps(m)}; {self.test.evidence(s)})"
+                for m, s in others.items()
+            )
             alerts.append(
                 Alert(
                     self.rule,
                     step,
                     sat[0],
-                    f"reward '{n}' is saturated ({sat[1]}) while {fell} fell over the last "
-                    f"{self.cfg.window} steps: the policy may be serving the easy reward at the "
-                    f"other's expense. Gate the easy reward or lower its weight.",
+                    f"reward '{n}' is saturated ({sat[1]}) while another fell: {fell}. The "
+                    f"policy may be serving the easy reward at the other's expense. Gate the "
+                    f"easy reward or lower its weight.",
                 )
             )
         return alerts
+
+    def _falling(self, name: str) -> tuple[Shift, bool] | None:
+        """A reward's fall when it is large, and whether it is significant."""
+        values = [p[1] for p in self._means[name]]
+        if len(values) < self.cfg.window:
+            return None
+        before, after = values[: -self._after], values[-self._after :]
+        if mean(before) - mean(after) < self.cfg.min_drop:
+            return None
+        window = values[-self.cfg.window :]
+        if spearman(list(range(len(window))), window) > -self.cfg.min_corr:
+            return None
+        s = shift(before, after, before)
+        return (s, self.test.fell(s)) if s is not None else None
+
+    def _steps(self, name: str) -> str:
+        """The steps of the reference and of the recent window: 'steps 3-30 -> 31-40'."""
+        steps = [p[0] for p in self._means[name]]
+        before, after = steps[: -self._after], steps[-self._after :]
+        return f"steps {before[0]}-{before[-1]} -> {after[0]}-{after[-1]}"
 
 
 class GroupDominanceDetector:
@@ -454,15 +616,19 @@ class MonitorSet:
         reward_max: Mapping[str, float] | None = None,
     ) -> None:
         rearm = config.rearm_steps
+        test = ChangeTest.of(config)
         candidates: list[tuple[bool, Detector]] = [
-            (config.length_reward.enabled, LengthRewardDetector(config.length_reward, rearm)),
-            (config.repetition.enabled, RepetitionDetector(config.repetition, rearm)),
-            (config.kl.enabled, KLDetector(config.kl, rearm)),
-            (config.heldout.enabled, HeldoutDetector(config.heldout, rearm, reward_names)),
-            (config.entropy.enabled, EntropyDetector(config.entropy, rearm)),
+            (
+                config.length_reward.enabled,
+                LengthRewardDetector(config.length_reward, rearm, test),
+            ),
+            (config.repetition.enabled, RepetitionDetector(config.repetition, rearm, test)),
+            (config.kl.enabled, KLDetector(config.kl, rearm, test)),
+            (config.heldout.enabled, HeldoutDetector(config.heldout, rearm, reward_names, test)),
+            (config.entropy.enabled, EntropyDetector(config.entropy, rearm, test)),
             (
                 config.saturation.enabled,
-                SaturationDetector(config.saturation, rearm, reward_names, reward_max or {}),
+                SaturationDetector(config.saturation, rearm, reward_names, reward_max or {}, test),
             ),
             (
                 config.group_dominance.enabled,

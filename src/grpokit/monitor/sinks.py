@@ -71,7 +71,8 @@ class TensorBoardSink:
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     """All parseable lines of a metrics.jsonl and the numbers of the lines skipped."""
-    records, skipped = [], []
+    records: list[dict[str, Any]] = []
+    skipped: list[int] = []
     if not path.exists():
         return records, skipped
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

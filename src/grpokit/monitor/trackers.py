@@ -91,21 +91,26 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
-def final_files(run_dir: Path, log: Callable[[str], None] = print) -> list[tuple[Path, str]]:
+ReportBuilder = Callable[[Path], object]
+"""Builds ``<run_dir>/report/report.html`` (``grpokit.evaluate.report.build_report``); passed in
+by the trainer, since monitors sit below the report that draws their metrics."""
+
+
+def final_files(
+    run_dir: Path, log: Callable[[str], None] = print, build_report: ReportBuilder | None = None
+) -> list[tuple[Path, str]]:
     """The run's files worth keeping with a tracker run, as (file, folder in the artifact).
 
-    The HTML report is (re)built when it is missing or older than metrics.jsonl; a failure to
-    build it is reported and the other files are still returned.
+    With ``build_report``, the HTML report is (re)built when it is missing or older than
+    metrics.jsonl; a failure to build it is reported and the other files are still returned.
     """
     files = [(run_dir / n, "") for n in ("config.yaml", "metrics.jsonl") if (run_dir / n).is_file()]
     report = run_dir / "report" / "report.html"
     metrics = run_dir / "metrics.jsonl"
     if metrics.is_file():
         stale = not report.is_file() or report.stat().st_mtime < metrics.stat().st_mtime
-        if stale:
+        if stale and build_report is not None:
             try:
-                from grpokit.evaluate.report import build_report
-
                 build_report(run_dir)
             except Exception as exc:  # the report is a view; its failure must not lose the run
                 log(f"trackers: could not build the HTML report ({exc}); uploading the rest")
@@ -135,11 +140,13 @@ class WandbSink:
         run_name: str,
         run_id: str | None = None,
         log: Callable[[str], None] = print,
+        build_report: ReportBuilder | None = None,
     ) -> None:
         wandb = _require("wandb")
         self._wandb = wandb
         self._run_dir = run_dir
         self._log = log
+        self._build_report = build_report
         mode = os.environ.get("WANDB_MODE")
         if not mode:
             mode = "online" if _wandb_api_key_configured() else "offline"
@@ -177,7 +184,7 @@ class WandbSink:
 
     def close(self) -> None:
         try:
-            files = final_files(self._run_dir, self._log)
+            files = final_files(self._run_dir, self._log, self._build_report)
             if files:
                 name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{self._run_dir.name}-files")
                 artifact = self._wandb.Artifact(name, type="grpokit-run")
@@ -204,6 +211,7 @@ class MlflowSink:
         run_name: str,
         run_id: str | None = None,
         log: Callable[[str], None] = print,
+        build_report: ReportBuilder | None = None,
     ) -> None:
         _require("mlflow")
         from mlflow.entities import Param
@@ -211,6 +219,7 @@ class MlflowSink:
 
         self._run_dir = run_dir
         self._log = log
+        self._build_report = build_report
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         local = not uri
         if local:
@@ -274,7 +283,7 @@ class MlflowSink:
 
     def close(self) -> None:
         try:
-            for path, folder in final_files(self._run_dir, self._log):
+            for path, folder in final_files(self._run_dir, self._log, self._build_report):
                 self._client.log_artifact(self.run_id, str(path), artifact_path=folder or None)
         finally:
             self._client.set_terminated(self.run_id)
@@ -290,10 +299,12 @@ def tracker_sinks(
     config: Mapping[str, Any],
     resume: bool = False,
     log: Callable[[str], None] = print,
+    build_report: ReportBuilder | None = None,
 ) -> list[MetricsSink]:
     """The tracker sinks ``report_to`` asks for (names other than wandb / mlflow are ignored).
 
-    With ``resume``, the tracker runs recorded in ``<run_dir>/trackers.json`` are continued.
+    With ``resume``, the tracker runs recorded in ``<run_dir>/trackers.json`` are continued;
+    ``build_report`` builds the HTML report uploaded with the run's files at the end.
     """
     wanted = [name for name in TRACKERS if name in report_to]
     if not wanted:
@@ -311,7 +322,12 @@ def tracker_sinks(
     try:
         for name in wanted:
             sink = _SINKS[name](
-                run_dir, config=config, run_name=run_dir.name, run_id=ids.get(name), log=log
+                run_dir,
+                config=config,
+                run_name=run_dir.name,
+                run_id=ids.get(name),
+                log=log,
+                build_report=build_report,
             )
             sinks.append(sink)
             ids[name] = sink.run_id

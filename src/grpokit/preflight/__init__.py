@@ -11,6 +11,6 @@ Only light modules are imported here; the sampling parts load torch models on us
 
 from __future__ import annotations
 
-from grpokit.preflight.forecast import Forecast, forecast, forecast_for_reward
+from grpokit.core.forecast import Forecast, forecast, forecast_for_reward
 
 __all__ = ["Forecast", "forecast", "forecast_for_reward"]

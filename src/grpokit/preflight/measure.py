@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from grpokit.core.forecast import Forecast, forecast, std_normalized_for
 from grpokit.core.stats import wilson_interval, zero_variance_share
-from grpokit.preflight.forecast import Forecast, forecast, std_normalized_for
 from grpokit.rewards.compose import RewardScores
 from grpokit.rewards.format_rewards import tags_present_score
-from grpokit.train.scoring import ScoredBatch, summarize
+from grpokit.sampling.scoring import ScoredBatch, merge_scores, summarize
 
 
 @dataclass(frozen=True)
@@ -144,22 +144,6 @@ def _groups(values: list[float | None], group_size: int) -> list[list[float | No
 
 def _as_optional(values: torch.Tensor) -> list[float | None]:
     return [None if math.isnan(v) else float(v) for v in values.tolist()]
-
-
-def merge_scores(parts: list[RewardScores]) -> RewardScores:
-    """One RewardScores from batches scored separately (rows concatenated in order).
-
-    ``metrics`` of the merge is empty: they are per-batch quantities, recomputed where needed.
-    """
-    if not parts:
-        raise ValueError("merge_scores needs at least one batch")
-    return RewardScores(
-        names=list(parts[0].names),
-        per_function=torch.cat([p.per_function for p in parts]),
-        gated_out=torch.cat([p.gated_out for p in parts]),
-        total=torch.cat([p.total for p in parts]),
-        metrics={},
-    )
 
 
 def reward_table(

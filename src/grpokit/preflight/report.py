@@ -42,7 +42,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from grpokit.preflight.forecast import FORECAST_EPS
+from grpokit.core.forecast import FORECAST_EPS
 from grpokit.preflight.measure import Measurement, RewardStats
 from grpokit.preflight.verdict import Verdict
 

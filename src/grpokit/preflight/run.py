@@ -12,7 +12,13 @@ from rich.console import Console
 from grpokit.config import GRPOKitConfig
 from grpokit.preflight.measure import Measurement, measure
 from grpokit.preflight.report import preflight_json, render, write_json_atomic
-from grpokit.preflight.sampling import choose_prompts, open_sampler, reward_infos
+from grpokit.preflight.sampling import (
+    choose_prompts,
+    open_sampler,
+    reward_infos,
+    sample_groups,
+    sampling_settings,
+)
 from grpokit.preflight.verdict import Verdict, decide
 
 DEFAULT_PROMPTS = 8
@@ -55,20 +61,21 @@ def run_preflight(
     g = generations if generations is not None else cfg.training.num_generations
     seed = cfg.training.seed if seed is None else seed
     t0 = time.perf_counter()
-    sampler = open_sampler(cfg, checkpoint=checkpoint)
+    sampler, train_rows = open_sampler(cfg, checkpoint=checkpoint)
+    init_from = sampler.policy.init_from
     try:
-        rows = choose_prompts(sampler.rows, prompts, seed=seed)
-        model = sampler.init_from or cfg.model.name_or_path
+        rows = choose_prompts(train_rows, prompts, seed=seed)
         console.print(
-            f"preflight: sampling {len(rows)} prompts x {g} generations from {model} "
+            f"preflight: sampling {len(rows)} prompts x {g} generations from "
+            f"{init_from or cfg.model.name_or_path} "
             f"(max {cfg.training.max_completion_length} new tokens) ...",
             markup=False,
         )
-        batches = sampler.sample(rows, g, seed=seed)
+        batches = sample_groups(sampler, cfg, rows, g, seed=seed)
         infos = reward_infos(cfg, sampler.rewards)
-        settings = sampler.settings(len(rows), g, seed)
+        settings = sampling_settings(sampler, cfg, len(rows), g, seed)
     finally:
-        sampler.close()
+        sampler.rewards.close()
     m = measure(batches, infos, settings)
     v = decide(m)
     render(m, v, console)
@@ -79,7 +86,7 @@ def run_preflight(
     meta = {
         "config": str(cfg.config_path) if cfg.config_path else None,
         "model": cfg.model.name_or_path,
-        "init_from": sampler.init_from,
+        "init_from": init_from,
         "seconds": round(time.perf_counter() - t0, 2),
     }
     doc = preflight_json(m, v, meta=meta)

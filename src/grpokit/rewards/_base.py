@@ -1,9 +1,15 @@
-"""The common shape of grpokit's built-in rewards: a named callable with TRL's signature."""
+"""The contract every reward meets: a named callable with TRL's signature, and its upkeep.
+
+:class:`Reward` is what a :class:`~grpokit.rewards.compose.RewardSet` holds: grpokit's built-in
+rewards and the judge derive from it, and a plain function of the user's (TRL's convention) is
+wrapped into one by :func:`as_reward`. The set then reads ``required_columns``, ``last_metrics``
+and ``close`` directly, never by probing attributes.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -20,6 +26,9 @@ class Reward(ABC):
 
     def __init__(self, name: str) -> None:
         self.__name__ = name
+        #: Metrics about the last call (a judge's parse failures, cache hits ...), logged with
+        #: the step's metrics; empty for rewards that report nothing.
+        self.last_metrics: dict[str, float] = {}
 
     def __call__(
         self,
@@ -44,3 +53,53 @@ class Reward(ABC):
 
     def __repr__(self) -> str:
         return f"<grpokit reward {self.__name__}>"
+
+
+class FunctionReward(Reward):
+    """A plain function with TRL's convention, as a :class:`Reward`.
+
+    The function may carry the optional parts of the contract itself, as TRL users' reward
+    objects sometimes do: a ``last_metrics`` mapping refreshed per call and a ``close()``.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        columns: Sequence[str] = (),
+    ) -> None:
+        super().__init__(name or getattr(fn, "__name__", None) or type(fn).__name__)
+        self.fn = fn
+        self.required_columns = frozenset(columns)
+
+    def __call__(
+        self,
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] | None = None,
+        **columns: Any,
+    ) -> Any:
+        # Passed through untouched: the set checks what comes back, with the reward's name.
+        result = self.fn(prompts=prompts, completions=completions, **columns)
+        reported = getattr(self.fn, "last_metrics", None)
+        self.last_metrics = dict(reported) if isinstance(reported, dict) else {}
+        return result
+
+    def score(
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
+    ) -> list[float | None]:
+        return list(self(prompts, completions, **columns))
+
+    def close(self) -> None:
+        close = getattr(self.fn, "close", None)
+        if callable(close):
+            close()
+
+
+def as_reward(fn: Reward | Callable[..., Any], *, name: str | None = None) -> Reward:
+    """``fn`` itself when it is a :class:`Reward`, else ``fn`` wrapped in a FunctionReward."""
+    if isinstance(fn, Reward):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"a reward must be callable, got {fn!r}")
+    return FunctionReward(fn, name=name)

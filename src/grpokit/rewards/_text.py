@@ -52,6 +52,13 @@ def _content_text(content: Any) -> str:
     return str(content)
 
 
+def one_line(text: str, max_chars: int) -> str:
+    """``text`` on one line (runs of whitespace become one space), cut to ``max_chars`` with an
+    ellipsis: for tables and messages that quote a completion or a judge's reply."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
+
+
 def completion_texts(completions: Sequence[Any]) -> list[str]:
     """:func:`completion_text` over a batch."""
     return [completion_text(c) for c in completions]

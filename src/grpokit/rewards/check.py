@@ -12,8 +12,14 @@ is a dataset column (``answer``, ``tests``, ``completion_ids`` ...) handed to th
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import json
+import logging
 import math
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +27,8 @@ from rich.table import Table
 from rich.text import Text
 
 from grpokit.errors import UserError
-from grpokit.rewards._text import completion_text
-from grpokit.rewards.compose import RewardScores, build_reward_set
+from grpokit.rewards._text import completion_text, one_line
+from grpokit.rewards.compose import RewardError, RewardScores, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rewards.spec import RewardSpec
 
@@ -32,66 +38,161 @@ _RESERVED = ("completion", "prompt")
 _RUNTIME_COLUMNS = frozenset({"completion_ids"})
 
 
-def read_completions(path: Path) -> list[dict[str, Any]]:
-    """Rows of a completions JSONL file; errors name the file and line.
+@dataclass
+class CheckResult:
+    """What ``rewards check`` found: the scores, the rows scored, and the warnings the rewards
+    logged while scoring (e.g. a judge whose replies mostly held no score)."""
+
+    scores: RewardScores
+    rows: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+
+
+def read_utf8(path: Path) -> str:
+    """The text of a UTF-8 file, without the byte-order mark some Windows editors write.
 
     Raises:
-        UserError: missing file, a line that is not a JSON object, or one without ``completion``.
+        UserError: the file is not UTF-8, naming the byte offset and line of the first byte
+            that is not (e.g. a latin-1 é saved by an old editor).
+    """
+    data = path.read_bytes()
+    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        offset = bom + exc.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise UserError(
+            f"{path}: not UTF-8 text: byte 0x{data[offset]:02x} at byte offset {offset} "
+            f"(line {line}): {exc.reason}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t "
+            "utf-8`)."
+        ) from None
+
+
+def read_numbered_completions(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """Rows of a completions JSONL file with their line numbers; errors name the file and line.
+
+    Raises:
+        UserError: missing or non-UTF-8 file, a line that is not a JSON object, or one without
+            ``completion``.
     """
     if not path.is_file():
         raise UserError(f"completions file {path} does not exist")
-    rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise UserError(f"{path}:{number}: not valid JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{number}: each line must be a JSON object")
-            if "completion" not in row:
-                raise UserError(
-                    f"{path}:{number}: no `completion` key; each line needs at least "
-                    '{"completion": "..."}'
-                )
-            rows.append(row)
+    rows: list[tuple[int, dict[str, Any]]] = []
+    # split("\n"), not splitlines(): JSON text may hold U+2028 and other characters that
+    # splitlines() also breaks at.
+    for number, line in enumerate(read_utf8(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise UserError(f"{path}:{number}: not valid JSON: {exc}") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{path}:{number}: each line must be a JSON object")
+        if "completion" not in row:
+            raise UserError(
+                f"{path}:{number}: no `completion` key; each line needs at least "
+                '{"completion": "..."}'
+            )
+        rows.append((number, row))
     if not rows:
         raise UserError(f"{path} holds no completions (one JSON object per line)")
     return rows
 
 
+def read_completions(path: Path) -> list[dict[str, Any]]:
+    """Rows of a completions JSONL file (see :func:`read_numbered_completions`)."""
+    return [row for _, row in read_numbered_completions(path)]
+
+
 def check_completions(
     specs: list[RewardSpec], completions_path: Path, *, base_dir: Path
-) -> tuple[RewardScores, list[dict[str, Any]]]:
+) -> CheckResult:
     """Score every row of ``completions_path`` with the rewards ``specs`` declare.
 
     Raises:
-        UserError: an unreadable file, or a reward needing a column that no row has.
+        UserError: an unreadable file, a reward needing a column that no row has, or a reward
+            that raised or returned the wrong number of values (naming the reward, and the row
+            when one row makes it raise).
     """
-    rows = read_completions(Path(completions_path))
+    path = Path(completions_path)
+    numbered = read_numbered_completions(path)
+    rows = [row for _, row in numbered]
     keys = sorted({k for row in rows for k in row if k not in _RESERVED})
     columns = {key: [row.get(key) for row in rows] for key in keys}
     prompts = [row.get("prompt") for row in rows]
     completions = [row["completion"] for row in rows]
+    places = [f"row {i} ({path}:{line})" for i, (line, _) in enumerate(numbered, start=1)]
     reward_set = build_reward_set(specs, BuildContext(base_dir=base_dir, run_dir=None, seed=0))
     try:
-        reward_set.check_columns(set(keys) | _RUNTIME_COLUMNS, source=str(completions_path))
-        scores = reward_set(prompts, completions, columns)
+        reward_set.check_columns(set(keys) | _RUNTIME_COLUMNS, source=str(path))
+        with _logged_warnings() as warnings:
+            scores = _score(reward_set, prompts, completions, columns, places)
     finally:
         reward_set.close()
-    return scores, rows
+    return CheckResult(scores, rows, list(dict.fromkeys(warnings)))
+
+
+@contextlib.contextmanager
+def _logged_warnings() -> Iterator[list[str]]:
+    """Collect the warnings rewards log (instead of letting them reach stderr unformatted)."""
+    collected: list[str] = []
+
+    class _Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            collected.append(record.getMessage())
+
+    handler = _Collect(level=logging.WARNING)
+    logger = logging.getLogger("grpokit.rewards")
+    logger.addHandler(handler)
+    try:
+        yield collected
+    finally:
+        logger.removeHandler(handler)
+
+
+def _score(
+    reward_set: RewardSet,
+    prompts: list[Any],
+    completions: list[Any],
+    columns: dict[str, list[Any]],
+    places: list[str],
+) -> RewardScores:
+    """Score the batch; a misbehaving reward becomes one :class:`UserError`.
+
+    When a reward raised, the rows are scored one at a time to name the first row it raises on
+    (a reward may raise only on the whole batch; then no row is named).
+    """
+    try:
+        return reward_set(prompts, completions, columns)
+    except RewardError as exc:
+        if exc.__cause__ is None:  # a wrong count or kind of values: a property of the batch
+            raise UserError(f"{exc} (scoring the {len(completions)} completions)") from None
+        for i, place in enumerate(places):
+            try:
+                reward_set([prompts[i]], [completions[i]], {k: [v[i]] for k, v in columns.items()})
+            except RewardError as one:
+                if one.__cause__ is not None:
+                    raise UserError(f"{one}{_raised_at(one.__cause__)} on {place}") from None
+        raise UserError(
+            f"{exc}{_raised_at(exc.__cause__)} on the batch of {len(completions)} completions "
+            "(on no single row alone)"
+        ) from None
+
+
+def _raised_at(error: BaseException) -> str:
+    """ " (at file:line in function)" of the innermost frame of a reward's exception."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {last.filename}:{last.lineno} in {last.name})"
 
 
 def _cell(value: float, gated: bool) -> str:
     text = "None" if math.isnan(value) else f"{value:.3g}"
     return f"{text} (gated)" if gated else text
-
-
-def _one_line(text: str, max_chars: int) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
 
 
 def format_table(scores: RewardScores, rows: list[dict[str, Any]], *, max_chars: int = 60) -> Table:
@@ -118,7 +219,7 @@ def format_table(scores: RewardScores, rows: list[dict[str, Any]], *, max_chars:
         table.add_row(
             str(i + 1),
             # Text, not a str: completions may contain [brackets] that rich would read as markup.
-            Text(_one_line(completion_text(row["completion"]), max_chars)),
+            Text(one_line(completion_text(row["completion"]), max_chars)),
             *cells,
             "None" if math.isnan(total) else f"{total:.3g}",
         )

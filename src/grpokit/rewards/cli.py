@@ -28,12 +28,13 @@ def _load_specs(config: Path) -> tuple[list[RewardSpec], Path]:
     """
     import yaml
 
+    from grpokit.rewards.check import read_utf8
     from grpokit.rewards.spec import parse_reward_specs
 
     if not config.is_file():
         raise UserError(f"config file {config} does not exist")
     try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_utf8(config))
     except yaml.YAMLError as exc:
         raise UserError(f"{config}: not valid YAML: {exc}") from None
     if isinstance(data, dict) and set(data) == {"rewards"}:
@@ -69,7 +70,8 @@ def check_cmd(config: Path, completions_path: Path, width: int, as_json: bool) -
     from grpokit.rewards.check import check_completions, format_table
 
     specs, base_dir = _load_specs(config)
-    scores, rows = check_completions(specs, completions_path, base_dir=base_dir)
+    result = check_completions(specs, completions_path, base_dir=base_dir)
+    scores, rows = result.scores, result.rows
     if as_json:
         for i in range(len(rows)):
             record = {
@@ -91,5 +93,8 @@ def check_cmd(config: Path, completions_path: Path, width: int, as_json: bool) -
                     ensure_ascii=False,
                 )
             )
-        return
-    Console().print(format_table(scores, rows, max_chars=width))
+    else:
+        Console().print(format_table(scores, rows, max_chars=width))
+    # Below the table, on stderr (so that --json output stays one JSON object per line).
+    for warning in result.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)

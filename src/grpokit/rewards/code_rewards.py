@@ -1,23 +1,57 @@
 """``code_tests``: the share of a column's test cases that the completion's Python code passes.
 
-Every test case runs in its own confined subprocess (:mod:`grpokit.rewards.sandbox`: temporary
-working directory, wall-clock and CPU limits, memory and output caps, no processes, no network,
-no writes outside its directory). A hanging, crashing, forking or file-writing completion fails
-its cases; the trainer never sees an exception from it.
-
 Test cases (the column's value per row, or a JSON string of it):
 
-- a list of Python snippets, e.g. ``["assert add(1, 2) == 3", ...]``: each runs after the
-  solution in the same namespace and passes if it raises nothing (MBPP / HumanEval style);
+- a list of Python snippets, e.g. ``["assert add(1, 2) == 3", ...]``: each passes if it runs to
+  its end against the solution (MBPP / HumanEval style: loops, helpers, ``def check(candidate):
+  ...; check(f)``, ``math.isclose`` all work);
 - a list of ``{"input": "...", "output": "..."}``: the solution runs with ``input`` on stdin and
   passes if its stdout equals ``output`` (trailing spaces and trailing blank lines ignored);
 - ``{"inputs": [...], "outputs": [...]}``: the same, as parallel lists (APPS style);
 - a single snippet string: one case.
+
+Every case runs in its own confined subprocess (:mod:`grpokit.rewards.sandbox`). The security
+boundary, layer by layer:
+
+- **the verdict** never comes from the process that runs the completion. Test snippets run in a
+  separate judge process that never runs the completion's code: a name the tests take from the
+  solution (``add``) is a request to the sandboxed process, and each answer crosses as plain data
+  (numbers, strings, lists, tuples, dicts, sets, bytes, None) that the judge rebuilds with its
+  own built-in types; an object that is not plain data stays a handle that equals only itself.
+  Stdout cases are compared here, in the trainer. So replacing builtins, reading the harness's
+  frames, exit, trace or exception hooks, a result whose ``__eq__`` always says True, or printing
+  what a harness would print earn nothing: the only way to pass is to give the right answers;
+- **secrets** stay out of the sandboxed process: it starts from an allow-listed environment
+  (PATH, LANG, HOME and TMPDIR in its own directory), the tests and expected outputs never enter
+  it, Landlock lets it read only its directory, the Python runtime and system libraries (not
+  ``/etc``, ``/proc`` or the user's files), and it runs in its own PID namespace with its own
+  ``/proc``;
+- **the machine**: Landlock (writes only in its directory, no TCP), network and IPC namespaces,
+  no capabilities, a seccomp filter (no processes, threads, exec, sockets, signals, ptrace,
+  mounts, chmod/chown/utime), rlimits (CPU, memory, output size), and the trainer's wall clock;
+- the Python audit hook inside the sandbox only makes errors readable: code in that interpreter
+  can disable it, so it is not counted as a protection.
+
+Which layers were in force is reported after each call in ``last_metrics`` (``sandbox/landlock``,
+``sandbox/seccomp``, ``sandbox/pid_namespace`` ...: the share of runs that had them) and once as
+a warning when some are missing; ``sandbox: strict`` refuses to run without all of them. Where
+one is missing (``best_effort`` on an older kernel) what it stops becomes possible: without
+Landlock the code can read what the user can, without the PID namespace see other processes;
+the verdict stays out of its reach either way.
+
+Test snippets are trusted code: the judge runs them with resource limits only, and they must not
+``eval`` an answer. They may hand the solution data (None, bool, int, float, str, bytes, complex,
+list, tuple, dict, set, frozenset, range) and objects it returned; anything else (a lambda, an
+instance of a class of the test's) is a config error naming the row. An object of the
+solution's that is not data can be called, its attributes read, and iterated (the judge gets a
+list). A standard module the tests take from the solution without importing it (``math``,
+``re``, ``collections`` ...) is the judge's own copy.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,7 +64,16 @@ from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
 from grpokit.rewards._text import column_value, completion_text
 from grpokit.rewards.registry import BuildContext, register_reward
-from grpokit.rewards.sandbox import RunResult, SandboxLimits, run_python
+from grpokit.rewards.sandbox import (
+    RunResult,
+    SandboxLayers,
+    SandboxLimits,
+    SandboxUnavailable,
+    run_python,
+    sandbox_report,
+)
+
+logger = logging.getLogger(__name__)
 
 _FENCE_RE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 
@@ -63,6 +106,13 @@ class CodeTestsParams(BaseModel):
         default_factory=lambda: max(1, min(4, os.cpu_count() or 1)),
         ge=1,
         description="Test cases run at the same time (subprocesses).",
+    )
+    sandbox: Literal["best_effort", "strict"] = Field(
+        default="best_effort",
+        description="`strict`: refuse to run any completion (a config error) unless every "
+        "protection layer is in force on this machine: Landlock, seccomp, no capabilities, "
+        "network and PID namespaces. `best_effort`: run with the layers this kernel has; the "
+        "missing ones are named in a warning and reported as sandbox/* metrics.",
     )
 
 
@@ -152,6 +202,16 @@ def normalize_output(text: str) -> list[str]:
     return lines
 
 
+def _layer_metrics(layers: list[SandboxLayers]) -> dict[str, float]:
+    """Per layer, the share of runs that had it; the lowest Landlock ABI seen."""
+    if not layers:
+        return {}
+    per_run = [run.metrics() for run in layers]
+    out = {key: sum(m[key] for m in per_run) / len(per_run) for key in per_run[0]}
+    out["sandbox/landlock_abi"] = float(min(run.landlock_abi for run in layers))
+    return out
+
+
 def case_passed(case: CodeCase, result: RunResult) -> bool:
     """Whether a run satisfies its case."""
     if not result.passed:
@@ -173,7 +233,9 @@ class CodeTests(Reward):
             memory_mb=params.memory_mb,
             max_output_bytes=params.max_output_bytes,
         )
+        self.last_metrics: dict[str, float] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._sandbox_checked = False
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -182,44 +244,92 @@ class CodeTests(Reward):
             )
         return self._pool
 
-    def _run_case(self, code: str, case: CodeCase) -> bool:
-        result = run_python(
-            code,
-            tests=case.code,
-            stdin=case.stdin,
-            limits=self.limits,
+    def _check_sandbox(self) -> None:
+        """Once: refuse (strict) or warn (best effort) when protection layers are missing here."""
+        if self._sandbox_checked:
+            return
+        missing = sandbox_report().missing()
+        if missing and self.params.sandbox == "strict":
+            raise UserError(self._unavailable_message(missing))
+        if missing:
+            logger.warning(
+                "reward %r: the code sandbox runs without %s. Completions cannot forge a pass, "
+                "but on this machine they may read what those layers would hide; set "
+                "`sandbox: strict` to refuse to run without them.",
+                self.__name__,
+                "; ".join(missing),
+            )
+        self._sandbox_checked = True
+
+    def _unavailable_message(self, missing: list[str]) -> str:
+        return (
+            f"reward {self.__name__!r}: `sandbox: strict` refuses to run completions here, this "
+            f"machine lacks: {'; '.join(missing)}. Run on a machine that has them, or set "
+            "`sandbox: best_effort` to accept it (the missing layers are reported as sandbox/* "
+            "metrics)."
         )
-        return case_passed(case, result)
+
+    def _row_cases(self, columns: dict[str, Any], row: int) -> list[CodeCase]:
+        column = self.params.tests_column
+        raw = column_value(columns, column, row, self.__name__)
+        try:
+            cases = parse_test_cases(raw) if raw is not None else []
+            for number, case in enumerate(cases, start=1):
+                if case.code is not None:
+                    try:
+                        compile(case.code, f"test case {number}", "exec")  # compiled, not run
+                    except (SyntaxError, ValueError) as exc:
+                        raise ValueError(f"test case {number} is not valid Python: {exc}") from None
+        except ValueError as exc:
+            raise UserError(
+                f"reward {self.__name__!r}: row {row} of column {column!r} is not a valid set "
+                f"of test cases: {exc}"
+            ) from None
+        return cases
+
+    def _run_case(self, code: str, case: CodeCase) -> RunResult:
+        try:
+            return run_python(
+                code,
+                tests=case.code,
+                stdin=case.stdin,
+                limits=self.limits,
+                strict=self.params.sandbox == "strict",
+            )
+        except SandboxUnavailable as exc:
+            raise UserError(self._unavailable_message([str(exc)])) from None
 
     def score(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
     ) -> list[float | None]:
-        p = self.params
-        jobs: list[list[Future[bool]]] = []
+        jobs: list[list[tuple[CodeCase, Future[RunResult]]]] = []
         scores: list[float | None] = []
+        rows = [self._row_cases(columns, i) for i in range(len(completions))]
+        codes = [extract_code(completion_text(c), self.params.extract) for c in completions]
+        if any(cases and code.strip() for cases, code in zip(rows, codes, strict=True)):
+            self._check_sandbox()
         pool = self._executor()
-        for i, completion in enumerate(completions):
-            raw = column_value(columns, p.tests_column, i, self.__name__)
-            try:
-                cases = parse_test_cases(raw) if raw is not None else []
-            except ValueError as exc:
-                raise UserError(
-                    f"reward {self.__name__!r}: row {i} of column {p.tests_column!r} is not a "
-                    f"valid set of test cases: {exc}"
-                ) from None
-            code = extract_code(completion_text(completion), p.extract)
-            if not cases:
-                scores.append(None)
-                jobs.append([])
-            elif not code.strip():
-                scores.append(0.0)
-                jobs.append([])
+        for cases, code in zip(rows, codes, strict=True):
+            scores.append(None if not cases else 0.0)
+            if cases and code.strip():
+                jobs.append([(case, pool.submit(self._run_case, code, case)) for case in cases])
             else:
-                scores.append(0.0)
-                jobs.append([pool.submit(self._run_case, code, case) for case in cases])
-        for i, futures in enumerate(jobs):
-            if futures:
-                scores[i] = sum(f.result() for f in futures) / len(futures)
+                jobs.append([])
+        layers: list[SandboxLayers] = []
+        for i, row_jobs in enumerate(jobs):
+            if not row_jobs:
+                continue
+            results = [(case, future.result()) for case, future in row_jobs]
+            for number, (_, result) in enumerate(results, start=1):
+                if result.unsupported:
+                    raise UserError(
+                        f"reward {self.__name__!r}: row {i} of column "
+                        f"{self.params.tests_column!r}, test case {number}, cannot be checked: "
+                        f"{result.unsupported}. Rewrite the test to pass data only."
+                    )
+            layers += [result.layers for _, result in results]
+            scores[i] = sum(case_passed(case, result) for case, result in results) / len(results)
+        self.last_metrics = _layer_metrics(layers)
         return scores
 
     def __getstate__(self) -> dict[str, Any]:
@@ -241,11 +351,13 @@ def code_tests(
     timeout_s: float = 5.0,
     memory_mb: int = 512,
     max_parallel: int | None = None,
+    sandbox: Literal["best_effort", "strict"] = "best_effort",
 ) -> CodeTests:
     """Share of the row's test cases passed by the completion's code, run in a sandbox; None for
     a row without test cases.
 
-    YAML: ``- {type: code_tests, tests_column: tests, timeout_s: 5}``.
+    YAML: ``- {type: code_tests, tests_column: tests, timeout_s: 5, sandbox: strict}``. The
+    module docstring says which layer of the sandbox stops what.
 
     >>> reward = code_tests(timeout_s=5)
     >>> reward(
@@ -261,6 +373,7 @@ def code_tests(
         extract=extract,
         timeout_s=timeout_s,
         memory_mb=memory_mb,
+        sandbox=sandbox,
         **({"max_parallel": max_parallel} if max_parallel is not None else {}),
     )
     return CodeTests(params)

@@ -17,12 +17,25 @@ from typing import Any
 import torch
 
 from grpokit.errors import UserError
-from grpokit.rewards.registry import BuildContext, RewardFn, get_reward_type
+from grpokit.rewards._base import Reward, as_reward
+from grpokit.rewards.registry import BuildContext, get_reward_type
 from grpokit.rewards.spec import RewardSpec, gate_order, validate_reward_specs
 
 
 class RewardError(RuntimeError):
-    """A reward function misbehaved (raised, or returned the wrong number or kind of values)."""
+    """A reward function misbehaved (raised, or returned the wrong number or kind of values).
+
+    ``reward`` names it; ``inputs`` holds what it was called with, one record per completion
+    in the form ``grpokit rewards check --completions`` reads ({"prompt", "completion",
+    **columns}), so that a failed run can save the batch and the user can replay it.
+    """
+
+    def __init__(
+        self, message: str, *, reward: str = "", inputs: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reward = reward
+        self.inputs = inputs or []
 
 
 @dataclass
@@ -51,10 +64,9 @@ class RewardScores:
 @dataclass
 class _Entry:
     name: str
-    fn: RewardFn
+    fn: Reward
     weight: float
     max_value: float | None
-    required_columns: frozenset[str]
     gate_index: int | None
     gate_min: float
     gate_otherwise: float | None
@@ -69,13 +81,13 @@ class RewardSet:
         self.names: list[str] = [e.name for e in entries]
         self.weights: list[float] = [e.weight for e in entries]
         self.max_values: list[float | None] = [e.max_value for e in entries]
-        self.required_columns: set[str] = set().union(*(e.required_columns for e in entries))
+        self.required_columns: set[str] = set().union(*(e.fn.required_columns for e in entries))
 
     def check_columns(self, available: Iterable[str], *, source: str = "the dataset") -> None:
         """Raise :class:`UserError` if a reward needs a column that ``source`` does not have."""
         have = set(available)
         for entry in self._entries:
-            missing = sorted(entry.required_columns - have)
+            missing = sorted(entry.fn.required_columns - have)
             if missing:
                 raise UserError(
                     f"reward {entry.name!r} needs the column(s) {', '.join(missing)}, which "
@@ -139,7 +151,7 @@ class RewardSet:
         their names (e.g. judge/parse_failure_rate); with several, each key gets the reward's
         name after its first part (judge/<name>/parse_failure_rate) so they do not collide.
         """
-        reporting = [j for j in called if getattr(self._entries[j].fn, "last_metrics", None)]
+        reporting = [j for j in called if self._entries[j].fn.last_metrics]
         out: dict[str, float] = {}
         for j in reporting:
             for key, value in self._entries[j].fn.last_metrics.items():
@@ -152,9 +164,7 @@ class RewardSet:
     def close(self) -> None:
         """Release the rewards' resources (judge clients, worker pools)."""
         for entry in self._entries:
-            close = getattr(entry.fn, "close", None)
-            if callable(close):
-                close()
+            entry.fn.close()
 
     def __enter__(self) -> RewardSet:
         return self
@@ -174,13 +184,27 @@ def _call_reward(
     sub_prompts = prompts if full else [prompts[i] for i in rows]
     sub_completions = completions if full else [completions[i] for i in rows]
     sub_columns = columns if full else {k: [v[i] for i in rows] for k, v in columns.items()}
+
+    def inputs() -> list[dict[str, Any]]:  # built only when something went wrong
+        return [
+            {"prompt": p, "completion": c, **{k: v[i] for k, v in sub_columns.items()}}
+            for i, (p, c) in enumerate(zip(sub_prompts, sub_completions, strict=True))
+        ]
+
     try:
         result = entry.fn(prompts=sub_prompts, completions=sub_completions, **sub_columns)
     except UserError:
         raise
     except Exception as exc:
-        raise RewardError(f"reward {entry.name!r} raised {type(exc).__name__}: {exc}") from exc
-    return _check_result(entry.name, result, len(rows))
+        raise RewardError(
+            f"reward {entry.name!r} raised {type(exc).__name__}: {exc}",
+            reward=entry.name,
+            inputs=inputs(),
+        ) from exc
+    try:
+        return _check_result(entry.name, result, len(rows))
+    except RewardError as exc:  # what came back is wrong: no exception of the reward's own
+        raise RewardError(str(exc), reward=entry.name, inputs=inputs()) from None
 
 
 def _check_result(name: str, result: Any, expected: int) -> list[float | None]:
@@ -254,9 +278,10 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
     try:
         for spec in specs:
             reward_type = get_reward_type(spec.type)
-            fn = reward_type.build(spec.params, ctx)
-            if not callable(fn):
-                raise RewardError(f"reward type {spec.type!r} built a non-callable {fn!r}")
+            built = reward_type.build(spec.params, ctx)
+            if not callable(built):
+                raise RewardError(f"reward type {spec.type!r} built a non-callable {built!r}")
+            fn = as_reward(built, name=spec.display_name)
             max_value = reward_type.max_value
             if spec.type == "python":
                 # Only the user knows the range of their own function.
@@ -268,7 +293,6 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
                     fn=fn,
                     weight=spec.weight,
                     max_value=max_value,
-                    required_columns=frozenset(getattr(fn, "required_columns", frozenset())),
                     gate_index=None if gate is None else index[gate.reward],
                     gate_min=1.0 if gate is None else gate.min,
                     gate_otherwise=None if gate is None else gate.otherwise,
@@ -276,8 +300,6 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
             )
     except BaseException:
         for entry in entries:
-            close = getattr(entry.fn, "close", None)
-            if callable(close):
-                close()
+            entry.fn.close()
         raise
     return RewardSet(entries, gate_order(specs))

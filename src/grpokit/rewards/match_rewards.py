@@ -278,8 +278,12 @@ def json_schema(
     >>> reward(prompts=None, completions=['{"name": "Ann", "age": 3}', '{"name": "Ann"}', 'Ann, 3'])
     [1.0, 0.5, 0.0]
     """
-    params = JsonSchemaParams(
-        schema=schema, partial_credit=partial_credit, allow_surrounding_text=allow_surrounding_text
+    params = JsonSchemaParams.model_validate(
+        {
+            "schema": schema,
+            "partial_credit": partial_credit,
+            "allow_surrounding_text": allow_surrounding_text,
+        }
     )
     return JsonSchema(params, schema)
 

@@ -20,7 +20,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grpokit.errors import UserError
-from grpokit.rewards.registry import BuildContext, RewardFn, register_reward
+from grpokit.rewards._base import FunctionReward, Reward
+from grpokit.rewards.registry import BuildContext, register_reward
 
 _FUNCTION_RE = re.compile(r"^(?P<module>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)$")
 
@@ -115,30 +116,9 @@ def _import_file(path: Path) -> Any:
     return module
 
 
-class _UserFunction:
-    """A user's function with the declared columns attached, under its own ``__name__``."""
-
-    def __init__(self, fn: Callable[..., Any], columns: list[str]) -> None:
-        self.fn = fn
-        self.__name__ = getattr(fn, "__name__", "python")
-        self.required_columns = frozenset(columns)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    @property
-    def last_metrics(self) -> dict[str, float]:
-        """Metrics the user's callable reports about its last call (optional), logged per step."""
-        return dict(getattr(self.fn, "last_metrics", None) or {})
-
-    def close(self) -> None:
-        close = getattr(self.fn, "close", None)
-        if callable(close):
-            close()
-
-
-def _build(params: PythonRewardParams, ctx: BuildContext) -> RewardFn:
-    return _UserFunction(load_function(params.function, ctx.base_dir), params.columns)
+def _build(params: PythonRewardParams, ctx: BuildContext) -> Reward:
+    fn = load_function(params.function, ctx.base_dir)
+    return FunctionReward(fn, name=getattr(fn, "__name__", "python"), columns=params.columns)
 
 
 register_reward("python", PythonRewardParams, _build, max_value=None)

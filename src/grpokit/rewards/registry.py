@@ -1,8 +1,9 @@
 """The registry of reward types usable from YAML by name.
 
 A reward type is a pydantic params model (the YAML keys of one ``rewards:`` entry besides
-``type``/``name``/``weight``/``gate``) plus a ``build(params, ctx)`` function returning a reward
-function with TRL's calling convention ``fn(prompts, completions, **columns)``.
+``type``/``name``/``weight``/``gate``) plus a ``build(params, ctx)`` function returning a
+:class:`~grpokit.rewards._base.Reward` (a plain function with TRL's calling convention
+``fn(prompts, completions, **columns)`` is accepted too and wrapped into one).
 
 Built-in reward modules register themselves when imported. The registry imports them lazily, on
 the first lookup, so that ``import grpokit.rewards`` stays cheap (math-verify, subprocess helpers
@@ -21,9 +22,11 @@ from typing import Any
 import pydantic
 
 from grpokit.errors import UserError
+from grpokit.rewards._base import Reward
 
 RewardFn = Callable[..., list[float | None]]
-"""TRL's reward convention: ``fn(prompts, completions, **columns) -> list[float | None]``."""
+"""TRL's reward convention: ``fn(prompts, completions, **columns) -> list[float | None]``.
+Every :class:`~grpokit.rewards._base.Reward` is one."""
 
 
 @dataclass(frozen=True)
@@ -38,13 +41,17 @@ class BuildContext:
     """The run's seed, for rewards that sample."""
 
 
+Builder = Callable[[Any, BuildContext], Reward | RewardFn]
+"""``build(params, ctx)``: a reward type's factory, called once per run."""
+
+
 @dataclass(frozen=True)
 class RewardType:
     """One registered reward type."""
 
     name: str
     params_model: type[pydantic.BaseModel]
-    build: Callable[[Any, BuildContext], RewardFn]
+    build: Builder
     max_value: float | None
     """The reward's maximum (the 'pass' value used by preflight and eval); None if unbounded."""
 
@@ -59,6 +66,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "grpokit.rewards.length_rewards",
     "grpokit.rewards.tree_rewards",
     "grpokit.rewards.python_fn",
+    "grpokit.rewards.reward_model",
 )
 _OPTIONAL_MODULES: tuple[str, ...] = ("grpokit.rewards.judge",)
 
@@ -70,7 +78,7 @@ _load_lock = threading.RLock()
 def register_reward(
     type_name: str,
     params_model: type[pydantic.BaseModel],
-    build: Callable[[Any, BuildContext], RewardFn],
+    build: Builder,
     *,
     max_value: float | None = 1.0,
 ) -> None:

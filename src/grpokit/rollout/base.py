@@ -83,7 +83,12 @@ class RolloutBatch:
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """Samples ``n`` completions for each prompt (token ids in, token ids out)."""
+    """Samples ``n`` completions for each prompt (token ids in, token ids out).
+
+    ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
+    the weights (vLLM) takes the policy's new ones; an engine that reads the policy's own
+    modules has nothing to do.
+    """
 
     def generate(
         self,
@@ -93,3 +98,5 @@ class RolloutEngine(Protocol):
         *,
         generator: torch.Generator | None = None,
     ) -> RolloutBatch: ...
+
+    def sync_weights(self) -> None: ...

@@ -127,6 +127,9 @@ class TorchEngine:
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
 
+    def sync_weights(self) -> None:
+        """Nothing to do: generation reads the policy's own modules."""
+
     def generate(
         self,
         prompt_ids: list[list[int]],

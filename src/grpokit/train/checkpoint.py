@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,9 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpokit.errors import UserError
+from grpokit.sampling import checkpoint_dirs
 from grpokit.train.fsdp import load_full_state
-
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
 @dataclass
@@ -36,26 +34,25 @@ class TrainerState:
     epoch: int = 0
     position: int = 0
     generation_round: int = 0
+    skipped_steps: int = 0
+    """Optimizer steps skipped for a non-finite loss or gradient norm, in all."""
+    nonfinite_streak: int = 0
+    """Of them, how many in a row up to now."""
 
 
-def checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    found = []
-    for p in run_dir.glob("checkpoint-*"):
-        m = _CKPT.match(p.name)
-        if m and (p / "trainer_state.json").is_file():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
+def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
+    """Delete what an interrupted checkpoint write left behind (``.tmp-checkpoint-N``,
+    ``.old-checkpoint-N``); returns what was removed. Never touches a ``checkpoint-N``."""
+    leftovers = [*run_dir.glob(".tmp-checkpoint-*"), *run_dir.glob(".old-checkpoint-*")]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
-    found = checkpoints(run_dir)
-    if not found:
-        raise UserError(f"{run_dir}: no checkpoint-<step> directory to resume from")
-    return found[-1]
-
-
-def _rng_state(generator: torch.Generator) -> dict[str, Any]:
+def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    """Every random state a run draws from: Python's, NumPy's, torch's (CPU and CUDA) and the
+    rollout generator's. Saved with a checkpoint so that a resumed run draws what the
+    uninterrupted one would."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -77,15 +74,59 @@ def save_checkpoint(
     save_total_limit: int | None,
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoint-<global_step>`` into ``run_dir``.
 
     ``model_state`` and ``optimizer_state`` replace the model's and optimizer's own state dicts
     when given: the whole tensors gathered from a sharded (FSDP) model, in the same layout.
+    ``rng`` replaces the current random states (see :func:`rng_state`): those taken at the start
+    of a step that then failed.
+    Written under ``.tmp-checkpoint-<step>`` and renamed when whole; a failed write (a full
+    disk) removes its partial directory and leaves the earlier checkpoints as they were.
     """
     final = run_dir / f"checkpoint-{state.global_step}"
     tmp = run_dir / f".tmp-checkpoint-{state.global_step}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write(
+            tmp,
+            policy=policy,
+            model_state=model_state,
+            optimizer_state=optimizer.state_dict() if optimizer_state is None else optimizer_state,
+            scheduler_state=scheduler.state_dict(),
+            rng=rng if rng is not None else rng_state(generator),
+            state=state,
+            config_yaml=config_yaml,
+        )
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # Replacing a checkpoint of the same step: move the old one aside first, so that a
+    # checkpoint-<step> directory is always whole (the resolver trusts the name).
+    stale = run_dir / f".old-checkpoint-{state.global_step}"
+    if final.exists():
+        shutil.rmtree(stale, ignore_errors=True)
+        final.rename(stale)
+    tmp.rename(final)
+    shutil.rmtree(stale, ignore_errors=True)
+    if save_total_limit:
+        for old in checkpoint_dirs(run_dir)[:-save_total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(
+    tmp: Path,
+    *,
+    policy: Any,
+    model_state: dict[str, torch.Tensor] | None,
+    optimizer_state: dict[str, Any],
+    scheduler_state: dict[str, Any],
+    rng: dict[str, Any],
+    state: TrainerState,
+    config_yaml: str,
+) -> None:
     tmp.mkdir(parents=True)
     policy.save(tmp / "model", state_dict=model_state)
     trainable = {
@@ -94,20 +135,11 @@ def save_checkpoint(
         if p.requires_grad
     }
     save_file(trainable, str(tmp / "trainable.safetensors"))
-    torch.save(
-        optimizer.state_dict() if optimizer_state is None else optimizer_state,
-        tmp / "optimizer.pt",
-    )
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(_rng_state(generator), tmp / "rng.pt")
+    torch.save(optimizer_state, tmp / "optimizer.pt")
+    torch.save(scheduler_state, tmp / "scheduler.pt")
+    torch.save(rng, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
     (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    if save_total_limit:
-        for old in checkpoints(run_dir)[:-save_total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def load_checkpoint(
@@ -124,6 +156,16 @@ def load_checkpoint(
     With ``sharded`` (an FSDP model, every rank calling), rank 0 reads the weights and the
     optimizer state and the other ranks receive their shards.
     """
+    missing = [
+        name
+        for name in ("trainable.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json")
+        if not (path / name).is_file()
+    ]
+    if missing:
+        raise UserError(
+            f"{path}: an incomplete checkpoint (no {', '.join(missing)}); it cannot resume a run. "
+            "Move it aside to resume from the checkpoint before it."
+        )
     params = dict(policy.model.named_parameters())
 
     def read() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -1,4 +1,6 @@
-"""The terminal side of a run: the progress bar, and Ctrl-C that stops after a clean save."""
+"""Stopping a run cleanly on request: Ctrl-C (SIGINT) and SIGTERM finish the current step, then
+the trainer saves and stops. SIGTERM is what SLURM, Kubernetes and `timeout` send before they
+kill a job, so it must save as Ctrl-C does."""
 
 from __future__ import annotations
 
@@ -7,57 +9,34 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
 
 @contextmanager
-def progress_bar(
-    total: int, completed: int, *, enabled: bool = True
-) -> Iterator[Callable[[int, dict[str, Any]], None]]:
-    """A rich progress bar with the latest reward, KL, equal-reward share and ETA.
+def stop_guard() -> Iterator[Callable[[], int | None]]:
+    """Yields ``stopped()``: the number of the first stop signal received, or None.
 
-    Yields `advance(step, metrics)`; a no-op when disabled (logs, CI).
+    The first signal only sets the flag; a second one interrupts at once (KeyboardInterrupt).
+    Outside the main thread signals cannot be handled and ``stopped()`` stays None.
     """
-    if not enabled:
-        yield lambda step, record: None
-        return
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    columns = (
-        TextColumn("[bold]GRPO"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-    )
-    with Progress(*columns, transient=False) as bar:
-        task = bar.add_task("train", total=total, info="", completed=completed)
-
-        def advance(step: int, record: dict[str, Any]) -> None:
-            info = f"reward {record.get('reward', float('nan')):.3f}"
-            if "kl" in record:
-                info += f"  kl {record['kl']:.4f}"
-            info += f"  zero-std {record.get('frac_reward_zero_std', 0):.2f}"
-            bar.update(task, completed=step, info=info)
-
-        yield advance
-
-
-@contextmanager
-def interrupt_guard() -> Iterator[Callable[[], bool]]:
-    """First Ctrl-C finishes the current step, then the trainer saves and stops; a second one
-    interrupts at once."""
-    flag = {"hit": False}
+    received: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
-        if flag["hit"]:
+        if received:
             raise KeyboardInterrupt
-        flag["hit"] = True
+        received.append(signum)
 
+    previous: dict[int, Any] = {}
     try:
-        previous = signal.signal(signal.SIGINT, handler)
-    except ValueError:  # not the main thread: no signal handling
-        yield lambda: False
+        for sig in STOP_SIGNALS:
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        for number, old in previous.items():
+            signal.signal(number, old)
+        yield lambda: None
         return
     try:
-        yield lambda: flag["hit"]
+        yield lambda: received[0] if received else None
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, old in previous.items():
+            signal.signal(number, old)

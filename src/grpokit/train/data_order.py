@@ -33,7 +33,7 @@ class PromptStream:
         self._order = self._order_of(epoch)
 
     def take(self, n: int) -> list[PromptRow]:
-        out = []
+        out: list[PromptRow] = []
         while len(out) < n:
             if self.position >= len(self._order):
                 self.seek(self.epoch + 1, 0)

@@ -169,6 +169,9 @@ class GatheredEngine:
         self.engine = engine
         self.model = model
 
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
     def generate(
         self,
         prompt_ids: list[list[int]],

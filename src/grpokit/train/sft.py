@@ -21,6 +21,7 @@ import torch
 from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import Prompt
 from grpokit.errors import UserError
+from grpokit.models.loading import pad_token_id
 from grpokit.train.forward import completion_logprobs, pack
 
 
@@ -63,25 +64,31 @@ def run_sft(
     batch_size: int = 8,
     learning_rate: float = 2e-5,
     max_prompt_length: int | None = 512,
+    chat_template_kwargs: dict[str, Any] | None = None,
     seed: int = 0,
     device: torch.device | str = "cpu",
     log: Callable[[str], None] = print,
 ) -> list[dict[str, float]]:
     """Train `parameters` of `model` for max_steps steps; returns per-step loss and entropy.
 
-    The completion is followed by the EOS token so the model learns to stop.
+    The completion is followed by the EOS token so the model learns to stop. Prompts are
+    rendered as GRPO renders them (system prompt, truncation, chat template variables).
     """
     eos = tokenizer.eos_token_id
     prompts = [
         encode_prompt(
-            tokenizer, d.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
+            tokenizer,
+            d.prompt,
+            system_prompt=system_prompt,
+            max_prompt_length=max_prompt_length,
+            chat_template_kwargs=chat_template_kwargs,
         )
         for d in demos
     ]
     targets = [
         tokenizer(d.completion, add_special_tokens=False)["input_ids"] + [eos] for d in demos
     ]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    pad = pad_token_id(tokenizer)
     optimizer = torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=0.0, fused=True)
     g = torch.Generator().manual_seed(seed)
     order: list[int] = []
@@ -96,7 +103,7 @@ def run_sft(
         logp, entropy = completion_logprobs(model, batch, with_entropy=True)
         mask = batch.completion_mask
         loss = -(torch.where(mask > 0, logp, 0.0)).sum() / mask.sum()
-        loss.backward()
+        torch.autograd.backward(loss)
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -26,7 +26,7 @@ import torch
 from grpokit.config import GRPOKitConfig
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
-from grpokit.train.scoring import ScoredBatch
+from grpokit.sampling import ScoredBatch
 from grpokit.train.sft import Demonstration, load_demonstrations, run_sft
 
 ROLLOUTS_FILE = "sft_rollouts.jsonl"
@@ -176,7 +176,7 @@ def run_sft_from_config(
 ) -> SFTResult:
     """Warm-start the configured model on demonstrations or on its own passing samples and save
     a checkpoint to `output` (a LoRA adapter or a full model) that model.init_from accepts."""
-    from grpokit.preflight.sampling import choose_prompts, open_sampler
+    from grpokit.preflight.sampling import choose_prompts, open_sampler, sample_groups
 
     if (data is None) == (not from_rollouts):
         raise UserError("give exactly one of --data DEMOS.jsonl or --from-rollouts")
@@ -192,7 +192,7 @@ def run_sft_from_config(
 
         cfg.model.lora = LoraConfig.model_validate({})
     seed = cfg.training.seed if seed is None else seed
-    sampler = open_sampler(cfg, trainable=use_lora)
+    sampler, train_rows = open_sampler(cfg, trainable=use_lora)
     selection: Selection | None = None
     try:
         if from_rollouts:
@@ -200,9 +200,9 @@ def run_sft_from_config(
             # A misnamed reward or missing maximum fails before minutes of sampling.
             criterion.describe(sampler.rewards.names, sampler.rewards.max_values)
             g = generations if generations is not None else cfg.training.num_generations
-            rows = choose_prompts(sampler.rows, prompts, seed=seed)
+            rows = choose_prompts(train_rows, prompts, seed=seed)
             log(f"sampling {len(rows)} prompts x {g} generations to keep the passing ones ...")
-            batches = sampler.sample(rows, g, seed=seed)
+            batches = sample_groups(sampler, cfg, rows, g, seed=seed)
             selection = select_passing(batches, criterion, sampler.rewards.max_values)
             log(
                 f"kept {len(selection.demos)} distinct of {selection.passed}/{selection.sampled} "
@@ -218,7 +218,7 @@ def run_sft_from_config(
                 )
             demos = selection.demos
     finally:
-        sampler.close()
+        sampler.rewards.close()
     lr = (
         learning_rate
         if learning_rate is not None
@@ -239,6 +239,7 @@ def run_sft_from_config(
         batch_size=batch_size,
         learning_rate=lr,
         max_prompt_length=cfg.training.max_prompt_length,
+        chat_template_kwargs=cfg.training.chat_template_kwargs,
         seed=seed,
         device=next(policy.model.parameters()).device,
         log=log,

@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from grpokit.core.advantages import reward_zero_std_mask
+from grpokit.core.forecast import forecast_for_reward, std_normalized_for
 from grpokit.core.losses import PolicyLossOutput
 from grpokit.data.chat import prompt_text
 from grpokit.monitor import text_stats
-from grpokit.preflight.forecast import forecast_for_reward, std_normalized_for
-from grpokit.train.scoring import ScoredBatch, summarize
+from grpokit.sampling import ScoredBatch, summarize
 
 
 def rollout_metrics(
@@ -107,3 +107,12 @@ def completion_records(
             }
         )
     return rows
+
+
+def step_summary(record: dict[str, Any]) -> str:
+    """The few numbers a progress line shows for a step: reward, KL, equal-reward share."""
+    parts = [f"reward {record.get('reward', math.nan):.3f}"]
+    if "kl" in record:
+        parts.append(f"kl {record['kl']:.4f}")
+    parts.append(f"zero-std {record.get('frac_reward_zero_std', 0):.2f}")
+    return "  ".join(parts)

@@ -1,72 +1,88 @@
 """The GRPO training loop: rollout -> reward -> advantage -> update -> log, in one readable place.
 
 `GRPOTrainer.step()` is the whole algorithm of one optimizer step (or num_iterations of them);
-everything else in this file is set-up, bookkeeping and checkpoints.
+the set-up is a list of named steps (:mod:`grpokit.train.setup`), and checkpoints live in
+:mod:`grpokit.train.checkpoint`. The loss is a :class:`~grpokit.core.losses.PolicyLoss`: the
+trainer feeds it micro-batches and weights them as it says, without knowing the loss type.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import platform
-import random
+import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import grpokit
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
-from grpokit.core.losses import policy_loss
-from grpokit.data.prompts import PromptRow, check_columns, load_prompts
-from grpokit.errors import UserError
-from grpokit.models.loading import LoraSettings, Policy, load_policy
+from grpokit.core.losses import LossInputs, PolicyLoss
+from grpokit.data.prompts import PromptRow, check_columns
+from grpokit.errors import RunFailed, RunStopped, UserError
+from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
-from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
-from grpokit.monitor.trackers import missing_tracker_packages, tracker_sinks
-from grpokit.rewards.compose import RewardSet, build_reward_set
+from grpokit.monitor.sinks import JsonlSink, MetricsSink
+from grpokit.monitor.trackers import missing_tracker_packages
+from grpokit.progress import Progress, progress
+from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
-from grpokit.rollout.base import RolloutEngine, SamplingParams
-from grpokit.rollout.torch_engine import TorchEngine
+from grpokit.rollout.base import RolloutEngine
+from grpokit.sampling import (
+    Sampler,
+    ScoredBatch,
+    latest_checkpoint,
+    resolve_device,
+    sampling_params,
+    seed_everything,
+)
 from grpokit.train.checkpoint import (
     TrainerState,
-    latest_checkpoint,
     load_checkpoint,
+    remove_partial_checkpoints,
+    rng_state,
     save_checkpoint,
 )
-from grpokit.train.console import interrupt_guard, progress_bar
+from grpokit.train.console import stop_guard
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_gradients,
     all_reduce_scalars,
     barrier,
-    broadcast_parameters,
     gather_rows,
     init_distributed,
     reduce_metrics,
     shard_slice,
 )
 from grpokit.train.experience import Experience
-from grpokit.train.forward import TokenBatch, completion_logprobs
-from grpokit.train.fsdp import (
-    GatheredEngine,
-    full_state,
-    gathered,
-    idle_pass,
-    missing_micro_batches,
-    shard_policy,
+from grpokit.train.failures import (
+    NonFiniteSteps,
+    describe_failure,
+    is_disk_full,
+    signal_name,
+    write_jsonl,
 )
-from grpokit.train.scoring import ScoredBatch, sample_and_score, summarize
+from grpokit.train.forward import TokenBatch, completion_logprobs
+from grpokit.train.fsdp import full_state, gathered, idle_pass, missing_micro_batches
+from grpokit.train.setup import (
+    build_engine,
+    build_optimizer,
+    build_policy,
+    open_sinks,
+    total_steps,
+    with_process_count,
+    write_run_files,
+)
 from grpokit.train.step_metrics import (
     completion_records,
     forecast_metrics,
     loss_metrics,
     rollout_metrics,
+    step_summary,
 )
 
 
@@ -78,32 +94,20 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+@dataclass
+class Collected:
+    """One generation round's outcome.
 
+    experience: what the update trains on (None when every group had equal rewards).
+    scored / advantages: the first round's batch and its advantages exactly as trained on: what
+        the step reports and logs (later dynamic-sampling rounds only top up the groups).
+    timings: seconds spent generating and scoring.
+    """
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def versions() -> dict[str, str]:
-    import peft
-    import transformers
-
-    return {
-        "grpokit": grpokit.__version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "peft": peft.__version__,
-        "python": platform.python_version(),
-    }
-
-
-_STEP_NORMALISED = ("dapo", "dr_grpo")
+    experience: Experience | None
+    scored: ScoredBatch
+    advantages: torch.Tensor
+    timings: dict[str, float]
 
 
 def _mean(values: list[float]) -> float:
@@ -122,15 +126,16 @@ class GRPOTrainer:
         progress: bool = True,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.cfg = cfg
-        self.args = cfg.training
         self.run_dir = (run_dir or cfg.output_dir).resolve()
         self.log = log
         self.show_progress = progress
-        seed_everything(self.args.seed)
+        seed_everything(cfg.training.seed)
         self.dist, self.device = init_distributed(resolve_device(cfg.model.device))
-        if self.dist.enabled:
-            self._join_processes()
+        self.cfg = with_process_count(cfg, self.dist)
+        self.args = self.cfg.training
+        if not self.dist.is_main:  # only rank 0 talks
+            self.log = lambda message: None
+            self.show_progress = False
         # Sharding over one process would save nothing, so the same config runs on a laptop.
         self.sharded = self.args.fsdp and self.dist.enabled
         if self.args.fsdp and not self.dist.enabled:
@@ -139,173 +144,115 @@ class GRPOTrainer:
             )
 
         # Data and rewards first: their errors are cheap to find and must come before model loading.
-        self.rows = load_prompts(cfg.resolve(cfg.data.train), prompt_column=cfg.data.prompt_column)
-        self.heldout: list[PromptRow] = []
-        if cfg.data.heldout:
-            self.heldout = load_prompts(
-                cfg.resolve(cfg.data.heldout), prompt_column=cfg.data.prompt_column
-            )
-        self.system_prompt = cfg.system_prompt
+        self.rows, self.heldout = self._load_prompts()
+        system_prompt = self.cfg.system_prompt
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.rewards: RewardSet = build_reward_set(
-            cfg.rewards,
-            BuildContext(base_dir=cfg.config_dir, run_dir=self.run_dir, seed=self.args.seed),
-        )
-        check_columns(self.rows, self.rewards.required_columns, str(cfg.data.train))
-        if self.heldout:
-            check_columns(self.heldout, self.rewards.required_columns, str(cfg.data.heldout))
+        if self.dist.is_main:
+            for leftover in remove_partial_checkpoints(self.run_dir):
+                self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
+        rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
 
-        m = cfg.model
-        lora = LoraSettings(**m.lora.model_dump()) if m.lora else None
-        init_from = str(cfg.resolve(m.init_from)) if m.init_from else None
-        self.policy: Policy = load_policy(
-            m.name_or_path,
-            dtype=m.dtype,
-            lora=lora,
-            gradient_checkpointing=m.gradient_checkpointing,
-            need_reference=self.args.beta > 0,
-            init_from=init_from,
-            # Under FSDP each unit moves to the device as it is sharded: the whole model need not fit.
-            device=torch.device("cpu") if self.sharded else self.device,
-            cpu_matmul=m.cpu_matmul,
+        self.policy: Policy = build_policy(
+            self.cfg, device=self.device, dist=self.dist, sharded=self.sharded
         )
-        tok = self.policy.tokenizer
-        self.pad_token_id = int(
-            tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        )
-        broadcast_parameters(self.policy.model, self.dist)
-        if self.sharded:
-            fc = self.args.fsdp_config
-            shard_policy(
-                self.policy,
-                self.device,
-                self.dist.world_size,
-                reshard_after_forward=fc.reshard_after_forward,
-                cpu_offload=fc.cpu_offload,
-                layer_classes=fc.transformer_layer_cls_to_wrap,
-            )
-        self.engine: RolloutEngine = self._build_engine()
-        self.sampling = SamplingParams(
-            max_completion_length=self.args.max_completion_length,
-            temperature=self.args.temperature,
-            top_p=self.args.top_p,
-            top_k=self.args.top_k or 0,
+        self.sampler = Sampler(
+            self.policy,
+            build_engine(self.cfg, self.policy, sharded=self.sharded),
+            rewards,
+            sampling_params(self.args),
+            system_prompt,
+            self.args.max_prompt_length,
+            self.args.chat_template_kwargs,
         )
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
-
-        self.total_steps = self._total_steps()
-        self.optimizer = torch.optim.AdamW(
-            self.policy.trainable_parameters(),
-            lr=self.args.learning_rate,
-            betas=(self.args.adam_beta1, self.args.adam_beta2),
-            eps=self.args.adam_epsilon,
-            weight_decay=self.args.weight_decay,
-            # One kernel over all parameters instead of a Python loop of small ops (also
-            # transformers' default): on the embedded model's 135M parameters on CPU, 64 ms
-            # against 291 ms a step.
-            fused=True,
+        a = self.args
+        self.loss = PolicyLoss(
+            loss_type=a.loss_type,
+            epsilon_low=a.epsilon,
+            epsilon_high=a.epsilon_high,
+            beta=a.beta,
+            importance_sampling_level=a.importance_sampling_level,
+            max_completion_length=a.max_completion_length,
+            delta=a.delta,
         )
-        from transformers import get_scheduler
-
-        warmup = self.args.warmup_steps or math.ceil(self.args.warmup_ratio * self.total_steps)
-        self.scheduler = get_scheduler(
-            self.args.lr_scheduler_type,
-            self.optimizer,
-            num_warmup_steps=warmup,
-            num_training_steps=self.total_steps,
+        self.total_steps = total_steps(a, len(self.rows))
+        self.optimizer, self.scheduler = build_optimizer(
+            a, self.policy.trainable_parameters(), self.total_steps
         )
-        self.stream = PromptStream(self.rows, seed=self.args.seed, shuffle=cfg.data.shuffle)
-        self.state = TrainerState()
-        if resume:
-            ckpt = latest_checkpoint(self.run_dir)
-            self.state = load_checkpoint(
-                ckpt,
-                policy=self.policy,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                generator=self.generator,
-                sharded=self.sharded,
-            )
-            self.stream.seek(self.state.epoch, self.state.position)
-            if self.dist.rank:  # the checkpoint holds rank 0's generator
-                self.generator.manual_seed(self._rank_seed(self.state.generation_round))
-            self.log(f"resumed from {ckpt} at step {self.state.global_step}")
+        self.stream = PromptStream(self.rows, seed=a.seed, shuffle=self.cfg.data.shuffle)
+        self.state = self._restore() if resume else TrainerState()
         self.sinks: list[MetricsSink] = []
         if self.dist.is_main:  # one writer per run directory
-            self._write_run_files()
-            self.sinks.append(
-                JsonlSink(
-                    self.run_dir / "metrics.jsonl",
-                    resume_from_step=self.state.global_step if resume else 0,
-                )
-            )
-            if "tensorboard" in self.args.report_to:
-                self.sinks.append(TensorBoardSink(self.run_dir / "tensorboard"))
-            self.sinks.extend(
-                tracker_sinks(
-                    self.args.report_to,
-                    run_dir=self.run_dir,
-                    config=cfg.model_dump(mode="json"),
-                    resume=resume,
-                    log=self.log,
-                )
+            write_run_files(self.cfg, self.run_dir)
+            self.sinks = open_sinks(
+                self.cfg,
+                self.run_dir,
+                resume_step=self.state.global_step if resume else None,
+                log=self.log,
             )
         self.monitors = MonitorSet(
-            cfg.monitors,
-            self.rewards.names,
-            {
-                n: m
-                for n, m in zip(self.rewards.names, self.rewards.max_values, strict=False)
-                if m is not None
-            },
+            self.cfg.monitors,
+            rewards.names,
+            {n: m for n, m in zip(rewards.names, rewards.max_values, strict=True) if m is not None},
         )
         self.history: list[dict[str, Any]] = []
+        # The state and random states at the start of the running step (None between steps),
+        # and whether it has changed the weights yet: what an emergency checkpoint may save.
+        self._before_step: tuple[TrainerState, dict[str, Any]] | None = None
+        self._weights_changed = False
+        self._last_save = time.monotonic()
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
-    def _join_processes(self) -> None:
-        """Data-parallel set-up (see grpokit.train.distributed): the launcher's process count sets
-        training.num_processes, each rank must get whole groups, and only rank 0 talks."""
-        from pydantic import ValidationError
+    def _load_prompts(self) -> tuple[list[PromptRow], list[PromptRow]]:
+        heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
+        return self.cfg.prompts("train"), heldout
 
-        try:
-            self.args.num_processes = self.dist.world_size
-        except ValidationError as e:
-            raise UserError(
-                f"training with {self.dist.world_size} processes: {e.errors()[0]['msg']}"
-            ) from None
-        shard_slice(self.args.prompts_per_step, self.dist)
-        if not self.dist.is_main:
-            self.log = lambda message: None
-            self.show_progress = False
-
-    def _build_engine(self) -> RolloutEngine:
-        if not self.args.use_vllm:
-            local = TorchEngine(
-                self.policy.model,
-                eos_token_ids=self.policy.eos_token_ids(),
-                pad_token_id=self.pad_token_id,
-                cpu_matmul=self.cfg.model.cpu_matmul,
-            )
-            return GatheredEngine(local, self.policy.model) if self.sharded else local
-        from grpokit.models.loading import resolve_model_path
-        from grpokit.rollout.vllm_engine import VLLMEngine
-
-        a = self.args
-        engine = VLLMEngine(
-            self.policy.model,
-            model_path=resolve_model_path(self.cfg.model.name_or_path),
-            eos_token_ids=self.policy.eos_token_ids(),
-            mode=a.vllm_mode,
-            gpu_memory_utilization=a.vllm_gpu_memory_utilization,
-            server_url=a.vllm_server_base_url,
-            dtype=self.cfg.model.dtype,
-            seed=a.seed,
+    def _build_rewards(self) -> RewardSet:
+        rewards = build_reward_set(
+            self.cfg.rewards,
+            BuildContext(base_dir=self.cfg.config_dir, run_dir=self.run_dir, seed=self.args.seed),
         )
-        engine.sync_weights()  # vLLM loaded the base weights; the policy may be warm-started
-        return engine
+        try:
+            check_columns(self.rows, rewards.required_columns, str(self.cfg.data.train))
+            if self.heldout:
+                check_columns(self.heldout, rewards.required_columns, str(self.cfg.data.heldout))
+        except BaseException:
+            rewards.close()
+            raise
+        return rewards
+
+    def _restore(self) -> TrainerState:
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise UserError(f"{self.run_dir}: no checkpoint-<step> directory to resume from")
+        state = load_checkpoint(
+            ckpt,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            sharded=self.sharded,
+        )
+        self.stream.seek(state.epoch, state.position)
+        if self.dist.rank:  # the checkpoint holds rank 0's generator
+            self.generator.manual_seed(self._rank_seed(state.generation_round))
+        self.log(f"resumed from {ckpt} at step {state.global_step}")
+        return state
+
+    @property
+    def engine(self) -> RolloutEngine:
+        return self.sampler.engine
+
+    @property
+    def rewards(self) -> RewardSet:
+        return self.sampler.rewards
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.policy.pad_token_id
 
     def _rank_seed(self, offset: int) -> int:
         return self.args.seed + 1_000_003 * self.dist.rank + offset
@@ -321,26 +268,9 @@ class GRPOTrainer:
         n = rewards.shape[0]
         return advantages[self.dist.rank * n : (self.dist.rank + 1) * n]
 
-    def _total_steps(self) -> int:
-        if self.args.max_steps > 0:
-            return self.args.max_steps
-        rounds = math.ceil(self.args.num_train_epochs * len(self.rows) / self.args.prompts_per_step)
-        return max(1, rounds) * self.args.num_iterations
-
-    def _write_run_files(self) -> None:
-        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml(), encoding="utf-8")
-        run_info = {
-            "config_path": str(self.cfg.config_path) if self.cfg.config_path else None,
-            "config_dir": str(self.cfg.config_dir),
-        }
-        (self.run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
-        (self.run_dir / "versions.json").write_text(json.dumps(versions(), indent=2))
-
     # ---- the algorithm -------------------------------------------------------------------------
 
-    def collect(
-        self,
-    ) -> tuple[Experience | None, ScoredBatch, torch.Tensor, dict[str, float]]:
+    def collect(self) -> Collected:
         """Rollout and reward: G completions for each of the step's prompts, and advantages.
 
         With dynamic_sampling, groups whose rewards are all equal (no signal) are dropped and more
@@ -349,7 +279,6 @@ class GRPOTrainer:
         a = self.args
         want_groups = a.prompts_per_step
         kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
-        first: tuple[ScoredBatch, torch.Tensor] | None = None
         timings = {"time/generate": 0.0, "time/score": 0.0}
         n_groups = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
@@ -359,22 +288,11 @@ class GRPOTrainer:
             # Every rank takes the same global rows (same order) and keeps its share of groups.
             rows = self.stream.take(-(-need // world) * world)
             rows = rows[shard_slice(len(rows), self.dist)]
-            scored = sample_and_score(
-                self.engine,
-                self.policy.tokenizer,
-                rows,
-                self.rewards,
-                num_generations=a.num_generations,
-                sampling=self.sampling,
-                system_prompt=self.system_prompt,
-                max_prompt_length=a.max_prompt_length,
-                generator=self.generator,
-            )
+            scored = self.sampler.sample(rows, a.num_generations, generator=self.generator)
             self.state.generation_round += 1
             timings["time/generate"] += scored.generate_seconds
             timings["time/score"] += scored.score_seconds
             advantages = self._local_advantages(scored.scores.total)
-            first = first or (scored, advantages)
             keep = torch.ones(len(rows), dtype=torch.bool)
             if a.dynamic_sampling:
                 keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
@@ -382,10 +300,8 @@ class GRPOTrainer:
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
                 break
-        assert first is not None
-        # The first round's batch (and its advantages, exactly as trained on) is what the step
-        # reports and logs; later dynamic-sampling rounds only top up the groups with signal.
-        return self._experience(kept), *first, timings
+        first, first_advantages, _ = kept[0]
+        return Collected(self._experience(kept), first, first_advantages, timings)
 
     def _experience(
         self, kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]]
@@ -419,24 +335,25 @@ class GRPOTrainer:
 
         ``idle``: forwards without rows to run after the real ones (FSDP, see fsdp.idle_pass).
         """
-        a = self.args
+        need_old = self.args.num_iterations > 1
+        need_ref = self.loss.needs_reference
         old: list[torch.Tensor | None] = [None] * len(micro_batches)
         ref: list[torch.Tensor | None] = [None] * len(micro_batches)
-        if a.num_iterations == 1 and a.beta == 0:
+        if not (need_old or need_ref):
             return old, ref
         model = self.policy.model
         with torch.no_grad():
             for k, rows in enumerate(micro_batches):
                 batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
-                if a.num_iterations > 1:
+                if need_old:
                     old[k] = self._logprobs(model, batch)[0]
-                if a.beta > 0:
+                if need_ref:
                     with self.policy.reference_model() as ref_model:
                         ref[k] = self._logprobs(ref_model, batch)[0]
             for _ in range(idle):
-                if a.num_iterations > 1:
+                if need_old:
                     idle_pass(model, self.pad_token_id, self.device, backward=False)
-                if a.beta > 0:
+                if need_ref:
                     with self.policy.reference_model() as ref_model:
                         idle_pass(ref_model, self.pad_token_id, self.device, backward=False)
         return old, ref
@@ -479,29 +396,19 @@ class GRPOTrainer:
                 batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
                 mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
                 logp, entropy = self._logprobs(model, batch, with_entropy=True)
-                old = old_logps[k] if old_logps[k] is not None else logp.detach()
-                out = policy_loss(
-                    logp,
-                    old,
-                    exp.advantages[rows].to(self.device),
-                    mask,
-                    loss_type=a.loss_type,
-                    epsilon_low=a.epsilon,
-                    epsilon_high=a.epsilon_high,
-                    beta=a.beta,
-                    ref_logp=ref_logps[k],
-                    importance_sampling_level=a.importance_sampling_level,
-                    max_completion_length=a.max_completion_length,
-                    num_active_tokens=num_active,
-                    num_sequences=num_rows,
-                    delta=a.delta,
+                out = self.loss(
+                    LossInputs(
+                        logp=logp,
+                        old_logp=old_logps[k] if old_logps[k] is not None else logp.detach(),
+                        advantages=exp.advantages[rows].to(self.device),
+                        mask=mask,
+                        ref_logp=ref_logps[k],
+                        num_active_tokens=num_active,
+                        num_sequences=num_rows,
+                    )
                 )
-                # dapo and dr_grpo are normalised by step-wide counts already; grpo and bnpo are
-                # means over their micro-batch, so weight them by its share of the rows.
-                weight = (
-                    1.0 if a.loss_type in _STEP_NORMALISED else (rows.stop - rows.start) / num_rows
-                )
-                (out.loss * weight).backward()
+                weight = self.loss.micro_batch_weight(rows.stop - rows.start, num_rows)
+                torch.autograd.backward(out.loss * weight)
                 n_tok = float(mask.sum().item())
                 tokens_seen += n_tok
                 sums["loss"] = sums.get("loss", 0.0) + float(out.loss.item()) * weight
@@ -516,10 +423,22 @@ class GRPOTrainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 self.policy.trainable_parameters(), a.max_grad_norm
             )
-            self.optimizer.step()
+            # A NaN or infinite loss or norm would poison the weights and Adam's moments: skip
+            # the step (all ranks agree: the norm is of the reduced gradients).
+            if math.isfinite(float(grad_norm)) and math.isfinite(sums.get("loss", 0.0)):
+                self._weights_changed = True
+                self.optimizer.step()
+                self.state.nonfinite_streak = 0
+            else:
+                self.state.skipped_steps += 1
+                self.state.nonfinite_streak += 1
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
-            metrics = {"loss": sums.pop("loss", 0.0), "grad_norm": float(grad_norm)}
+            metrics = {
+                "loss": sums.pop("loss", 0.0),
+                "grad_norm": float(grad_norm),
+                "skipped_steps": float(self.state.skipped_steps),
+            }
             for key, value in sums.items():
                 metrics[key] = value / max(tokens_seen, 1.0)
             metrics["entropy"] = _mean(entropies)
@@ -529,17 +448,17 @@ class GRPOTrainer:
     def step(self) -> list[dict[str, Any]]:
         """One generation round and its num_iterations optimizer steps; returns their metrics."""
         t0 = time.perf_counter()
-        exp, scored, advantages, timings = self.collect()
+        collected = self.collect()
+        exp, scored = collected.experience, collected.scored
         t1 = time.perf_counter()
-        shared = self._rollout_metrics(scored) | timings
+        shared = self._rollout_metrics(scored) | collected.timings
         if self.dist.enabled:
             anyone = all_reduce_scalars([float(exp is not None)], self.dist, "max")[0]
             if exp is None and anyone:  # others kept groups: join their update with no rows
                 exp = Experience([], [], torch.zeros(0), torch.zeros(0))
         updates = self.update(exp) if exp is not None else []
-        sync = getattr(self.engine, "sync_weights", None)
-        if updates and callable(sync):  # an engine holding its own copy of the weights (vLLM)
-            sync()
+        if updates:  # an engine holding its own copy of the weights (vLLM) takes the new ones
+            self.engine.sync_weights()
         if exp is None:
             self.log(
                 f"step {self.state.global_step + 1}: every group had equal rewards; no update "
@@ -567,7 +486,7 @@ class GRPOTrainer:
                 "step_time": time.perf_counter() - t0,
             }
             out.append(record)
-        self._log_completions(scored, advantages)
+        self._log_completions(scored, collected.advantages)
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
         return out
 
@@ -610,24 +529,14 @@ class GRPOTrainer:
                 with gathered(self.policy.model):
                     pass
             return {}
-        scored = sample_and_score(
-            self.engine,
-            self.policy.tokenizer,
-            rows,
-            self.rewards,
-            num_generations=self.args.eval_samples,
-            sampling=self.sampling,
-            system_prompt=self.system_prompt,
-            max_prompt_length=self.args.max_prompt_length,
-            generator=torch.Generator().manual_seed(self.args.seed + 1),
-        )
+        scored = self.sampler.score_prompts(rows, self.args.eval_samples, seed=self.args.seed + 1)
         out: dict[str, float] = {}
-        s = scored.scores
-        for r in summarize(s, self.rewards.max_values):
+        for r in scored.summary():
             out[f"eval/{r.name}/mean"] = r.mean
             if r.pass_rate is not None:
                 out[f"eval/{r.name}/pass_rate"] = r.pass_rate
-        valid = s.total[~torch.isnan(s.total)]
+        total = torch.cat([b.scores.total for b in scored.batches])
+        valid = total[~torch.isnan(total)]
         out["eval/reward"] = float(valid.mean()) if len(valid) else float("nan")
         return out
 
@@ -647,7 +556,9 @@ class GRPOTrainer:
         self,
         model_state: dict[str, torch.Tensor] | None = None,
         optimizer_state: dict[str, Any] | None = None,
+        rng: dict[str, Any] | None = None,
     ) -> Path:
+        self._last_save = time.monotonic()
         return save_checkpoint(
             self.run_dir,
             policy=self.policy,
@@ -659,45 +570,133 @@ class GRPOTrainer:
             save_total_limit=self.args.save_total_limit,
             model_state=model_state,
             optimizer_state=optimizer_state,
+            rng=rng,
         )
 
     def train(self) -> TrainResult:
+        """Run to the end, logging, evaluating and checkpointing on the way.
+
+        Ctrl-C or SIGTERM: finish the step, save, raise :class:`RunStopped`. Any failure (a
+        reward that raises, out of memory, NaN steps one after another, a full disk): save the
+        last completed step where that is possible and raise :class:`RunFailed` saying what
+        failed and how to resume.
+        """
         a = self.args
         ckpt: Path | None = None
+        save_every = a.save_interval(self.steps_per_epoch)
+        self._last_save = time.monotonic()
         with (
-            progress_bar(
-                self.total_steps, self.state.global_step, enabled=self.show_progress
-            ) as advance,
-            interrupt_guard() as interrupted,
-        ):
-            while self.state.global_step < self.total_steps and not interrupted():
-                records = self.step()
-                first_step = self.state.global_step - len(records) + 1
-                for step, record in enumerate(records, start=first_step):
-                    if a.eval_steps and step % a.eval_steps == 0:
-                        record.update(self.heldout_metrics())
-                    alerts = self.monitors.update(step, record)
-                    if alerts:
-                        record["alerts"] = [al.to_dict() for al in alerts]
-                        for al in alerts:
-                            self.log(f"[monitor] {al}")
-                    for sink in self.sinks:
-                        sink.log(step, record)
-                    self.history.append({"step": step, **record})
-                    advance(step, record)
-                if a.save_steps and self.state.global_step % a.save_steps == 0:
-                    ckpt = self.save()
-            if interrupted():
+            progress(
+                "GRPO", self.total_steps, done=self.state.global_step, enabled=self.show_progress,
+                log=self.log,
+            ) as bar,
+            stop_guard() as stopped,
+        ):  # fmt: skip
+            try:
+                while self.state.global_step < self.total_steps and stopped() is None:
+                    # What a checkpoint of the last completed step holds, should this step fail.
+                    self._before_step = (replace(self.state), rng_state(self.generator))
+                    self._weights_changed = False
+                    records = self.step()
+                    self._before_step = None
+                    self._log_records(records, bar)
+                    if self.state.nonfinite_streak >= a.max_nonfinite_steps:
+                        raise NonFiniteSteps(self.state.nonfinite_streak)
+                    if self._save_due(save_every):
+                        ckpt = self.save()
+            except Exception as exc:
+                raise self._failed(exc) from exc
+            signum = stopped()
+            if signum is not None:
                 ckpt = self.save()
                 self.close()
-                raise KeyboardInterrupt(
-                    f"interrupted at step {self.state.global_step}; checkpoint saved to {ckpt}; "
-                    f"continue with: grpokit train --resume {self.run_dir}"
+                raise RunStopped(
+                    f"stopped by {signal_name(signum)} at step {self.state.global_step}; "
+                    f"checkpoint saved to {ckpt}\ncontinue with: {self.resume_command}",
+                    signum,
                 )
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
         self.close()
         return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        rounds = math.ceil(len(self.rows) / self.args.prompts_per_step)
+        return max(1, rounds) * self.args.num_iterations
+
+    @property
+    def resume_command(self) -> str:
+        return f"grpokit train {shlex.quote(str(self.run_dir))}"
+
+    def _save_due(self, every: int) -> bool:
+        step = self.state.global_step
+        minutes = self.args.save_minutes
+        by_steps = bool(every) and step % every == 0
+        by_time = bool(minutes) and time.monotonic() - self._last_save >= 60 * minutes
+        # Every rank must agree: saving under FSDP is a collective.
+        return bool(all_reduce_scalars([float(by_steps or by_time)], self.dist, "max")[0])
+
+    def _log_records(self, records: list[dict[str, Any]], bar: Progress) -> None:
+        """Held-out eval, monitors and sinks for each optimizer step of the round just run."""
+        a = self.args
+        eval_every = a.eval_interval
+        first_step = self.state.global_step - len(records) + 1
+        for step, record in enumerate(records, start=first_step):
+            if eval_every and step % eval_every == 0:
+                record.update(self.heldout_metrics())
+            alerts = self.monitors.update(step, record)
+            if alerts:
+                record["alerts"] = [al.to_dict() for al in alerts]
+                for al in alerts:
+                    self.log(f"[monitor] {al}")
+            # metrics.jsonl (the record the monitors and the report read) takes every step; the
+            # trackers every logging_steps, as in TRL, and the last step.
+            reported = step % a.logging_steps == 0 or step == self.total_steps
+            for sink in self.sinks:
+                if reported or isinstance(sink, JsonlSink):
+                    sink.log(step, record)
+            self.history.append({"step": step, **record})
+            bar.advance(1, step_summary(record))
+
+    def _failed(self, exc: Exception) -> RunFailed:
+        """Save what can be saved after ``exc`` and say what happened and how to go on."""
+        step = self.state.global_step + (1 if self._before_step is not None else 0)
+        lines = [f"step {step} failed: {describe_failure(exc)}"]
+        if isinstance(exc, RewardError) and exc.inputs and self.dist.is_main:
+            path = self.run_dir / f"failed-step-{step}.jsonl"
+            write_jsonl(path, exc.inputs)
+            lines.append(
+                f"the {len(exc.inputs)} completions reward {exc.reward!r} was scoring are in "
+                f"{path}; replay them with: grpokit rewards check "
+                f"{shlex.quote(str(self.run_dir / 'config.yaml'))} --completions "
+                f"{shlex.quote(str(path))}"
+            )
+        lines.append(self._emergency_save(exc))
+        lines.append(f"resume with: {self.resume_command}")
+        self.close()
+        return RunFailed("\n".join(lines))
+
+    def _emergency_save(self, exc: Exception) -> str:
+        """A checkpoint of the last completed step, or why there is none; one line."""
+        latest = latest_checkpoint(self.run_dir)
+        fallback = f"the latest checkpoint is {latest}" if latest else "there is no checkpoint yet"
+        if is_disk_full(exc):
+            return f"the disk holding {self.run_dir} is full: free space, then resume; {fallback}"
+        if self.dist.enabled:
+            # Another rank may be gone: a save, a collective, would wait for it forever.
+            return f"no checkpoint written after the failure (several processes); {fallback}"
+        if self._before_step is not None and self._weights_changed:
+            return f"the failed step had already changed the weights, so {fallback}"
+        rng = None
+        if self._before_step is not None:  # back to where the failed step started
+            self.state, rng = self._before_step
+        try:
+            path = self._save(rng=rng)
+        except Exception as save_exc:
+            why = "the disk is full" if is_disk_full(save_exc) else describe_failure(save_exc)
+            return f"saving a checkpoint failed too ({why}); {fallback}"
+        return f"checkpoint of step {self.state.global_step} saved: {path}"
 
     def close(self) -> None:
         for sink in self.sinks:

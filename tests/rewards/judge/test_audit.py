@@ -13,14 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from grpokit.errors import UserError
+from grpokit.recipes import recipe_dir
 from grpokit.rewards.format_rewards import xml_format_score
 from grpokit.rewards.judge.audit import planted_answers, read_completions, rubric_keywords
 from grpokit.rewards.judge.cli import judge_cli
+from grpokit.rewards.judge.reward import START_COMPLETION
 from grpokit.rewards.judge.rubric import load_rubric
 
 from .conftest import Answer, FakeJudge
 
-RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "business-ideas"
+RECIPE = recipe_dir("business-ideas")
 
 
 def test_rubric_keywords_of_the_recipe() -> None:
@@ -60,6 +62,9 @@ def test_read_completions_errors_name_the_line(tmp_path: Path) -> None:
         read_completions(path)
     with pytest.raises(UserError, match="does not exist"):
         read_completions(tmp_path / "missing.jsonl")
+    path.write_bytes('{"prompt": "p", "completion": "café"}\n'.encode("latin-1"))
+    with pytest.raises(UserError, match=r"c\.jsonl: not UTF-8 text: byte 0xe9 at byte offset 34"):
+        read_completions(path)
 
 
 def _config(tmp_path: Path, *judges: dict[str, Any]) -> Path:
@@ -96,7 +101,7 @@ def test_audit_reports_noise_agreement_and_planted(
         text = request["messages"][0]["content"]
         if "- Revenue model\n- Customer" in text:  # the keyword list fools this judge
             return Answer(content="0.9")
-        if "<proposal>\n\n</proposal>" in text:
+        if "<proposal>\n\n</proposal>" in text or START_COMPLETION in text:
             return Answer(content="no score")
         # Real answers: noisy, alternating between repeats.
         return Answer(content="0.4" if n % 2 else "0.6")
@@ -139,8 +144,9 @@ def test_audit_reports_noise_agreement_and_planted(
     assert planted["empty"]["mean"] == pytest.approx(0.1)
     assert a["parse_failure_rate"] == pytest.approx(2 / 14)
     assert b["parse_failure_rate"] == 0.0
-    # 2 real + 5 planted items, 2 repeats, 2 judges; nothing cached between repeats.
-    assert len(first.requests) == 14 and len(second.requests) == 14
+    # The start-up sample, then 2 real + 5 planted items, 2 repeats; nothing cached between
+    # repeats. Judge a's start-up reply held no score: an audit goes on (it measures that).
+    assert len(first.requests) == 1 + 14 and len(second.requests) == 1 + 14
 
 
 def test_audit_needs_a_judge_reward(tmp_path: Path) -> None:
@@ -154,7 +160,7 @@ def test_audit_needs_a_judge_reward(tmp_path: Path) -> None:
     )
     completions = tmp_path / "c.jsonl"
     completions.write_text('{"prompt": "p", "completion": "c"}\n', encoding="utf-8")
-    from grpokit.rewards.judge.audit import run_audit
+    from grpokit.rewards.judge.cli import run_audit
 
     with pytest.raises(UserError, match="no entry of type judge"):
         run_audit(path, completions)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from grpokit.recipes import recipe_dir
 from grpokit.rewards.judge import JudgeParams, build_judge_reward
 
 from .conftest import LLAMA_MODEL_ALIAS, LlamaServer
@@ -27,7 +28,7 @@ IDEAS = [
     "A subscription service delivering healthy meals to busy office workers for 30 USD a week.",
     "An app.",
 ]
-RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "business-ideas"
+RECIPE = recipe_dir("business-ideas")
 
 
 def llama_judge(server: LlamaServer, **extra: Any) -> dict[str, Any]:
@@ -76,6 +77,25 @@ def test_number_and_expected_scores_come_back(llama_server: LlamaServer, tmp_pat
     assert all(o.reply is not None and o.error is None for o in outcomes)
 
 
+def test_extra_body_reaches_the_server(llama_server: LlamaServer, tmp_path: Path) -> None:
+    # llama.cpp's own request field `grammar`, passed through: every reply is one digit 1-5,
+    # where the same model without it writes "Rating: 1" and more.
+    judge = llama_judge(llama_server, extra_body={"grammar": "root ::= [1-5]"})
+    params = JudgeParams.model_validate(
+        {"rubric": RUBRIC, "score_range": [1, 5], "cache": False, "judges": [judge]}
+    )
+    reward = build_judge_reward(params, tmp_path, tmp_path)
+    try:
+        scores = reward(["topic"] * 2, IDEAS)
+        replies = [o.reply for o in reward.last_outcomes[0]]
+        metrics = reward.last_metrics
+    finally:
+        reward.close()
+    assert all(reply is not None and re.fullmatch(r"[1-5]", reply) for reply in replies), replies
+    assert metrics["judge/parse_failure_rate"] == 0.0 and reward.last_warning is None
+    assert all(s is not None and 0.0 <= s <= 1.0 for s in scores)
+
+
 def test_timeout_then_server_stopped_mid_run(
     start_llama_server: Callable[[], LlamaServer], tmp_path: Path
 ) -> None:
@@ -99,8 +119,14 @@ def test_timeout_then_server_stopped_mid_run(
             update={
                 "rubric": "Write a long essay about this idea: {completion}",
                 "judges": [
+                    # No start-up check: it would stop at the same timeout, at build time.
                     params.judges[0].model_copy(
-                        update={"timeout_s": 0.2, "max_retries": 0, "max_tokens": 512}
+                        update={
+                            "timeout_s": 0.2,
+                            "max_retries": 0,
+                            "max_tokens": 512,
+                            "check_at_start": False,
+                        }
                     )
                 ],
             }

@@ -25,11 +25,14 @@ def judge_params(*judges: dict[str, Any], **extra: Any) -> JudgeParams:
 
 
 def openai(server: FakeJudge, **extra: Any) -> dict[str, Any]:
+    """A judge on ``server``; without the start-up check unless asked, so that a test's
+    scripted answers and request counts concern its own calls (test_startup.py tests it)."""
     return {
         "backend": "openai",
         "base_url": server.base_url,
         "model": "fake-judge",
         "backoff_s": 0.01,
+        "check_at_start": False,
         **extra,
     }
 
@@ -206,7 +209,7 @@ def test_api_key_comes_from_the_environment(
 def test_rejected_key_at_start_is_a_user_error(fake_judge: FakeFactory, tmp_path: Path) -> None:
     server = fake_judge(lambda request, n: Answer(), models_status=401)
     with pytest.raises(UserError, match="HTTP 401"):
-        build(judge_params(openai(server)), tmp_path)
+        build(judge_params(openai(server, check_at_start=True)), tmp_path)
 
 
 def test_unreachable_url_at_start_is_a_user_error(tmp_path: Path) -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from grpokit.config import load_config
+from grpokit.recipes import recipe_dir
 from grpokit.rewards.judge.cache import JudgeCache
 
-RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "business-ideas"
+RECIPE = recipe_dir("business-ideas")
 
 
 def _rows(name: str) -> list[str]:

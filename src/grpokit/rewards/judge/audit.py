@@ -21,14 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import ValidationError
-
 from grpokit.errors import UserError
 from grpokit.rewards._text import completion_text
 from grpokit.rewards.judge.config import JudgeParams
 from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward, prompt_text
 from grpokit.rewards.judge.rubric import Rubric
+from grpokit.rewards.spec import RewardSpec, format_tags, pick_reward
 
 PLANTED_KINDS = ("gibberish", "empty", "prompt_copy", "repetitive", "keyword_list")
 PLANTED_PROMPTS = 3
@@ -118,97 +116,30 @@ class _JudgeEntry:
     format_tags: list[str] | None
 
 
-def _load_entries(config_path: Path) -> tuple[list[dict[str, Any]], Path]:
-    """The ``rewards:`` entries of a config as plain dicts, and the config's directory."""
-    try:
-        from grpokit.config import load_config
-    except ImportError:  # a config module without the loader: read the YAML directly
-        load_config = None  # type: ignore[assignment]
-    if load_config is not None:
-        config = load_config(config_path)
-        entries = []
-        for spec in config.rewards:
-            raw = dict(spec.model_extra or {})
-            raw["type"] = spec.type
-            raw["name"] = spec.name
-            entries.append(raw)
-        return entries, config.config_dir
-    if not config_path.is_file():
-        raise UserError(f"config file {config_path} does not exist")
-    try:
-        data = yaml.safe_load(config_path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise UserError(f"{config_path}: not valid YAML: {exc}") from None
-    rewards = data.get("rewards") if isinstance(data, dict) else None
-    if not isinstance(rewards, list):
-        raise UserError(f"{config_path}: no rewards: list")
-    return [dict(r) for r in rewards if isinstance(r, dict)], config_path.resolve().parent
-
-
-def find_judge_entry(config_path: Path, reward: str | None = None) -> _JudgeEntry:
-    """The judge reward of a config (by name when it has several)."""
-    entries, base_dir = _load_entries(config_path)
-    judges = [e for e in entries if e.get("type") == "judge"]
-    names = [str(e.get("name") or "judge") for e in judges]
-    if not judges:
-        raise UserError(f"{config_path}: the rewards: list has no entry of type judge to audit")
-    if reward is not None:
-        if reward not in names:
-            raise UserError(
-                f"{config_path}: no judge reward named {reward!r}; judge rewards: {', '.join(names)}"
-            )
-        chosen = judges[names.index(reward)]
-    elif len(judges) > 1:
-        raise UserError(
-            f"{config_path} has several judge rewards ({', '.join(names)}); pick one with --reward"
-        )
-    else:
-        chosen = judges[0]
-    raw = {k: v for k, v in chosen.items() if k not in ("type", "name", "weight", "gate")}
-    try:
-        params = JudgeParams.model_validate(raw)
-    except ValidationError as exc:
-        raise UserError(
-            f"{config_path}: judge reward {names[judges.index(chosen)]!r}: {exc}"
-        ) from None
-    tags: list[str] | None = None
-    for entry in entries:
-        if entry.get("type") == "xml_format" and isinstance(entry.get("tags"), list):
-            tags = [str(t) for t in entry["tags"]]
-            break
-    return _JudgeEntry(names[judges.index(chosen)], params, base_dir, tags)
+def find_judge_entry(
+    specs: list[RewardSpec], base_dir: Path, *, source: str, reward: str | None = None
+) -> _JudgeEntry:
+    """The judge reward of a config's ``rewards:`` (by name when it has several)."""
+    spec = pick_reward(specs, "judge", reward, source=source)
+    params = spec.params
+    assert isinstance(params, JudgeParams)
+    return _JudgeEntry(spec.display_name, params, base_dir, format_tags(specs))
 
 
 def read_completions(path: Path) -> list[AuditItem]:
-    """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file."""
-    if not path.is_file():
-        raise UserError(f"--completions: {path} does not exist")
-    items: list[AuditItem] = []
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            if not isinstance(row, dict) or "completion" not in row:
-                raise UserError(
-                    f'{path}:{number}: each line must be an object with a "completion" '
-                    '(and usually a "prompt")'
-                )
-            columns = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
-            items.append(
-                AuditItem(
-                    prompt=prompt_text(row.get("prompt", "")),
-                    completion=completion_text(row["completion"]),
-                    columns=columns,
-                    kind="real",
-                )
-            )
-    if not items:
-        raise UserError(f"{path}: no completions in the file")
-    return items
+    """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file, read as
+    ``rewards check`` reads them."""
+    from grpokit.rewards.check import read_completions as read_rows
+
+    return [
+        AuditItem(
+            prompt=prompt_text(row.get("prompt", "")),
+            completion=completion_text(row["completion"]),
+            columns={k: v for k, v in row.items() if k not in ("prompt", "completion")},
+            kind="real",
+        )
+        for row in read_rows(path)
+    ]
 
 
 # ---- planted answers -----------------------------------------------------------------------------
@@ -308,7 +239,7 @@ def audit_reward(
     replies: list[dict[str, Any]] = []
     answered = [[0, 0, 0] for _ in range(judge_count)]  # requests, replies, parse failures
     for repeat in range(k):
-        batch = reward.score(prompts_list, completions_list, columns, use_cache=False)
+        batch = reward.judge_batch(prompts_list, completions_list, columns, use_cache=False)
         for j in range(judge_count):
             for i, outcome in enumerate(batch.outcomes[j]):
                 all_items[i].scores[j].append(outcome.score)
@@ -413,10 +344,12 @@ def audit_reward(
     )
 
 
-def run_audit(
-    config_path: Path,
+def audit_judge(
+    specs: list[RewardSpec],
+    base_dir: Path,
     completions_path: Path,
     *,
+    source: str,
     k: int = 3,
     reward_name: str | None = None,
     temperature: float | None = None,
@@ -424,8 +357,8 @@ def run_audit(
     planted_prompts: int = PLANTED_PROMPTS,
     seed: int = 0,
 ) -> AuditReport:
-    """Load the config's judge reward and audit it on a completions file."""
-    entry = find_judge_entry(config_path, reward_name)
+    """Build the judge reward of a config's ``rewards:`` and audit it on a completions file."""
+    entry = find_judge_entry(specs, base_dir, source=source, reward=reward_name)
     updates: dict[str, Any] = {"cache": False}
     params = entry.params
     if temperature is not None:
@@ -433,7 +366,15 @@ def run_audit(
         updates["judges"] = judges
     params = params.model_copy(update=updates)
     items = read_completions(completions_path)
-    reward = build_judge_reward(params, entry.base_dir, None, where=f"reward {entry.name!r}")
+    # A start-up sample without a score does not stop an audit: measuring how often that
+    # happens is what it is for.
+    reward = build_judge_reward(
+        params,
+        entry.base_dir,
+        None,
+        where=f"reward {entry.name!r}",
+        start_sample_must_score=False,
+    )
     try:
         return audit_reward(
             reward,

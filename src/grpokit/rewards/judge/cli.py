@@ -2,25 +2,92 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from grpokit.rewards.judge.audit import AuditReport
+    from grpokit.rewards.reward_model_audit import RewardModelAudit
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 @click.group(name="judge")
 def judge_cli() -> None:
-    """Inspect LLM-as-a-judge rewards."""
+    """Inspect LLM-as-a-judge rewards and trained reward models."""
+
+
+def _audit_options(kind: str) -> Callable[[_F], _F]:
+    """The options every audit takes; ``kind`` names the reward type in the help."""
+
+    def decorate(command: _F) -> _F:
+        for option in reversed(
+            [
+                click.argument("config", type=click.Path(path_type=Path)),
+                click.option(
+                    "--completions",
+                    "completions",
+                    required=True,
+                    type=click.Path(path_type=Path),
+                    help='JSONL file, one {"prompt": ..., "completion": ..., <columns>} per line.',
+                ),
+                click.option(
+                    "--reward",
+                    "reward_name",
+                    default=None,
+                    help=f"Name of the {kind} reward to audit when the config has several.",
+                ),
+                click.option(
+                    "--no-planted",
+                    is_flag=True,
+                    default=False,
+                    help="Skip the planted bad answers (gibberish, empty, prompt copy, ...).",
+                ),
+                click.option(
+                    "--planted-prompts",
+                    default=3,
+                    show_default=True,
+                    type=click.IntRange(min=1),
+                    help="For how many distinct prompts the planted answers are built.",
+                ),
+                click.option(
+                    "--seed",
+                    default=0,
+                    show_default=True,
+                    type=int,
+                    help="Seed for the planted gibberish.",
+                ),
+                click.option(
+                    "--output",
+                    "output",
+                    default=None,
+                    type=click.Path(path_type=Path),
+                    help="Also write the full report as JSON to this file.",
+                ),
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def _write_report(output: Path | None, text: str) -> None:
+    """Write the JSON report through a temporary file, so a failure leaves no half file."""
+    if output is None:
+        return
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(output)
+    click.echo(f"report written to {output}")
 
 
 @judge_cli.command(name="audit")
-@click.argument("config", type=click.Path(path_type=Path))
-@click.option(
-    "--completions",
-    "completions",
-    required=True,
-    type=click.Path(path_type=Path),
-    help='JSONL file, one {"prompt": ..., "completion": ..., <columns>} per line.',
-)
+@_audit_options("judge")
 @click.option(
     "--k",
     "k",
@@ -30,39 +97,10 @@ def judge_cli() -> None:
     help="How many times each completion is scored (the judge's noise).",
 )
 @click.option(
-    "--reward",
-    "reward_name",
-    default=None,
-    help="Name of the judge reward to audit when the config has several.",
-)
-@click.option(
     "--temperature",
     default=None,
     type=click.FloatRange(min=0.0),
     help="Override every judge's temperature (e.g. 0.7 to measure sampling noise).",
-)
-@click.option(
-    "--no-planted",
-    is_flag=True,
-    default=False,
-    help="Skip the planted bad answers (gibberish, empty, prompt copy, ...).",
-)
-@click.option(
-    "--planted-prompts",
-    default=3,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="For how many distinct prompts the planted answers are built.",
-)
-@click.option(
-    "--seed", default=0, show_default=True, type=int, help="Seed for the planted gibberish."
-)
-@click.option(
-    "--output",
-    "output",
-    default=None,
-    type=click.Path(path_type=Path),
-    help="Also write the full report as JSON to this file.",
 )
 def audit_command(
     config: Path,
@@ -77,7 +115,7 @@ def audit_command(
 ) -> None:
     """Score COMPLETIONS k times with CONFIG's judge reward and report its noise, parse
     failures, ensemble agreement and how it scores planted bad answers."""
-    from grpokit.rewards.judge.audit import print_report, run_audit
+    from grpokit.rewards.judge.audit import print_report
 
     report = run_audit(
         config,
@@ -90,9 +128,61 @@ def audit_command(
         seed=seed,
     )
     print_report(report)
-    if output is not None:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        tmp = output.with_name(f".{output.name}.tmp")
-        tmp.write_text(report.to_json() + "\n", encoding="utf-8")
-        tmp.replace(output)
-        click.echo(f"report written to {output}")
+    _write_report(output, report.to_json())
+
+
+@judge_cli.command(name="audit-reward-model")
+@_audit_options("reward_model")
+@click.option(
+    "--k",
+    "k",
+    default=2,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many times each completion is scored, each time in other batches (the noise).",
+)
+def audit_reward_model_command(
+    config: Path,
+    completions: Path,
+    k: int,
+    reward_name: str | None,
+    no_planted: bool,
+    planted_prompts: int,
+    seed: int,
+    output: Path | None,
+) -> None:
+    """Score COMPLETIONS with CONFIG's reward_model reward and report its noise, how it scores
+    planted bad answers, and how its score correlates with completion length."""
+    from grpokit.rewards.reward_model_audit import print_reward_model_audit
+
+    report = run_reward_model_audit(
+        config,
+        completions,
+        k=k,
+        reward_name=reward_name,
+        planted=not no_planted,
+        planted_prompts=planted_prompts,
+        seed=seed,
+    )
+    print_reward_model_audit(report)
+    _write_report(output, report.to_json())
+
+
+def run_audit(config: Path, completions: Path, **options: Any) -> AuditReport:
+    """``grpokit judge audit``: the config's judge reward audited on a completions file."""
+    from grpokit.config import load_config
+    from grpokit.rewards.judge.audit import audit_judge
+
+    cfg = load_config(config)
+    return audit_judge(cfg.rewards, cfg.config_dir, completions, source=str(config), **options)
+
+
+def run_reward_model_audit(config: Path, completions: Path, **options: Any) -> RewardModelAudit:
+    """``grpokit judge audit-reward-model``: the config's reward model audited likewise."""
+    from grpokit.config import load_config
+    from grpokit.rewards.reward_model_audit import audit_reward_model_config
+
+    cfg = load_config(config)
+    return audit_reward_model_config(
+        cfg.rewards, cfg.config_dir, completions, source=str(config), **options
+    )

@@ -19,6 +19,22 @@ def _forbid_inline_key(data: Any) -> Any:
     return data
 
 
+# Request-body fields the OpenAI backend sets from the judge's settings. A streamed reply would
+# not be one JSON body, so stream is kept off too.
+RESERVED_BODY_KEYS = frozenset(
+    {
+        "model",
+        "messages",
+        "temperature",
+        "max_tokens",
+        "max_completion_tokens",
+        "logprobs",
+        "top_logprobs",
+        "stream",
+    }
+)
+
+
 def _check_range(score_range: ScoreRange | None) -> None:
     if score_range is not None and not score_range[0] < score_range[1]:
         raise ValueError(f"score_range must be [low, high] with low < high, got {score_range}")
@@ -109,16 +125,47 @@ class OpenAIJudge(_JudgeOverrides):
         ge=1,
         description="Most requests in flight at once to this endpoint.",
     )
+    max_completion_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Send the token limit as OpenAI's max_completion_tokens (which reasoning "
+        "models require, and which counts their hidden reasoning too) with this value, instead "
+        "of max_tokens. Unset: max_tokens is sent, and sent as max_completion_tokens from the "
+        "first time the server answers that max_tokens is unsupported.",
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More fields merged into every request body, e.g. {reasoning_effort: low} "
+        "or {seed: 0}; they are part of the cache key. They add to grpokit's fields and cannot "
+        "replace them: " + ", ".join(sorted(RESERVED_BODY_KEYS)) + " have their own settings.",
+    )
     check_at_start: bool = Field(
         default=True,
-        description="Contact the endpoint when the reward is built, so an unreachable URL or "
-        "a rejected key stops the run before training.",
+        description="When the reward is built, contact the endpoint and score one fixed sample "
+        "with a real request, so an unreachable URL, a rejected key, a request the server "
+        "refuses or a reply without a score stops the run before training.",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _no_inline_key(cls, data: Any) -> Any:
         return _forbid_inline_key(data)
+
+    @model_validator(mode="after")
+    def _own_keys_not_in_extra_body(self) -> OpenAIJudge:
+        clash = sorted(RESERVED_BODY_KEYS & set(self.extra_body))
+        if clash:
+            raise ValueError(
+                f"extra_body sets {', '.join(clash)}, which grpokit sets itself: use the judge's "
+                "own settings (model, temperature, max_tokens, max_completion_tokens, "
+                "top_logprobs; mode: expected for logprobs) instead"
+            )
+        if self.max_completion_tokens is not None and "max_tokens" in self.model_fields_set:
+            raise ValueError(
+                "give either max_tokens or max_completion_tokens, not both (one token limit is "
+                "sent)"
+            )
+        return self
 
 
 class LocalJudge(_JudgeOverrides):
@@ -185,6 +232,14 @@ class JudgeParams(BaseModel):
         default=True,
         description="Keep judge scores in a SQLite cache so the same completion is never "
         "judged twice (eval, resume, rewards check).",
+    )
+    max_parse_failure_rate: float = Field(
+        default=0.2,
+        ge=0.0,
+        le=1.0,
+        description="Warn (in `rewards check` and in the training log) when more than this "
+        "share of one call's judge replies held no score (judge/parse_failure_rate), with an "
+        "example reply: the rubric, max_tokens or the judge model needs fixing.",
     )
     cache_path: str | None = Field(
         default=None,

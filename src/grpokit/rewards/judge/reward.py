@@ -13,6 +13,9 @@ Per call it records metrics in ``last_metrics`` (merged into the step's metrics 
 - ``judge/expected_fallback_rate``: in expected mode, share of fresh scores read from the written
   number because the backend returned no usable logprobs;
 - ``judge/seconds``: wall time of the call.
+
+When more than ``max_parse_failure_rate`` of a call's replies held no score, it logs a warning
+with an example reply (once, until a call is back under the limit); ``rewards check`` prints it.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpokit.errors import UserError
-from grpokit.rewards._text import completion_text
+from grpokit.rewards._base import Reward
+from grpokit.rewards._text import completion_text, one_line
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
 from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
@@ -72,7 +76,7 @@ class JudgeOutcome:
 
 
 @dataclass
-class ScoredBatch:
+class JudgedBatch:
     """All judges' outcomes for a batch: ``outcomes[j][i]`` is judge j on completion i."""
 
     outcomes: list[list[JudgeOutcome]]
@@ -116,7 +120,7 @@ def aggregate_scores(
     return statistics.fmean(present) if how == "mean" else statistics.median(present)
 
 
-class JudgeReward:
+class JudgeReward(Reward):
     """An LLM-as-a-judge reward with TRL's calling convention.
 
     ``reward(prompts, completions, **columns) -> list[float | None]``; a completion no judge
@@ -131,33 +135,64 @@ class JudgeReward:
         aggregate: Literal["mean", "median"] = "mean",
         cache: JudgeCache | None = None,
         name: str = "judge",
+        max_parse_failure_rate: float = 0.2,
     ) -> None:
         if not judges:
             raise ValueError("a judge reward needs at least one judge")
+        super().__init__(name)
         self.judges = judges
         self.mode = mode
         self.aggregate = aggregate
         self.cache = cache
-        self.__name__ = name
-        self.last_metrics: dict[str, float] = {}
+        self.max_parse_failure_rate = max_parse_failure_rate
         self.last_outcomes: list[list[JudgeOutcome]] = []
+        self.last_warning: str | None = None
+        """The parse-failure warning of the last call (see :meth:`parse_failure_warning`)."""
+        self._over_limit = False
         self._pool = ThreadPoolExecutor(max_workers=len(judges), thread_name_prefix="grpokit-judge")
 
-    @property
-    def required_columns(self) -> frozenset[str]:
-        """Dataset columns the rubrics use (checked against the dataset before training)."""
         names: set[str] = set()
-        for judge in self.judges:
+        for judge in judges:
             names |= judge.rubric.placeholders
-        return frozenset(names - {"prompt", "completion"})
+        # Dataset columns the rubrics use (checked against the dataset before training).
+        self.required_columns = frozenset(names - {"prompt", "completion"})
 
-    def __call__(
-        self, prompts: Sequence[Any], completions: Sequence[Any], **columns: Any
+    def score(
+        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
     ) -> list[float | None]:
-        batch = self.score(prompts, completions, columns)
+        batch = self.judge_batch(prompts, completions, columns)
         self.last_metrics = batch.metrics
         self.last_outcomes = batch.outcomes
+        self.last_warning = self.parse_failure_warning(batch.outcomes)
+        # Logged when the share first goes over the limit, not at every step while it stays
+        # there (judge/parse_failure_rate in the metrics has every step's value).
+        if self.last_warning is not None and not self._over_limit:
+            logger.warning("%s", self.last_warning)
+        self._over_limit = self.last_warning is not None
         return batch.scores
+
+    def parse_failure_warning(self, outcomes: list[list[JudgeOutcome]]) -> str | None:
+        """A warning when more than ``max_parse_failure_rate`` of the replies in ``outcomes``
+        held no score, with the share and one such reply; None otherwise."""
+        answered = [
+            (judge, o)
+            for judge, row in zip(self.judges, outcomes, strict=True)
+            for o in row
+            if o.reply is not None
+        ]
+        failed = [(judge, o) for judge, o in answered if o.score is None]
+        if not answered or len(failed) <= self.max_parse_failure_rate * len(answered):
+            return None
+        judge, example = failed[0]
+        low, high = judge.score_range
+        return (
+            f"{self.__name__}: {len(failed)} of {len(answered)} judge replies "
+            f"({len(failed) / len(answered):.0%}) held no score on the {low:g}-{high:g} scale "
+            f"(max_parse_failure_rate: {self.max_parse_failure_rate:g}); their completions "
+            f"get None. Judge {judge.label} ({judge.backend.description}) replied, e.g.: "
+            f"{one_line(example.reply or '', 200)!r}. Make the rubric ask for one number on "
+            "that scale, raise max_tokens, or use a stronger judge model."
+        )
 
     def render(
         self,
@@ -220,14 +255,14 @@ class JudgeReward:
                 outcomes.append(fresh[key])
         return outcomes
 
-    def score(
+    def judge_batch(
         self,
         prompts: Sequence[Any],
         completions: Sequence[Any],
         columns: Mapping[str, Any],
         *,
         use_cache: bool = True,
-    ) -> ScoredBatch:
+    ) -> JudgedBatch:
         """Score a batch with every judge (judges run in parallel) and aggregate."""
         started = time.perf_counter()
         rendered = [self.render(judge, prompts, completions, columns) for judge in self.judges]
@@ -250,7 +285,7 @@ class JudgeReward:
                 sum(len(row) for row in outcomes),
                 failures[0],
             )
-        return ScoredBatch(outcomes=outcomes, scores=scores, metrics=metrics)
+        return JudgedBatch(outcomes=outcomes, scores=scores, metrics=metrics)
 
     def _metrics(
         self,
@@ -308,6 +343,44 @@ def default_cache_path(params: JudgeParams, base_dir: Path, run_dir: Path | None
     return root / "judge_cache.sqlite"
 
 
+# The fixed sample a judge scores at start-up (check_at_start). It holds no digits, so a number
+# in the reply is the judge's own, not one copied from the text. Dataset columns a rubric shows
+# (a reference answer ...) get the sample's answer.
+START_PROMPT = "Name the capital of France."
+START_COMPLETION = "The capital of France is Paris."
+START_COLUMN_VALUE = "Paris"
+
+
+def check_judge_scores(judge: Judge, mode: Mode, where: str, *, need_score: bool = True) -> None:
+    """Score the fixed start-up sample with one real request (no cache).
+
+    Raises:
+        UserError: naming the judge, its endpoint and model, and the server's answer, when the
+            request fails, or (``need_score``) when the reply holds no score.
+    """
+    columns = {name: START_COLUMN_VALUE for name in judge.rubric.placeholders}
+    text = judge.rubric.render(START_PROMPT, START_COMPLETION, columns)
+    reply = judge.backend.complete([text], logprobs=mode == "expected")[0]
+    low, high = judge.score_range
+    outcome = score_reply(reply, mode, low, high)
+    who = f"{where} (judge {judge.label}: {judge.backend.description})"
+    if outcome.reply is None:
+        raise UserError(
+            f"{who}: the start-up scoring request failed: {outcome.error}. Check base_url, "
+            "model, the key and extra_body against the server's documentation, or set "
+            "check_at_start: false to start anyway."
+        )
+    if outcome.score is None and need_score:
+        raise UserError(
+            f"{who}: the reply to a start-up sample ({START_PROMPT!r} answered "
+            f"{START_COMPLETION!r}) holds no score on the {low:g}-{high:g} scale: "
+            f"{one_line(outcome.reply, 300)!r}. Make the rubric ask for one number on that "
+            "scale, raise max_tokens (an empty reply is often a limit spent before the answer; "
+            "reasoning models need max_completion_tokens in the thousands), or set "
+            "check_at_start: false to start anyway."
+        )
+
+
 def build_backend(spec: OpenAIJudge | LocalJudge, where: str) -> JudgeBackend:
     """Construct (and for HTTP, contact) one judge's backend."""
     if isinstance(spec, OpenAIJudge):
@@ -333,11 +406,14 @@ def build_judge_reward(
     *,
     where: str = "judge",
     name: str = "judge",
+    start_sample_must_score: bool = True,
 ) -> JudgeReward:
     """Build a judge reward from its params; every user error surfaces here, before training.
 
     Checks: each rubric exists and has {completion}; API key variables are set; HTTP endpoints
-    answer; local models load.
+    answer and score a fixed sample (unless ``check_at_start`` is off; a reply without a score
+    is an error unless ``start_sample_must_score`` is False, as for an audit, whose job is to
+    measure such replies); local models load.
     """
     rubrics: list[Rubric] = []
     for i, spec in enumerate(params.judges):
@@ -360,9 +436,23 @@ def build_judge_reward(
                     temperature=spec.temperature,
                 )
             )
+            if isinstance(spec, OpenAIJudge) and spec.check_at_start:
+                check_judge_scores(
+                    judges[-1],
+                    params.mode,
+                    f"{where}.judges[{i}]",
+                    need_score=start_sample_must_score,
+                )
         cache = JudgeCache(default_cache_path(params, base_dir, run_dir)) if params.cache else None
     except BaseException:
         for judge in judges:
             judge.backend.close()
         raise
-    return JudgeReward(judges, mode=params.mode, aggregate=params.aggregate, cache=cache, name=name)
+    return JudgeReward(
+        judges,
+        mode=params.mode,
+        aggregate=params.aggregate,
+        cache=cache,
+        name=name,
+        max_parse_failure_rate=params.max_parse_failure_rate,
+    )

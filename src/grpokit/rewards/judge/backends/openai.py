@@ -5,6 +5,12 @@ in its own thread, so the synchronous reward call waits about as long as the slo
 not the sum; a semaphore bounds how many are in flight. Failed attempts (timeout, refused
 connection, HTTP 429/5xx) are retried with exponential back-off; what still fails comes back as
 an error reply, never an exception, so a judge outage costs scores, not the training run.
+
+Servers differ in the request fields they accept. OpenAI's reasoning models answer HTTP 400 to
+``max_tokens`` (they want ``max_completion_tokens``) and to any ``temperature`` but their
+default; a server may refuse ``logprobs``. Such a refusal is read from the error reply, the
+request is sent again once without the refused field, and the choice is kept (and logged once)
+for the backend's lifetime.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import os
 import random
 import threading
 from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -117,6 +123,38 @@ def parse_chat_response(data: Any) -> JudgeReply:
     return JudgeReply(text=text, tokens=tuple(tokens))
 
 
+RefusedField = Literal["max_tokens", "temperature"]
+
+
+def refused_field(error_body: str) -> RefusedField | None:
+    """The request field an HTTP 400 reply says the model does not accept, among those the
+    backend can do without: ``max_tokens`` (when the reply points to max_completion_tokens) or
+    ``temperature``; None for any other error.
+
+    Reads OpenAI's error shape ``{"error": {"message", "param", "code"}}`` and, for servers
+    that copy only the wording, the plain message.
+    """
+    message, param = error_body, None
+    try:
+        data = json.loads(error_body)
+    except ValueError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict):
+        message = str(error.get("message") or "")
+        param = error.get("param")
+    elif isinstance(error, str):
+        message = error
+    text = message.lower()
+    rest = text.replace("max_completion_tokens", "")
+    if "max_completion_tokens" in text and (param == "max_tokens" or "max_tokens" in rest):
+        return "max_tokens"
+    refusal = ("unsupported", "not supported", "does not support", "only the default")
+    if (param == "temperature" or "temperature" in text) and any(w in text for w in refusal):
+        return "temperature"
+    return None
+
+
 class OpenAIBackend:
     """A judge reached over HTTP at an OpenAI-compatible ``/chat/completions``."""
 
@@ -136,6 +174,12 @@ class OpenAIBackend:
             self._headers["Authorization"] = f"Bearer {key.strip()}"
         # None until the endpoint has answered a logprobs request one way or the other.
         self.logprobs_supported: bool | None = None
+        # What the server accepts (see refused_field): the token limit's field name, and
+        # whether temperature is sent at all.
+        self.limit_field: Literal["max_tokens", "max_completion_tokens"] = (
+            "max_tokens" if spec.max_completion_tokens is None else "max_completion_tokens"
+        )
+        self.send_temperature = True
         self._loop = _LoopThread(name=f"grpokit-judge-{spec.model}")
         self._client: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -144,9 +188,17 @@ class OpenAIBackend:
     @property
     def identity(self) -> str:
         s = self.spec
-        return json.dumps(
-            ["openai", self.base_url, s.model, s.temperature, s.max_tokens, s.top_logprobs]
-        )
+        parts: list[Any] = [
+            "openai", self.base_url, s.model, s.temperature, s.max_tokens, s.top_logprobs
+        ]  # fmt: skip
+        # Appended only when set, so that caches written before these settings existed stay
+        # valid. What the server negotiates away is not part of it: the same settings against
+        # the same server negotiate the same way.
+        if s.max_completion_tokens is not None:
+            parts.append({"max_completion_tokens": s.max_completion_tokens})
+        if s.extra_body:
+            parts.append({"extra_body": s.extra_body})
+        return json.dumps(parts, sort_keys=True)
 
     @property
     def description(self) -> str:
@@ -202,16 +254,47 @@ class OpenAIBackend:
         return list(await asyncio.gather(*(self._complete_one(p, logprobs) for p in prompts)))
 
     def _body(self, prompt: str, logprobs: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.spec.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": self.spec.temperature,
-            "max_tokens": self.spec.max_tokens,
-        }
+        """The request: extra_body, then grpokit's own fields (the config keeps the two sets
+        apart, and grpokit's would win)."""
+        spec = self.spec
+        body: dict[str, Any] = dict(spec.extra_body)
+        body["model"] = spec.model
+        body["messages"] = [{"role": "user", "content": prompt}]
+        if self.send_temperature:
+            body["temperature"] = spec.temperature
+        body[self.limit_field] = spec.max_completion_tokens or spec.max_tokens
         if logprobs:
             body["logprobs"] = True
-            body["top_logprobs"] = self.spec.top_logprobs
+            body["top_logprobs"] = spec.top_logprobs
         return body
+
+    def _do_without(self, field: RefusedField, body: dict[str, Any]) -> bool:
+        """Stop sending ``field`` after the server refused it; True when ``body`` had it, so
+        that the request is worth sending again."""
+        if field not in body:
+            return False
+        if field == "max_tokens" and self.limit_field == "max_tokens":
+            self.limit_field = "max_completion_tokens"
+            logger.warning(
+                "%s: %s refuses max_tokens for %s; the limit (%d) is sent as "
+                "max_completion_tokens from now on. Reasoning models spend it on hidden "
+                "reasoning too: set max_completion_tokens higher if replies come back empty.",
+                self.where,
+                self.base_url,
+                self.spec.model,
+                self.spec.max_tokens,
+            )
+        elif field == "temperature" and self.send_temperature:
+            self.send_temperature = False
+            logger.warning(
+                "%s: %s refuses temperature %g for %s; requests go without it from now on "
+                "(the server's default applies, so repeated scores of one text may differ).",
+                self.where,
+                self.base_url,
+                self.spec.temperature,
+                self.spec.model,
+            )
+        return True
 
     async def _complete_one(self, prompt: str, logprobs: bool) -> JudgeReply:
         assert self._client is not None and self._semaphore is not None
@@ -222,13 +305,13 @@ class OpenAIBackend:
         while attempt < attempts:
             want_logprobs = logprobs and self.logprobs_supported is not False
             retry_after: float | None = None
+            body = self._body(prompt, want_logprobs)
             try:
                 async with self._semaphore:
                     # httpx's timeout bounds each phase; wait_for bounds the whole request,
                     # so a server trickling bytes still hits the limit.
                     response = await asyncio.wait_for(
-                        self._client.post(url, json=self._body(prompt, want_logprobs)),
-                        timeout=self.spec.timeout_s,
+                        self._client.post(url, json=body), timeout=self.spec.timeout_s
                     )
             except (asyncio.TimeoutError, httpx.TimeoutException):
                 error = f"timeout after {self.spec.timeout_s:g} s"
@@ -244,6 +327,11 @@ class OpenAIBackend:
                     if want_logprobs and reply.text is not None:
                         self.logprobs_supported = reply.tokens is not None
                     return reply
+                refused = (
+                    refused_field(response.text) if response.status_code in (400, 422) else None
+                )
+                if refused is not None and self._do_without(refused, body):
+                    continue  # the same request without the field; a field is dropped once
                 if (
                     response.status_code in (400, 422)
                     and want_logprobs

@@ -1,12 +1,15 @@
 """Sample G completions per prompt and score them: the first half of a GRPO step.
 
-The trainer, periodic held-out checks, preflight and eval all call `sample_and_score`, so what is
-measured before training is exactly what training optimises.
+The trainer, periodic held-out checks, preflight, eval, generate and the demo all call
+`sample_and_score`, so what is measured before and after training is exactly what training
+optimises.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +19,20 @@ from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import PromptRow, columns_of
 from grpokit.rewards.compose import RewardScores, RewardSet
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scored completion, as the eval and generate tables list them."""
+
+    model: str
+    prompt_index: int
+    sample: int
+    text: str
+    total: float | None
+    rewards: dict[str, float | None]
+    length: int
+    truncated: bool
 
 
 @dataclass
@@ -40,6 +57,30 @@ class ScoredBatch:
     def expanded_prompt_ids(self) -> list[list[int]]:
         """The prompt ids of each completion (B lists)."""
         return [p for p in self.prompt_ids for _ in range(self.group_size)]
+
+    def samples(self, model: str, *, first_prompt: int = 0) -> list[Sample]:
+        """Each completion as a :class:`Sample`; prompts are numbered from ``first_prompt``."""
+        g = self.group_size
+        per_fn = self.scores.per_function
+        out = []
+        for b, text in enumerate(self.texts):
+            total = float(self.scores.total[b])
+            out.append(
+                Sample(
+                    model=model,
+                    prompt_index=first_prompt + b // g,
+                    sample=b % g,
+                    text=text,
+                    total=None if math.isnan(total) else total,
+                    rewards={
+                        name: None if math.isnan(v := float(per_fn[b, j])) else v
+                        for j, name in enumerate(self.scores.names)
+                    },
+                    length=len(self.rollout.completion_ids[b]),
+                    truncated=self.rollout.finish_reason[b] == "length",
+                )
+            )
+        return out
 
 
 def reward_inputs(
@@ -70,10 +111,16 @@ def sample_and_score(
     system_prompt: str | None,
     max_prompt_length: int | None,
     generator: torch.Generator | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> ScoredBatch:
+    """``num_generations`` completions of each row's prompt, decoded and scored by the set."""
     prompt_ids = [
         encode_prompt(
-            tokenizer, r.prompt, system_prompt=system_prompt, max_prompt_length=max_prompt_length
+            tokenizer,
+            r.prompt,
+            system_prompt=system_prompt,
+            max_prompt_length=max_prompt_length,
+            chat_template_kwargs=chat_template_kwargs,
         )
         for r in rows
     ]
@@ -88,8 +135,24 @@ def sample_and_score(
     return ScoredBatch(rows, prompt_ids, rollout, texts, scores, t1 - t0, time.perf_counter() - t1)
 
 
+def merge_scores(parts: list[RewardScores]) -> RewardScores:
+    """One RewardScores from batches scored separately (rows concatenated in order).
+
+    ``metrics`` of the merge is empty: they are per-batch quantities, recomputed where needed.
+    """
+    if not parts:
+        raise ValueError("merge_scores needs at least one batch")
+    return RewardScores(
+        names=list(parts[0].names),
+        per_function=torch.cat([p.per_function for p in parts]),
+        gated_out=torch.cat([p.gated_out for p in parts]),
+        total=torch.cat([p.total for p in parts]),
+        metrics={},
+    )
+
+
 @dataclass(frozen=True)
-class RewardSummary:
+class PassSummary:
     """One reward over a set of samples: mean of the applicable ones, and passes at its max."""
 
     name: str
@@ -104,7 +167,7 @@ class RewardSummary:
         return self.passed / self.applicable
 
 
-def summarize(scores: RewardScores, max_values: list[float | None]) -> list[RewardSummary]:
+def summarize(scores: RewardScores, max_values: list[float | None]) -> list[PassSummary]:
     """Per-reward mean and pass count (share at the reward's maximum), ignoring None values."""
     out = []
     for j, (name, top) in enumerate(zip(scores.names, max_values, strict=True)):
@@ -112,5 +175,5 @@ def summarize(scores: RewardScores, max_values: list[float | None]) -> list[Rewa
         col = col[~torch.isnan(col)]
         mean = float(col.mean()) if len(col) else float("nan")
         passed = int((col >= top - 1e-9).sum()) if top is not None else None
-        out.append(RewardSummary(name, mean, len(col), passed))
+        out.append(PassSummary(name, mean, len(col), passed))
     return out

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from grpokit.preflight.forecast import forecast, forecast_for_reward, std_normalized_for
+from grpokit.core.forecast import forecast, forecast_for_reward, std_normalized_for
 
 
 def test_worked_values() -> None:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# grpokit against TRL's GRPOTrainer on one CUDA GPU, without network access (bench/README.md):
+#   bench/gpu_check.sh                   on the GPU machine (estimated: 6 minutes)
+#   bench/gpu_check.sh --cpu-smoke       tiny models, float32 on CPU: the same code path
+#   bench/gpu_check.sh --fill-wheels [--python-version 3.10 3.12]
+#                                        where PyPI is reachable: fill bench/wheels (not torch)
+# Other arguments go to bench/gpu_check.py (--help lists them). PYTHON picks the interpreter,
+# default python3: the one holding the machine's CUDA build of torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHEELS=bench/wheels
+VENV=bench/.gpu-check/venv
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ "${1:-}" = --fill-wheels ]; then
+  shift
+  exec "$PY" bench/gpu_check.py --fill-wheels "$WHEELS" "$@"
+fi
+
+# (a) What the check imports (grpokit's training path and TRL) and this Python lacks, installed
+# from the carried wheels only. A virtual environment is installed into; a system or conda Python
+# is left as it is: a virtual environment that sees its packages (its torch above all) gets them.
+[ -x "$VENV/bin/python" ] && PY=$VENV/bin/python
+mapfile -t MISSING < <("$PY" bench/gpu_check.py --missing)
+if [ ${#MISSING[@]} -gt 0 ]; then
+  if ! "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+    "$PY" -m venv --system-site-packages "$VENV"
+    PY=$VENV/bin/python
+  fi
+  echo "installing from $WHEELS into $("$PY" -c 'import sys; print(sys.prefix)'): ${MISSING[*]}"
+  t0=$SECONDS
+  if ! "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" "${MISSING[@]}"; then
+    echo "$WHEELS lacks a wheel (above); fill it where PyPI is reachable, for this Python" \
+      "($("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')):" \
+      "bench/gpu_check.sh --fill-wheels --python-version X.Y" >&2
+    exit 1
+  fi
+  echo "installed in $((SECONDS - t0)) s"
+else
+  echo "the packages the check imports are installed"
+fi
+exec "$PY" bench/gpu_check.py "$@"

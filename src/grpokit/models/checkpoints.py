@@ -1,0 +1,129 @@
+"""Finding checkpoints and the model a command-line argument names: the one resolver, used by
+sampling, training, eval, generate and export.
+
+A run directory holds ``checkpoint-<step>/`` directories (see :mod:`grpokit.train.checkpoint`),
+each with the loadable model in ``model/``. Checkpoints are written beside their final name and
+renamed into place, so a ``checkpoint-<step>`` directory is complete; half-written ones are named
+``.tmp-checkpoint-<step>`` and never match.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from grpokit.errors import UserError
+from grpokit.models.embedded import EMBEDDED_MODEL
+from grpokit.models.loading import POLICY_FILE
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+_LABEL = re.compile(r"^(?P<label>[A-Za-z0-9_.\-]+)=(?P<path>.+)$")
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """The ``checkpoint-<step>`` directories of a run, oldest (lowest step) first."""
+    found = []
+    for path in run_dir.glob("checkpoint-*"):
+        match = _CHECKPOINT.match(path.name)
+        if match and path.is_dir():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The run's newest checkpoint, or None when it has none."""
+    found = checkpoint_dirs(run_dir)
+    return found[-1] if found else None
+
+
+def _holds_model(path: Path) -> bool:
+    return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+
+
+def model_dir(path: Path, *, option: str = "--checkpoint") -> Path:
+    """The loadable model of a checkpoint: ``checkpoint-N/model`` for a training checkpoint, the
+    directory itself for an SFT output or any saved model."""
+    path = path.expanduser()
+    if not path.is_dir():
+        raise UserError(f"{option} {path}: no such directory")
+    if (path / "model").is_dir() and _holds_model(path / "model"):
+        return path / "model"
+    if _holds_model(path):
+        return path
+    raise UserError(
+        f"{option} {path}: holds no model (no config.json or adapter_config.json, and no "
+        "model/ subdirectory); give a training checkpoint-N directory or an SFT output directory"
+    )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load for one model argument: a base name or directory, and weights to apply."""
+
+    label: str
+    name_or_path: str
+    init_from: str | None
+    given: str
+    run_dir: Path | None = None
+    """The run directory the checkpoint comes from, if any (its config.yaml can be used)."""
+
+
+def resolve_model(
+    arg: str, *, option: str = "--model", embedded_default: str = EMBEDDED_MODEL
+) -> ModelSpec:
+    """Turn a model argument into what to load.
+
+    Accepted: ``[LABEL=]X`` where X is the embedded model's name, a hub name, a model directory
+    (config.json), a grpokit checkpoint (``checkpoint-N/`` or its ``model/``; a LoRA adapter is
+    merged into the base model named in its grpokit_policy.json), or a run directory (its latest
+    checkpoint). ``option`` names the argument in error messages.
+    """
+    label: str | None = None
+    match = _LABEL.match(arg)
+    if match and not Path(arg).exists():
+        label, arg = match.group("label"), match.group("path")
+    path = Path(arg).expanduser()
+    if not path.exists():
+        if arg.startswith((".", "/", "~")) or arg.count("/") > 1:
+            raise UserError(f"{option} {arg}: no such directory")
+        return ModelSpec(label or arg.rsplit("/", 1)[-1], arg, None, arg)
+    if not path.is_dir():
+        raise UserError(
+            f"{option} {arg}: expected a model, checkpoint or run directory, got a file"
+        )
+    run_dir: Path | None = None
+    latest = latest_checkpoint(path)
+    if latest is not None and not (path / "config.json").is_file():
+        run_dir, path = path, latest
+    if (path / "model").is_dir():
+        run_dir = run_dir or (path.parent if (path.parent / "config.yaml").is_file() else None)
+        default_label = f"{path.parent.name}/{path.name}"
+        path = path / "model"
+    else:
+        default_label = path.name
+    if (path / "adapter_config.json").is_file():
+        info_path = path / POLICY_FILE
+        base = embedded_default
+        if info_path.is_file():
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            base = str(info.get("base_model") or base)
+        return ModelSpec(label or default_label, base, str(path), arg, run_dir)
+    if (path / "config.json").is_file():
+        return ModelSpec(label or default_label, str(path), None, arg, run_dir)
+    raise UserError(
+        f"{option} {arg}: {path} holds neither a model (config.json), a LoRA adapter "
+        f"(adapter_config.json), nor checkpoint-N/ directories"
+    )
+
+
+def unique_labels(specs: list[ModelSpec]) -> list[ModelSpec]:
+    """The specs with repeated labels numbered (``trained``, ``trained#2``, ...)."""
+    seen: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        n = seen.get(spec.label, 0)
+        seen[spec.label] = n + 1
+        out.append(spec if n == 0 else replace(spec, label=f"{spec.label}#{n + 1}"))
+    return out

@@ -1,0 +1,61 @@
+"""Sampling a configured policy and scoring what it writes: the layer under every command.
+
+``train``, ``evaluate``, ``preflight`` and the demo sample through a
+:class:`~grpokit.sampling.sampler.Sampler` (policy, engine, sampling settings, prompt rendering
+and rewards of one config), find models and checkpoints with :mod:`grpokit.models.checkpoints`
+and seed and place work with :mod:`grpokit.sampling.runtime`. Imports flow one way:
+core <- models, data, rewards <- rollout <- sampling <- train, evaluate, preflight <- cli.
+"""
+
+from __future__ import annotations
+
+from grpokit.models.checkpoints import (
+    ModelSpec,
+    checkpoint_dirs,
+    latest_checkpoint,
+    model_dir,
+    resolve_model,
+    unique_labels,
+)
+from grpokit.sampling.runtime import resolve_device, seed_everything
+from grpokit.sampling.sampler import (
+    Sampled,
+    Sampler,
+    load_config_policy,
+    load_model_policy,
+    sampling_params,
+    torch_engine,
+)
+from grpokit.sampling.scoring import (
+    PassSummary,
+    Sample,
+    ScoredBatch,
+    merge_scores,
+    reward_inputs,
+    sample_and_score,
+    summarize,
+)
+
+__all__ = [
+    "ModelSpec",
+    "PassSummary",
+    "Sample",
+    "Sampled",
+    "Sampler",
+    "ScoredBatch",
+    "checkpoint_dirs",
+    "latest_checkpoint",
+    "load_config_policy",
+    "load_model_policy",
+    "merge_scores",
+    "model_dir",
+    "resolve_device",
+    "resolve_model",
+    "reward_inputs",
+    "sample_and_score",
+    "sampling_params",
+    "seed_everything",
+    "summarize",
+    "torch_engine",
+    "unique_labels",
+]

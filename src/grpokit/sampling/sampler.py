@@ -1,0 +1,321 @@
+"""One object that samples a configured policy and scores its completions.
+
+A :class:`Sampler` holds the policy (model, tokenizer, pad and EOS ids), its rollout engine, the
+sampling settings and prompt rendering of the config, and a reward set. Training, periodic
+held-out checks, eval, generate, preflight and the demo all sample through it, so every command
+renders prompts, samples and scores alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
+from grpokit.data.prompts import PromptRow
+from grpokit.models.checkpoints import ModelSpec, model_dir
+from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
+from grpokit.models.onednn import CpuMatmul
+from grpokit.rewards.compose import RewardSet
+from grpokit.rollout.base import RolloutEngine, SamplingParams
+from grpokit.rollout.torch_engine import TorchEngine
+from grpokit.sampling.runtime import resolve_device
+from grpokit.sampling.scoring import (
+    PassSummary,
+    Sample,
+    ScoredBatch,
+    merge_scores,
+    sample_and_score,
+    summarize,
+)
+
+
+def sampling_params(training: TrainingConfig) -> SamplingParams:
+    """The sampling settings of a config's ``training:`` section (TRL's names)."""
+    return SamplingParams(
+        max_completion_length=training.max_completion_length,
+        temperature=training.temperature,
+        top_p=training.top_p,
+        top_k=training.top_k or 0,
+    )
+
+
+def load_config_policy(
+    cfg: GRPOKitConfig,
+    *,
+    model: ModelSpec | None = None,
+    checkpoint: Path | None = None,
+    trainable: bool = False,
+    need_reference: bool = False,
+    device: torch.device | None = None,
+) -> Policy:
+    """The policy a config describes (see :func:`load_model_policy`); the config's relative
+    paths resolve against its directory."""
+    return load_model_policy(
+        cfg.model,
+        base_dir=cfg.config_dir,
+        model=model,
+        checkpoint=checkpoint,
+        trainable=trainable,
+        need_reference=need_reference,
+        device=device,
+    )
+
+
+def load_model_policy(
+    settings: ModelConfig,
+    *,
+    base_dir: Path,
+    model: ModelSpec | None = None,
+    checkpoint: Path | None = None,
+    trainable: bool = False,
+    need_reference: bool = False,
+    device: torch.device | None = None,
+) -> Policy:
+    """The policy of a ``model:`` section.
+
+    model: load these weights instead of the section's model (eval, generate), without LoRA.
+    checkpoint: start from this checkpoint instead of ``init_from`` (preflight, SFT).
+    trainable: add the section's LoRA adapter and gradient checkpointing (training, SFT); else
+        the bare model, for sampling only.
+    need_reference: keep the starting weights as the KL reference (beta > 0).
+    device: where the model goes; default the section's ``device``.
+    """
+    name_or_path, init_from = settings.name_or_path, settings.init_from
+    if model is not None:
+        name_or_path, init_from = model.name_or_path, model.init_from
+    elif checkpoint is not None:
+        init_from = str(model_dir(checkpoint))
+    elif init_from:
+        init_from = str(_resolve(base_dir, init_from))
+    lora = settings.lora if (trainable and model is None) else None
+    return load_policy(
+        name_or_path,
+        dtype=settings.dtype,
+        lora=LoraSettings(**lora.model_dump()) if lora else None,
+        gradient_checkpointing=settings.gradient_checkpointing and trainable,
+        need_reference=need_reference,
+        init_from=init_from,
+        device=device if device is not None else resolve_device(settings.device),
+        cpu_matmul=settings.cpu_matmul,
+    )
+
+
+def _resolve(base_dir: Path, path: str) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else base_dir / p
+
+
+def torch_engine(policy: Policy, cpu_matmul: CpuMatmul) -> TorchEngine:
+    """The torch rollout engine over the policy's own weights."""
+    return TorchEngine(
+        policy.model,
+        eos_token_ids=policy.eos_token_ids(),
+        pad_token_id=policy.pad_token_id,
+        cpu_matmul=cpu_matmul,
+    )
+
+
+@dataclass
+class Sampled:
+    """The scored batches of one pass over a prompt list, in prompt order."""
+
+    batches: list[ScoredBatch]
+    max_values: list[float | None]
+
+    def samples(self, model: str) -> list[Sample]:
+        """Every completion as a :class:`Sample` labelled ``model``, prompts numbered in order."""
+        out: list[Sample] = []
+        first = 0
+        for batch in self.batches:
+            out += batch.samples(model, first_prompt=first)
+            first += len(batch.rows)
+        return out
+
+    def summary(self) -> list[PassSummary]:
+        """Per reward: the mean and the passes (at the reward's maximum) over all samples."""
+        return summarize(merge_scores([b.scores for b in self.batches]), self.max_values)
+
+    def passes(self, reward: int) -> list[list[bool]]:
+        """Per prompt, whether each sample reached the maximum of reward number ``reward``
+        (samples where it did not apply are left out)."""
+        top = self.max_values[reward]
+        if top is None:
+            raise ValueError("this reward has no maximum, so no pass / fail")
+        out = []
+        for batch in self.batches:
+            column = batch.scores.per_function[:, reward]
+            g = batch.group_size
+            for i in range(len(batch.rows)):
+                values = column[i * g : (i + 1) * g]
+                out.append([bool(v >= top - 1e-9) for v in values if not torch.isnan(v)])
+        return out
+
+
+@dataclass
+class Sampler:
+    """A policy ready to sample: its engine, the config's sampling and prompt rendering, rewards.
+
+    The reward set is not owned: whoever built it closes it (eval scores several models with one
+    set).
+    """
+
+    policy: Policy
+    engine: RolloutEngine
+    rewards: RewardSet
+    sampling: SamplingParams
+    system_prompt: str | None
+    max_prompt_length: int | None
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Extra variables of the chat template (TRL's chat_template_kwargs, e.g. enable_thinking)."""
+
+    @classmethod
+    def load(
+        cls,
+        settings: ModelConfig,
+        rewards: RewardSet,
+        *,
+        sampling: SamplingParams,
+        system_prompt: str | None,
+        max_prompt_length: int | None,
+        base_dir: Path,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        model: ModelSpec | None = None,
+        checkpoint: Path | None = None,
+        trainable: bool = False,
+        device: torch.device | None = None,
+    ) -> Sampler:
+        """Load the policy of a ``model:`` section (see :func:`load_model_policy`) with a torch
+        engine over its weights."""
+        check_context_length(
+            model.name_or_path if model is not None else settings.name_or_path,
+            max_prompt_length=max_prompt_length,
+            max_completion_length=sampling.max_completion_length,
+        )
+        policy = load_model_policy(
+            settings,
+            base_dir=base_dir,
+            model=model,
+            checkpoint=checkpoint,
+            trainable=trainable,
+            device=device,
+        )
+        if not trainable:
+            policy.model.eval()
+        engine = torch_engine(policy, settings.cpu_matmul)
+        return cls(
+            policy,
+            engine,
+            rewards,
+            sampling,
+            system_prompt,
+            max_prompt_length,
+            chat_template_kwargs,
+        )
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: GRPOKitConfig,
+        rewards: RewardSet,
+        *,
+        model: ModelSpec | None = None,
+        checkpoint: Path | None = None,
+        trainable: bool = False,
+        device: torch.device | None = None,
+    ) -> Sampler:
+        """The config's policy with its sampling settings and prompt rendering."""
+        return cls.load(
+            cfg.model,
+            rewards,
+            sampling=sampling_params(cfg.training),
+            system_prompt=cfg.system_prompt,
+            max_prompt_length=cfg.training.max_prompt_length,
+            base_dir=cfg.config_dir,
+            chat_template_kwargs=cfg.training.chat_template_kwargs,
+            model=model,
+            checkpoint=checkpoint,
+            trainable=trainable,
+            device=device,
+        )
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.policy.tokenizer
+
+    def sample(
+        self, rows: list[PromptRow], num_generations: int, *, generator: torch.Generator | None
+    ) -> ScoredBatch:
+        """``num_generations`` scored completions for each row, group-major."""
+        return sample_and_score(
+            self.engine,
+            self.policy.tokenizer,
+            rows,
+            self.rewards,
+            num_generations=num_generations,
+            sampling=self.sampling,
+            system_prompt=self.system_prompt,
+            max_prompt_length=self.max_prompt_length,
+            generator=generator,
+            chat_template_kwargs=self.chat_template_kwargs,
+        )
+
+    def chunks(
+        self,
+        rows: list[PromptRow],
+        num_generations: int,
+        *,
+        prompts_per_chunk: int,
+        seed: int,
+        reseed_each_chunk: bool,
+    ) -> Iterator[ScoredBatch]:
+        """The rows in chunks of ``prompts_per_chunk`` prompts, each sampled and scored.
+
+        reseed_each_chunk: chunk c draws from a generator seeded with ``seed + c``, so that every
+        model compared on the same prompts gets the same randomness (eval, generate); otherwise
+        one generator seeded with ``seed`` runs through all chunks (preflight).
+        """
+        per_chunk = max(1, prompts_per_chunk)
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for c, start in enumerate(range(0, len(rows), per_chunk)):
+                if reseed_each_chunk:
+                    generator = torch.Generator().manual_seed(seed + c)
+                yield self.sample(
+                    rows[start : start + per_chunk], num_generations, generator=generator
+                )
+
+    def score_prompts(
+        self,
+        rows: list[PromptRow],
+        samples: int,
+        *,
+        seed: int,
+        prompts_per_chunk: int | None = None,
+    ) -> Sampled:
+        """The held-out check: ``samples`` completions of every row with fixed seeds, scored.
+
+        Without ``prompts_per_chunk`` all rows are sampled at once from one generator seeded
+        with ``seed``; with it, chunk c of every model is sampled with ``seed + c``.
+        """
+        if prompts_per_chunk is None:
+            with torch.no_grad():
+                batches = [
+                    self.sample(rows, samples, generator=torch.Generator().manual_seed(seed))
+                ]
+        else:
+            batches = list(
+                self.chunks(
+                    rows,
+                    samples,
+                    prompts_per_chunk=prompts_per_chunk,
+                    seed=seed,
+                    reseed_each_chunk=True,
+                )
+            )
+        return Sampled(batches, list(self.rewards.max_values))

@@ -1,0 +1,180 @@
+"""Setting up a GRPO run, one named step each: processes, policy, engine, optimizer, sinks.
+
+The trainer calls these in order; each takes what it needs and returns what it builds, so the
+set-up reads as a list and none of it hides in the training loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+import grpokit
+from grpokit.config import GRPOKitConfig, TrainingConfig
+from grpokit.errors import UserError
+from grpokit.models.loading import Policy
+from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
+from grpokit.monitor.trackers import tracker_sinks
+from grpokit.rollout.base import RolloutEngine
+from grpokit.sampling import load_config_policy, torch_engine
+from grpokit.train.distributed import DistContext, broadcast_parameters, shard_slice
+from grpokit.train.fsdp import GatheredEngine, shard_policy
+
+
+def with_process_count(cfg: GRPOKitConfig, dist: DistContext) -> GRPOKitConfig:
+    """The config with ``training.num_processes`` set to the launcher's process count (a copy:
+    the caller's config is left as it is). Each rank must get whole groups."""
+    if not dist.enabled:
+        return cfg
+    try:
+        training = TrainingConfig.model_validate(
+            cfg.training.model_dump() | {"num_processes": dist.world_size}
+        )
+    except ValidationError as e:
+        raise UserError(
+            f"training with {dist.world_size} processes: {e.errors()[0]['msg']}"
+        ) from None
+    shard_slice(training.prompts_per_step, dist)
+    out = cfg.model_copy(update={"training": training})
+    out._config_dir, out._config_path = cfg.config_dir, cfg.config_path
+    return out
+
+
+def build_policy(
+    cfg: GRPOKitConfig, *, device: torch.device, dist: DistContext, sharded: bool
+) -> Policy:
+    """The trainable policy (with its reference when beta > 0), identical on every rank, and
+    sharded over the ranks under FSDP."""
+    policy = load_config_policy(
+        cfg,
+        trainable=True,
+        need_reference=cfg.training.beta > 0,
+        # Under FSDP each unit moves to the device as it is sharded: the whole model need not fit.
+        device=torch.device("cpu") if sharded else device,
+    )
+    broadcast_parameters(policy.model, dist)
+    if sharded:
+        fc = cfg.training.fsdp_config
+        shard_policy(
+            policy,
+            device,
+            dist.world_size,
+            reshard_after_forward=fc.reshard_after_forward,
+            cpu_offload=fc.cpu_offload,
+            layer_classes=fc.transformer_layer_cls_to_wrap,
+        )
+    return policy
+
+
+def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> RolloutEngine:
+    """torch generation over the policy's own weights (gathered whole under FSDP), or vLLM."""
+    args = cfg.training
+    if not args.use_vllm:
+        local = torch_engine(policy, cfg.model.cpu_matmul)
+        return GatheredEngine(local, policy.model) if sharded else local
+    from grpokit.models.loading import resolve_model_path
+    from grpokit.rollout.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(
+        policy.model,
+        model_path=resolve_model_path(cfg.model.name_or_path),
+        eos_token_ids=policy.eos_token_ids(),
+        mode=args.vllm_mode,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        server_url=args.vllm_server_base_url,
+        dtype=cfg.model.dtype,
+        seed=args.seed,
+    )
+    engine.sync_weights()  # vLLM loaded the base weights; the policy may be warm-started
+    return engine
+
+
+def total_steps(args: TrainingConfig, num_prompts: int) -> int:
+    """Optimizer steps of the run: max_steps, or the epochs' generation rounds x mu."""
+    if args.max_steps > 0:
+        return args.max_steps
+    rounds = math.ceil(args.num_train_epochs * num_prompts / args.prompts_per_step)
+    return max(1, rounds) * args.num_iterations
+
+
+def build_optimizer(
+    args: TrainingConfig, parameters: list[torch.nn.Parameter], steps: int
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The AdamW ``optim`` names over the trainable parameters, and the learning-rate schedule
+    over ``steps``.
+
+    adamw_torch_fused (TRL's default) runs one kernel over all parameters instead of a Python
+    loop of small ops; bench/train_step.py measures the step it is part of.
+    """
+    from transformers import get_scheduler
+
+    optimizer: torch.optim.Optimizer
+    if args.adamw_8bit:
+        import bitsandbytes
+
+        optimizer = bitsandbytes.optim.AdamW8bit(parameters, **args.optimizer_kwargs)
+    else:
+        optimizer = torch.optim.AdamW(parameters, **args.optimizer_kwargs)
+    warmup = args.warmup_steps or math.ceil(args.warmup_ratio * steps)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=warmup, num_training_steps=steps
+    )
+    return optimizer, scheduler
+
+
+def versions() -> dict[str, str]:
+    import peft
+    import transformers
+
+    return {
+        "grpokit": grpokit.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def write_run_files(cfg: GRPOKitConfig, run_dir: Path) -> None:
+    """config.yaml (the resolved config), run.json (where relative paths resolve) and
+    versions.json: what ``grpokit train RUN_DIR`` and a reader of the run need."""
+    (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+    run_info = {
+        "config_path": str(cfg.config_path) if cfg.config_path else None,
+        "config_dir": str(cfg.config_dir),
+    }
+    (run_dir / "run.json").write_text(json.dumps(run_info, indent=2))
+    (run_dir / "versions.json").write_text(json.dumps(versions(), indent=2))
+
+
+def open_sinks(
+    cfg: GRPOKitConfig, run_dir: Path, *, resume_step: int | None, log: Callable[[str], None]
+) -> list[MetricsSink]:
+    """metrics.jsonl (cut back to ``resume_step`` on a resume), TensorBoard and the trackers
+    ``report_to`` names."""
+    from grpokit.evaluate.report import build_report
+
+    report_to = cfg.training.report_to
+    sinks: list[MetricsSink] = [
+        JsonlSink(run_dir / "metrics.jsonl", resume_from_step=resume_step or 0)
+    ]
+    if "tensorboard" in report_to:
+        sinks.append(TensorBoardSink(run_dir / "tensorboard"))
+    sinks.extend(
+        tracker_sinks(
+            report_to,
+            run_dir=run_dir,
+            config=cfg.model_dump(mode="json"),
+            resume=resume_step is not None,
+            log=log,
+            build_report=build_report,
+        )
+    )
+    return sinks

@@ -1,0 +1,75 @@
+"""bench/gpu_check.sh keeps working where there is no GPU: its --cpu-smoke mode runs the same code
+path on a tiny model (both libraries, LoRA and full fine-tuning, a checkpoint and a resume), and
+the wheels it carries to an offline GPU machine are worked out from the installed metadata."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+RUN_LINE = re.compile(
+    r"^tiny\s+(?P<setting>\S+)\s+(?P<lib>grpokit|trl)\s+(?P<step>\d+\.\d+) s/step\s+"
+    r"(?P<tokens>\d+) tokens/s\s+peak RSS\s+(?P<mem>\d+\.\d+) GiB\s+completion (?P<len>\d+\.\d+)",
+    re.M,
+)
+RESUME_LINE = re.compile(r"checkpoint-(\d+) written in .*; resumed at step (\d+) .*, step (\d+) in")
+RATIO_LINE = re.compile(r"^tiny (\S+): grpokit / TRL (.+?)\s+(\d+\.\d+)x", re.M)
+
+
+def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
+    pytest.importorskip("trl")
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh"), "--cpu-smoke", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "the packages the check imports are installed" in out
+
+    runs = {(m["setting"], m["lib"]): m for m in RUN_LINE.finditer(out)}
+    settings = ("lora-beta0.04", "full-beta0.04")
+    assert set(runs) == {(s, lib) for s in settings for lib in ("grpokit", "trl")}, out
+    for m in runs.values():
+        assert float(m["step"]) > 0 and int(m["tokens"]) > 0 and float(m["mem"]) > 0
+        assert float(m["len"]) == 8.0  # end tokens suppressed: every completion runs to the end
+
+    resumes = [tuple(map(int, r)) for r in RESUME_LINE.findall(out)]
+    assert resumes == [(2, 2, 3), (2, 2, 3)]  # saved at 2, resumed at 2, went on to step 3
+
+    ratios = {(s, what): float(v) for s, what, v in RATIO_LINE.findall(out.split("\n== ")[-1])}
+    assert set(ratios) == {
+        (s, what)
+        for s in settings
+        for what in ("seconds per step", "tokens per second", "peak RSS memory")
+    }
+    assert all(v > 0 for v in ratios.values())
+    assert out.count("same tokens") == len(settings)
+
+
+def test_wheels_folder_holds_what_a_torch_machine_lacks() -> None:
+    pytest.importorskip("trl")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCH))
+
+    assert gpu_check.missing_requirements() == []  # this environment has everything
+    names = {gpu_check._requirement(r).name.lower() for r in gpu_check.requirements()}
+    assert names == gpu_check.CHECK_PACKAGES
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    wheels = gpu_check.wheels_needed(gpu_check.ASSUMED, version)
+    assert {"pydantic", "pydantic-core", "math-verify", "trl", "datasets"} <= set(wheels)
+    assert not {"torch", "transformers", "peft", "numpy", "tokenizers"} & set(wheels)
+    everything = gpu_check.wheels_needed([], version)
+    assert {"transformers", "peft", "numpy"} <= set(everything) and "torch" not in everything
