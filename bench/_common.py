@@ -1,8 +1,10 @@
 """Shared pieces of the benchmarks: the model under test, prompts, timing, reporting.
 
-Benchmarks compare grpokit with a peer measured in the same script, with runs interleaved and
-the median of repeats taken, so that a busy machine slows both sides alike; every report line
-carries the load average, since absolute numbers on a shared machine mean little.
+Benchmarks compare grpokit with a peer measured in the same script, on the same prompts, with
+runs interleaved, so that a busy machine slows both sides alike. On a shared machine one step can
+take 2-4x another, so a comparison is the median of at least :data:`MIN_MEASURED` paired ratios
+(step k of one side against step k of the other, after warm-up), printed with their spread; every
+report line carries the load average, since absolute numbers on a shared machine mean little.
 """
 
 from __future__ import annotations
@@ -76,8 +78,36 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+MIN_MEASURED = 6
+"""Measured repeats (after warm-up) a benchmark takes by default: the median of 6 paired ratios
+stays put when one or two of them are hit by a load spike."""
+
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
+
+
+def paired_ratios(ours: Sequence[float], theirs: Sequence[float]) -> list[float]:
+    """Repeat k of one side over repeat k of the other (same prompts, run close in time)."""
+    if len(ours) != len(theirs):
+        raise ValueError(f"{len(ours)} repeats against {len(theirs)}: cannot pair them")
+    return [a / b for a, b in zip(ours, theirs, strict=True)]
+
+
+def spread(values: Sequence[float], digits: int = 2) -> str:
+    """'median (min-max of n)': the figure and how far single repeats strayed from it."""
+    if not values:
+        return "no repeats"
+    f = f"{{:.{digits}f}}"
+    return (
+        f"{f.format(median(values))} ({f.format(min(values))}-{f.format(max(values))} "
+        f"of {len(values)})"
+    )
+
+
+def verdict(value: float, target: float, *, at_least: bool) -> str:
+    ok = value >= target if at_least else value <= target
+    return f"target {'>=' if at_least else '<='} {target} ({'meets' if ok else 'MISSES'})"
 
 
 def peak_rss_mib() -> float:
@@ -123,3 +153,14 @@ def print_ratios(title: str, ratios: list[tuple[str, float, str]]) -> None:
     print(f"\n== {title} ({load_average()})")
     for name, value, note in ratios:
         print(f"{name:<60} {value:8.2f}x  {note}")
+
+
+def print_paired(title: str, pairs: list[tuple[str, list[float], str]]) -> None:
+    """The closing block of a paired benchmark: per comparison, the median of its paired ratios,
+    their spread and the note (target / verdict), then the ratios themselves."""
+    print(f"\n== {title} ({load_average()})")
+    for name, ratios, note in pairs:
+        print(f"{name:<60} {median(ratios):8.2f}x  {note}; {spread(ratios)}")
+    print("paired ratios, repeat by repeat:")
+    for name, ratios, _ in pairs:
+        print(f"  {name}: " + " ".join(f"{r:.2f}" for r in ratios))

@@ -6,15 +6,21 @@ real completion tokens (up to and including EOS; ``generate``'s padding after EO
 The decode floor is a bare batched forward per token with a KV cache (no sampling, no stopping),
 at the full batch for the same number of steps: what the hardware does per token at that batch.
 
-grpokit's engine computes linear layers through oneDNN on CPU (grpokit.models.onednn), which on
-some CPUs is much faster than PyTorch's default MKL path. So that the engine's own gain and the
-library's can be told apart, ``generate`` and the floor are also run on a copy of the model whose
-linear layers use oneDNN ("generate-onednn", "floor-onednn"); the target is against the stock
-``generate``, the one a transformers or TRL user gets.
+grpokit's engine runs as ``model.dtype: auto`` makes it run: on a CPU with native bfloat16
+(AVX512-BF16 or AMX) it decodes with a bfloat16 copy of the weights ("grpokit"); "grpokit-fp32"
+is the same engine in float32, and their ratio is bfloat16's gain. It computes linear layers
+through oneDNN on CPU (grpokit.models.onednn), which on some CPUs is much faster than PyTorch's
+default MKL path. So that the engine's own gain and the library's can be told apart, ``generate``
+and the floor are also run on a copy of the model whose linear layers use oneDNN
+("generate-onednn", "floor-onednn"); the target is against the stock ``generate``, the one a
+transformers or TRL user gets.
+
+Every repeat runs every method once on the same prompts and seed, one after the other; a ratio is
+the median of the repeats' paired ratios (repeat k against repeat k), printed with its spread.
 
     python bench/rollout.py                      # embedded SmolLM2-135M, batches 8 and 32
     python bench/rollout.py --smoke              # tiny random model, seconds (used by the tests)
-    python bench/rollout.py --batch-sizes 8 32 64 --max-new-tokens 128 --repeats 5
+    python bench/rollout.py --batch-sizes 8 32 64 --max-new-tokens 128 --repeats 8
 
 Prints per-run lines, then the ratios last.
 """
@@ -32,19 +38,26 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    MIN_MEASURED,
     chat_prompts,
     load_average,
     median,
     model_path,
-    print_ratios,
+    paired_ratios,
+    print_paired,
     timed,
+    verdict,
 )
 
-from grpokit.models.onednn import use_onednn_linears  # noqa: E402
+from grpokit.models.onednn import (  # noqa: E402
+    bf16_compute_applies,
+    use_onednn_linears,
+)
 from grpokit.rollout.base import SamplingParams  # noqa: E402
 from grpokit.rollout.torch_engine import TorchEngine, left_pad  # noqa: E402
 
 TARGET_VS_GENERATE = 1.8
+TARGET_BF16 = 1.6
 
 
 def hf_generate(
@@ -121,7 +134,7 @@ def main() -> None:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--num-generations", type=int, default=4, help="completions per prompt (G)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=MIN_MEASURED, help="measured repeats")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.smoke:
@@ -136,21 +149,27 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     eos = [int(tokenizer.eos_token_id)]
     pad = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0])
-    engine = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad)
+    # What model.dtype: auto computes in here (grpokit.models.loading.load_policy).
+    bf16 = bf16_compute_applies(torch.device("cpu"))
+    auto = torch.bfloat16 if bf16 else torch.float32
+    engine = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=auto)
+    engine32 = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=torch.float32)
     onednn_model = copy.deepcopy(model)
     use_onednn_linears(onednn_model, "onednn")
     g = args.num_generations
     print(
-        f"model {path}; G = {g}; max_new_tokens {args.max_new_tokens}; "
+        f"model {path}; G = {g}; max_new_tokens {args.max_new_tokens}; grpokit decodes in "
+        f"{str(auto).removeprefix('torch.')}; {args.repeats} measured repeats; "
         f"{torch.get_num_threads()} threads; {load_average()}"
     )
 
     # One untimed pass of each so lazy initialisation is not measured.
     warm = chat_prompts(tokenizer, 1)
-    engine_generate(engine, warm, 2, 4, 0)
+    for warm_engine in (engine, engine32):
+        engine_generate(warm_engine, warm, 2, 4, 0)
     hf_generate(model, warm, 2, 4, eos, pad, 0)
 
-    ratios: list[tuple[str, float, str]] = []
+    pairs: list[tuple[str, list[float], str]] = []
     for batch in args.batch_sizes:
         if batch % g:
             raise SystemExit(f"batch size {batch} is not a multiple of G = {g}")
@@ -161,6 +180,7 @@ def main() -> None:
             n_new = args.max_new_tokens
             runs = {
                 "grpokit": partial(engine_generate, engine, prompts, g, n_new, seed),
+                "grpokit-fp32": partial(engine_generate, engine32, prompts, g, n_new, seed),
                 "generate": partial(hf_generate, model, prompts, g, n_new, eos, pad, seed),
                 "floor": partial(decode_floor, model, prompts, g, n_new, pad),
                 "generate-onednn": partial(
@@ -168,43 +188,56 @@ def main() -> None:
                 ),
                 "floor-onednn": partial(decode_floor, onednn_model, prompts, g, n_new, pad),
             }
+            if not bf16:  # the two grpokit runs would be the same
+                del runs["grpokit-fp32"]
             for name, fn in runs.items():
                 seconds, tokens = timed(fn)
                 rates.setdefault(name, []).append(tokens / seconds)
                 print(
                     f"batch {batch:3d} rep {rep} {name:<15} {tokens:6d} tokens "
-                    f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s",
+                    f"{seconds:7.2f} s {tokens / seconds:8.1f} tok/s ({load_average()})",
                     flush=True,
                 )
-        med = {name: median(values) for name, values in rates.items()}
-        ours = med["grpokit"]
         print(
-            f"batch {batch:3d} median tok/s: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items())
+            f"batch {batch:3d} median tok/s: "
+            + ", ".join(f"{k} {median(v):.1f}" for k, v in rates.items())
         )
-        verdict = "meets" if ours / med["generate"] >= TARGET_VS_GENERATE else "MISSES"
-        ratios += [
+        ours = rates["grpokit"]
+        vs_generate = paired_ratios(ours, rates["generate"])
+        pairs.append(
             (
                 f"batch {batch}: grpokit / generate tokens per second",
-                ours / med["generate"],
-                f"target >= {TARGET_VS_GENERATE} ({verdict})",
-            ),
+                vs_generate,
+                verdict(median(vs_generate), TARGET_VS_GENERATE, at_least=True),
+            )
+        )
+        if bf16:
+            gain = paired_ratios(ours, rates["grpokit-fp32"])
+            pairs.append(
+                (
+                    f"batch {batch}: grpokit bfloat16 / float32 tokens per second",
+                    gain,
+                    verdict(median(gain), TARGET_BF16, at_least=True),
+                )
+            )
+        pairs += [
             (
                 f"batch {batch}: grpokit / generate-onednn",
-                ours / med["generate-onednn"],
-                "(the engine's gain alone, both on oneDNN linears)",
+                paired_ratios(ours, rates["generate-onednn"]),
+                "the engine's gain over generate on the same oneDNN linears",
             ),
             (
                 f"batch {batch}: grpokit / decode floor (torch default)",
-                ours / med["floor"],
-                "(1.0 = a bare cached forward per token at this batch)",
+                paired_ratios(ours, rates["floor"]),
+                "1.0 = a bare float32 cached forward per token at this batch",
             ),
             (
                 f"batch {batch}: grpokit / decode floor (oneDNN linears)",
-                ours / med["floor-onednn"],
-                "(the same floor with oneDNN linear layers)",
+                paired_ratios(ours, rates["floor-onednn"]),
+                "the same floor with oneDNN linear layers",
             ),
         ]
-    print_ratios("rollout ratios", ratios)
+    print_paired("rollout ratios", pairs)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ def main() -> None:
         args.generations, args.lengths = [2, 4], [4, 8]
     args.model_path = model_path(args.smoke, args.model)
     args.prompts, args.gradient_checkpointing, args.top_k = 1, False, 0
+    args.device, args.bf16 = "cpu", False
     print(
         f"model {args.model_path}; {args.setting}; {args.steps} measured step(s) per point; "
         f"{load_average()}"

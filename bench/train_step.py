@@ -3,9 +3,18 @@
 Same model, prompts, reward, G, batch, max_completion_length, learning rate, sampling and loss
 (dapo), for full fine-tuning and LoRA (r 16, alpha 32, all linear layers), beta 0 and 0.04.
 Gradient checkpointing is off on both sides (TRL's default is on; ``--gradient-checkpointing``
-turns it on for both). Each (library, setting) runs in a fresh process, so its peak resident
-memory is its own; the two libraries alternate, and a step's time is the median of the measured
-steps after one warm-up step. A step is rollout + reward + update on both sides.
+turns it on for both). Each (peer, setting) runs in a fresh process, so its peak resident memory
+is its own; the peers alternate. A step is rollout + reward + update on both sides.
+
+The peers: "grpokit" with ``model.dtype: auto`` (bfloat16 compute with float32 master weights on a
+CPU with native bf16, float32 elsewhere), "trl" in float32 (as its CPU users run it, the target's
+peer), and where bfloat16 applies, "trl-bf16" (TRL's ``bf16=True``: CPU autocast) and
+"grpokit-fp32" (grpokit in float32, for bfloat16's own gain).
+
+Both libraries take the prompts in the same order (no shuffling, one prompt per step by default),
+so step k of one side and step k of the other run the same prompt: a ratio is the median of these
+paired ratios over the measured steps (after one warm-up step), printed with its spread, so that
+one step slowed by a load spike cannot make or break a target.
 
 Sampling is top-k 1 by default (greedy, on both sides): the two libraries then generate the same
 completions, so a step does the same work in each. With ``--top-k 0`` (plain sampling at
@@ -14,7 +23,7 @@ them; the per-setting lines print the mean completion length either way.
 
     python bench/train_step.py                 # embedded SmolLM2-135M: 1 prompt x 4, 64 tokens
     python bench/train_step.py --smoke         # tiny model, 1 setting, 1 step (the tests)
-    python bench/train_step.py --steps 5 --settings full-beta0.04 lora-beta0.04
+    python bench/train_step.py --steps 8 --settings full-beta0.04 lora-beta0.04
 
 Prints per-setting lines, then the ratios last.
 """
@@ -31,15 +40,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    MIN_MEASURED,
     QUESTIONS,
     emit_result,
     load_average,
     median,
     model_path,
+    paired_ratios,
     peak_gpu_mib,
     peak_rss_mib,
-    print_ratios,
+    print_paired,
     run_child,
+    spread,
+    verdict,
 )
 
 SETTINGS = {
@@ -49,7 +62,9 @@ SETTINGS = {
     "lora-beta0.04": {"lora": True, "beta": 0.04},
 }
 LORA = {"r": 16, "alpha": 32}
-TARGET_TIME = 0.5
+TARGET_TIME = 0.35
+PEERS = ["grpokit", "trl", "grpokit-fp32", "trl-bf16"]
+"""In the order they run, per setting; the last two only where grpokit computes in bfloat16."""
 
 REWARD_SOURCE = '''
 def brevity(prompts, completions, **kwargs):
@@ -69,8 +84,11 @@ def _brevity(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[
     return result
 
 
-def grpokit_trainer(args: argparse.Namespace, setting: dict[str, Any], max_steps: int) -> Any:
-    """grpokit's trainer on the benchmark's config (written to a temporary directory)."""
+def grpokit_trainer(
+    args: argparse.Namespace, setting: dict[str, Any], max_steps: int, dtype: str = "auto"
+) -> Any:
+    """grpokit's trainer on the benchmark's config (written to a temporary directory); ``dtype``
+    is model.dtype (with ``--bf16``, training.bf16 sets bfloat16 weights instead)."""
     import torch
     import yaml
 
@@ -86,6 +104,7 @@ def grpokit_trainer(args: argparse.Namespace, setting: dict[str, Any], max_steps
     doc = {
         "model": {
             "name_or_path": args.model_path,
+            **({} if args.bf16 else {"dtype": dtype}),
             "lora": LORA if setting["lora"] else None,
             "gradient_checkpointing": args.gradient_checkpointing,
             "device": args.device,
@@ -123,9 +142,9 @@ def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float]]:
 
 
 def run_grpokit(
-    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1
+    args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1, dtype: str = "auto"
 ) -> dict[str, Any]:
-    trainer = grpokit_trainer(args, setting, max_steps=args.steps + warmup)
+    trainer = grpokit_trainer(args, setting, max_steps=args.steps + warmup, dtype=dtype)
     times, lengths = grpokit_steps(trainer, args.steps + warmup)
     return {
         "step_times": times[warmup:],
@@ -135,7 +154,10 @@ def run_grpokit(
     }
 
 
-def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]:
+def run_trl(
+    args: argparse.Namespace, setting: dict[str, Any], autocast: bool = False
+) -> dict[str, Any]:
+    """TRL's step times; ``autocast``: TRL's bf16=True on float32 weights (CPU autocast)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -161,7 +183,7 @@ def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]
         report_to="none",
         save_strategy="no",
         use_cpu=args.device == "cpu",
-        bf16=args.bf16,
+        bf16=args.bf16 or autocast,
         gradient_checkpointing=args.gradient_checkpointing,
         shuffle_dataset=False,
         seed=0,
@@ -210,8 +232,39 @@ def run_trl(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]
 
 def child(args: argparse.Namespace) -> None:
     setting = SETTINGS[args.setting]
-    fn = run_grpokit if args.child == "grpokit" else run_trl
-    emit_result(fn(args, setting))
+    if args.child in ("grpokit", "grpokit-fp32"):
+        dtype = "float32" if args.child == "grpokit-fp32" else "auto"
+        emit_result(run_grpokit(args, setting, dtype=dtype))
+    else:
+        emit_result(run_trl(args, setting, autocast=args.child == "trl-bf16"))
+
+
+def _setting_pairs(
+    name: str, results: dict[str, dict[str, Any]]
+) -> list[tuple[str, list[float], str]]:
+    """The paired step-time ratios of one setting, and its peak-memory ratio."""
+    ours = results["grpokit"]
+    pairs: list[tuple[str, list[float], str]] = []
+    if "trl" in results:
+        t = paired_ratios(ours["step_times"], results["trl"]["step_times"])
+        m = [ours["rss_mib"] / results["trl"]["rss_mib"]]
+        pairs.append(
+            (
+                f"{name}: grpokit / TRL seconds per step",
+                t,
+                verdict(median(t), TARGET_TIME, at_least=False),
+            )
+        )
+        pairs.append((f"{name}: grpokit / TRL peak memory", m, verdict(m[0], 1.0, at_least=False)))
+    if "trl-bf16" in results:
+        t = paired_ratios(ours["step_times"], results["trl-bf16"]["step_times"])
+        pairs.append((f"{name}: grpokit / TRL bf16 seconds per step", t, "TRL with bf16=True"))
+    if "grpokit-fp32" in results:
+        t = paired_ratios(ours["step_times"], results["grpokit-fp32"]["step_times"])
+        pairs.append(
+            (f"{name}: grpokit bfloat16 / float32 seconds per step", t, "bfloat16's own gain")
+        )
+    return pairs
 
 
 def main() -> None:
@@ -219,7 +272,9 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model dir or name (default: embedded SmolLM2)")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one setting, one step")
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    ap.add_argument("--steps", type=int, default=2, help="measured steps (after 1 warm-up)")
+    ap.add_argument(
+        "--steps", type=int, default=MIN_MEASURED, help="measured steps (after 1 warm-up)"
+    )
     ap.add_argument("--prompts", type=int, default=1, help="prompts per step")
     ap.add_argument("--num-generations", type=int, default=4)
     ap.add_argument("--max-completion-length", type=int, default=64)
@@ -230,16 +285,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
     ap.add_argument("--bf16", action="store_true", help="bfloat16 weights on both sides")
-    ap.add_argument("--peers", nargs="+", default=["grpokit", "trl"], help=argparse.SUPPRESS)
-    ap.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--peers", nargs="+", choices=PEERS, help="(default: all that apply here)")
+    ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--setting", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args)
         return
+    import torch
+
+    from grpokit.models.onednn import bf16_compute_applies
+
+    # model.dtype: auto computes in bfloat16 on a CPU that has it (not with bfloat16 weights).
+    bf16 = args.device == "cpu" and not args.bf16 and bf16_compute_applies(torch.device("cpu"))
     if args.smoke:
         args.settings, args.steps, args.max_completion_length = ["full-beta0.04"], 1, 8
+        args.peers = args.peers or ["grpokit", "trl"]
+    peers = args.peers or (PEERS if bf16 else ["grpokit", "trl"])
     path = model_path(args.smoke, args.model)
     common = [
         f"--model-path={path}",
@@ -255,41 +318,32 @@ def main() -> None:
     print(
         f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "
         f"{args.max_completion_length} tokens; top-k {args.top_k}; {args.steps} measured steps; "
+        f"grpokit computes in {'bfloat16' if bf16 or args.bf16 else 'float32'}; "
         f"{load_average()}"
     )
-    ratios: list[tuple[str, float, str]] = []
+    pairs: list[tuple[str, list[float], str]] = []
     script = Path(__file__).resolve()
     for name in args.settings:
-        results = {}
-        for peer in args.peers:
-            results[peer] = run_child(script, [*common, f"--child={peer}", f"--setting={name}"])
-            r = results[peer]
+        results: dict[str, dict[str, Any]] = {}
+        for peer in peers:
+            try:
+                r = run_child(script, [*common, f"--child={peer}", f"--setting={name}"])
+            except RuntimeError as exc:
+                if peer != "trl-bf16":
+                    raise
+                print(f"{name:<14} {peer:<12} did not run: {str(exc).splitlines()[0]}")
+                continue
+            results[peer] = r
             print(
-                f"{name:<14} {peer:<8} step {median(r['step_times']):7.2f} s "
+                f"{name:<14} {peer:<12} step {spread(r['step_times'])} s "
                 f"(steps {', '.join(f'{t:.2f}' for t in r['step_times'])}), "
                 f"peak RSS {r['rss_mib'] / 1024:.2f} GiB, mean completion "
                 f"{r['mean_length']:.1f} tokens ({load_average()})",
                 flush=True,
             )
-        if set(args.peers) >= {"grpokit", "trl"}:
-            ours, theirs = results["grpokit"], results["trl"]
-            t = median(ours["step_times"]) / median(theirs["step_times"])
-            m = ours["rss_mib"] / theirs["rss_mib"]
-            ratios.append(
-                (
-                    f"{name}: grpokit / TRL seconds per step",
-                    t,
-                    f"target <= {TARGET_TIME} ({'meets' if t <= TARGET_TIME else 'MISSES'})",
-                )
-            )
-            ratios.append(
-                (
-                    f"{name}: grpokit / TRL peak memory",
-                    m,
-                    f"target <= 1.0 ({'meets' if m <= 1.0 else 'MISSES'})",
-                )
-            )
-    print_ratios("training step ratios", ratios)
+        if "grpokit" in results:
+            pairs += _setting_pairs(name, results)
+    print_paired("training step ratios", pairs)
 
 
 if __name__ == "__main__":

@@ -66,8 +66,15 @@ class ModelConfig(_Strict):
             "embedded default model (no download needed)."
         ),
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights dtype. training.bf16: true selects bfloat16 as in TRL."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description=(
+            "Weights dtype. 'auto': float32 weights and optimizer state, with bfloat16 compute "
+            "(autocast in training, a bfloat16 copy of the weights for decoding) on a CPU that "
+            "multiplies bfloat16 natively (AVX512-BF16 or AMX) when cpu_matmul is not 'torch'; "
+            "float32 elsewhere (other CPUs, GPUs). training.bf16: true selects bfloat16 weights "
+            "as in TRL."
+        ),
     )
     lora: LoraConfig | None = Field(
         None, description="LoRA settings; omit (null) for full fine-tuning."

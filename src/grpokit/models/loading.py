@@ -25,9 +25,17 @@ from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
 from grpokit.models.embedded import EMBEDDED_MODEL, embedded_model_dir
-from grpokit.models.onednn import CpuMatmul, use_onednn_linears
+from grpokit.models.onednn import (
+    CpuMatmul,
+    bf16_compute_applies,
+    compute_dtype,
+    set_compute_dtype,
+    use_onednn_linears,
+)
 
-DType = Literal["float32", "bfloat16", "float16"]
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+"""Weights' dtype; "auto" keeps float32 weights and computes in bfloat16 where the CPU has it
+(see :func:`load_policy`)."""
 
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -252,6 +260,13 @@ class Policy:
                 "(needed when beta > 0)."
             )
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the linear layers compute in: bfloat16 under ``dtype: auto`` on a CPU with
+        native bf16 (weights and optimizer state stay float32), else the weights' own."""
+        marked = compute_dtype(self.model)
+        return marked if marked is not None else next(self.model.parameters()).dtype
+
     def eos_token_ids(self) -> list[int]:
         """Token ids that end a completion: the tokenizer's EOS and any the generation config lists."""
         tok = self.tokenizer
@@ -340,7 +355,11 @@ def load_policy(
 
     Args:
         name_or_path: the embedded name, a local model directory, or a hub name.
-        dtype: weights' dtype.
+        dtype: weights' dtype. "auto": float32 weights; where the CPU multiplies bfloat16
+            natively (AVX512-BF16 or AMX) and oneDNN is used (``cpu_matmul`` not "torch"), the
+            model (and its reference) is marked to compute in bfloat16: training forwards under
+            CPU autocast (grpokit.models.onednn.compute_autocast), decoding with a bfloat16
+            copy of the weights. Elsewhere (other CPUs, CUDA) "auto" is float32.
         lora: LoRA settings, or None for full fine-tuning.
         gradient_checkpointing: recompute activations in the backward pass (less memory).
         need_reference: whether a reference model is needed (beta > 0). Under LoRA the adapter
@@ -352,9 +371,10 @@ def load_policy(
 
     The returned model is in train mode; the reference (a copy) is in eval mode and frozen.
     """
-    if dtype not in _DTYPES:
-        raise UserError(f"dtype '{dtype}' is not supported; use one of {sorted(_DTYPES)}.")
-    torch_dtype = _DTYPES[dtype]
+    if dtype not in _DTYPES and dtype != "auto":
+        raise UserError(f"dtype '{dtype}' is not supported; use auto or one of {sorted(_DTYPES)}.")
+    torch_dtype = _DTYPES["float32" if dtype == "auto" else dtype]
+    bf16 = dtype == "auto" and bf16_compute_applies(torch.device(device), cpu_matmul)
     if init_from is not None:
         init_path = Path(init_from).expanduser()
         model, tokenizer_dir = _apply_init_from(name_or_path, init_path, torch_dtype)
@@ -399,6 +419,7 @@ def load_policy(
     for module in (model, reference):
         if module is not None:
             use_onednn_linears(module, cpu_matmul)
+            set_compute_dtype(module, torch.bfloat16 if bf16 else None)
     model.train()
     return Policy(
         model=model,

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from grpokit.models.onednn import CpuMatmul
+from grpokit.models.onednn import CpuMatmul, compute_dtype
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 from grpokit.rollout.decoders import (
     Decoder,
@@ -100,6 +100,10 @@ class TorchEngine:
             forward elsewhere; "static" requires the former; "hf" always uses the latter.
         cpu_matmul: "torch" keeps the static decoder from prepacking weights for oneDNN (see
             grpokit.models.onednn); "auto" / "onednn" pack where oneDNN applies.
+        compute_dtype: the dtype to decode in; None takes the model's mark (bfloat16 for a
+            policy loaded with ``model.dtype: auto`` on a CPU that has it, see
+            grpokit.models.onednn.compute_dtype), else its weights' dtype. Sampling and the
+            returned log-probs are float32 either way.
     """
 
     def __init__(
@@ -110,12 +114,14 @@ class TorchEngine:
         pad_token_id: int,
         decoder: Literal["auto", "static", "hf"] = "auto",
         cpu_matmul: CpuMatmul = "auto",
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("TorchEngine needs at least one EOS token id")
         self.model = model
         self.decoder = decoder
         self.cpu_matmul = cpu_matmul
+        self.compute_dtype = compute_dtype
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
 
@@ -165,14 +171,15 @@ class TorchEngine:
     def _decoder(self, prompt_width: int, max_new_tokens: int) -> Decoder:
         """The static Llama-family decoder where it applies (and is not switched off), else
         transformers' own forward."""
+        dtype = self.compute_dtype or compute_dtype(self.model)
         if self.decoder != "hf":
             why = static_decoder_unsupported(self.model, prompt_width + max_new_tokens)
             if why is None:
                 pack = self.cpu_matmul != "torch"
-                return StaticLlamaDecoder(self.model, max_new_tokens, pack=pack)
+                return StaticLlamaDecoder(self.model, max_new_tokens, pack=pack, dtype=dtype)
             if self.decoder == "static":
                 raise ValueError(f"decoder 'static' cannot run this model: {why}")
-        return HFDecoder(self.model)
+        return HFDecoder(self.model, dtype=dtype)
 
     def _decode(
         self,

@@ -22,6 +22,7 @@ import torch
 
 from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
 from grpokit.models.compat import cache_kwarg, is_checkpointing, new_cache
+from grpokit.models.onednn import compute_autocast
 
 
 @dataclass
@@ -106,15 +107,23 @@ def completion_logprobs(
     Logits are divided by the sampling temperature, as the rollout sampled from logits / T.
     The entropy is a detached metric. With ``share_prompts`` (and rows that share a prompt, and
     no gradient checkpointing, which cannot keep a cache), each distinct prompt is encoded once.
+
+    A model marked to compute in bfloat16 (``model.dtype: auto`` on a CPU that has it) runs its
+    forward under CPU autocast (grpokit.models.onednn.compute_autocast); the log-softmax and the
+    returned log-probs are float32 either way. The old, new and reference log-probs of GRPO all
+    come from this one function, so their ratios compare like with like: on unchanged weights the
+    importance ratio is exactly 1 (bfloat16 rounding cannot fake clipping).
     """
-    if share_prompts and batch.shares_prompts and not is_checkpointing(model):
-        parts = _shared_prompt_logits(model, batch)
-    else:
-        parts = [(_full_logits(model, batch), batch.completion_ids)]
+    with compute_autocast(model):
+        if share_prompts and batch.shares_prompts and not is_checkpointing(model):
+            parts = _shared_prompt_logits(model, batch)
+        else:
+            parts = [(_full_logits(model, batch), batch.completion_ids)]
     logps, entropies = [], []
     for logits, targets in parts:
         if temperature != 1.0:
-            logits = logits / temperature
+            # Upcast first: bfloat16 logits divided in bfloat16 would round once more.
+            logits = logits.float() / temperature
         logps.append(selective_log_softmax(logits, targets))
         if with_entropy:
             with torch.no_grad():

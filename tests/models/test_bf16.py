@@ -1,0 +1,157 @@
+"""bfloat16 compute on CPU: which machines get it, how a policy is marked, and that the bfloat16
+linear layers compute the float32 product to bfloat16 rounding, with float32 gradients."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.models.loading import LoraSettings, load_policy
+from grpokit.models.onednn import (
+    OneDNNLinear,
+    PackedLinear,
+    bf16_compute_applies,
+    compute_autocast,
+    compute_dtype,
+    cpu_bf16_native,
+    onednn_available,
+    onednn_linear,
+    set_compute_dtype,
+)
+
+needs_bf16 = pytest.mark.skipif(
+    not (onednn_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+    reason="this CPU or PyTorch build has no oneDNN bfloat16 kernels",
+)
+
+# A product of bfloat16-rounded inputs (8 significant bits each) accumulated in float32: about
+# 2^-8 relative error per input, partly cancelling over the sum.
+BF16_REL = 1e-2
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().float(), b.detach().float()
+    return float((a - b).norm() / b.norm())
+
+
+def _cpuinfo_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo to compare with")
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    pytest.skip("/proc/cpuinfo lists no flags")
+
+
+def test_native_bf16_follows_the_cpu_flags() -> None:
+    flags = _cpuinfo_flags()
+    assert cpu_bf16_native() == bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def test_bf16_compute_only_on_cpu_with_onednn() -> None:
+    assert not bf16_compute_applies(torch.device("cuda"))
+    assert not bf16_compute_applies(torch.device("cpu"), "torch")
+    native = cpu_bf16_native() and onednn_available()
+    assert bf16_compute_applies(torch.device("cpu")) == native
+    assert bf16_compute_applies(torch.device("cpu"), "onednn") == native
+
+
+@needs_bf16
+def test_packed_bf16_linear_is_the_product_to_bf16_rounding() -> None:
+    gen = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(96, 200)
+    x = torch.randn(5, 96, generator=gen)
+    with torch.inference_mode():
+        packed = PackedLinear(layer.weight, layer.bias, dtype=torch.bfloat16)
+        out = packed(x.bfloat16())
+        want = layer(x)
+    assert out.dtype == torch.bfloat16 and out.shape == want.shape
+    assert _rel(out, want) < BF16_REL
+    assert layer.weight.dtype == torch.float32  # the layer itself is untouched
+
+
+@needs_bf16
+def test_linear_under_autocast_computes_bf16_with_float32_gradients() -> None:
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 7, 64, generator=gen)
+    weight = torch.randn(48, 64, generator=gen) / 8
+    upstream = torch.randn(3, 7, 48, generator=gen)
+
+    def run(autocast: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        xs, w = x.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = onednn_linear(xs, w)
+        (out.float() * upstream).sum().backward()
+        assert xs.grad is not None and w.grad is not None
+        return out, xs.grad, w.grad
+
+    out16, gx16, gw16 = run(True)
+    out32, gx32, gw32 = run(False)
+    assert out16.dtype == torch.bfloat16 and out32.dtype == torch.float32
+    assert gw16.dtype == torch.float32  # the master weight's gradient stays float32
+    for a, b in ((out16, out32), (gx16, gx32), (gw16, gw32)):
+        assert _rel(a, b) < BF16_REL
+
+
+def test_compute_autocast_follows_the_mark(tiny_model_dir: Path) -> None:
+    policy = load_policy(str(tiny_model_dir), need_reference=False)  # float32: no mark
+    model = policy.model
+    assert compute_dtype(model) is None
+    with compute_autocast(model):
+        assert not torch.is_autocast_enabled("cpu")
+    set_compute_dtype(model, torch.bfloat16)
+    assert compute_dtype(model) == torch.bfloat16
+    with compute_autocast(model):
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_auto_dtype_keeps_float32_weights_and_marks_where_the_cpu_has_bf16(
+    tiny_model_dir: Path, lora: bool
+) -> None:
+    settings = LoraSettings(r=2, alpha=4.0) if lora else None
+    policy = load_policy(str(tiny_model_dir), dtype="auto", lora=settings, need_reference=True)
+    assert {p.dtype for p in policy.model.parameters()} == {torch.float32}
+    want = torch.bfloat16 if bf16_compute_applies(torch.device("cpu")) else torch.float32
+    assert policy.compute_dtype == want
+    with policy.reference_model() as reference:  # a copy, or the same network under LoRA
+        assert compute_dtype(reference) == compute_dtype(policy.model)
+    forced = load_policy(
+        str(tiny_model_dir), dtype="auto", need_reference=False, cpu_matmul="torch"
+    )
+    assert forced.compute_dtype == torch.float32
+    plain = load_policy(str(tiny_model_dir), dtype="float32", need_reference=False)
+    assert plain.compute_dtype == torch.float32
+
+
+@needs_bf16
+def test_frozen_weights_are_cast_once_per_autocast_region() -> None:
+    """A frozen weight (a LoRA base layer, a reference copy) is cast to bfloat16 once per
+    compute_autocast region: every product in it saves the same copy for its backward (autocast
+    alone would cast, and keep, one copy per product)."""
+    layer = OneDNNLinear(16, 8, bias=False)
+    layer.requires_grad_(False)
+    set_compute_dtype(layer, torch.bfloat16)
+    x = torch.randn(3, 16, requires_grad=True)
+    saved: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        for _ in range(2):
+            with compute_autocast(layer):
+                first, second = layer(x), layer(x * 2)
+            (first.float().sum() + second.float().sum()).backward()
+    copies = [t for t in saved if t.dtype == torch.bfloat16 and t.shape == (16, 8)]  # W^T
+    assert len(copies) == 4  # two products per region, two regions
+    assert copies[0].data_ptr() == copies[1].data_ptr()  # one copy within a region
+    assert x.grad is not None and layer.weight.grad is None
+    torch.testing.assert_close(x.grad, 6 * layer.weight.sum(0).expand(3, 16), rtol=1e-2, atol=1e-2)
