@@ -142,3 +142,49 @@ def test_rollout_batch_checks_its_layout() -> None:
     assert len(batch) == 4 and batch.prompt_index(3) == 1 and batch.completion_lengths == [1] * 4
     with pytest.raises(ValueError, match="needs 4 rows"):
         RolloutBatch([[1], [2]], [[3]] * 3, [one] * 3, ["eos"] * 3, group_size=2)
+
+
+def test_min_p_and_repetition_penalty_hand_computed() -> None:
+    from grpokit.rollout.sampling import filter_min_p, penalize_repetition
+
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    kept = ~torch.isinf(filter_min_p(probs.log(), 0.2))  # threshold 0.2 * 0.5 = 0.1
+    assert kept.tolist() == [[True, True, True, False]]
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    assert penalize_repetition(logits, seen, 2.0).tolist() == [[1.0, -2.0, 0.5, 3.0]]
+
+
+def test_penalty_and_min_p_change_what_is_drawn_not_the_reported_log_probs() -> None:
+    logits = torch.tensor([[4.0, 3.9, -5.0]]).repeat(400, 1)
+    seen = torch.zeros_like(logits, dtype=torch.bool)
+    seen[:, 0] = True
+    tokens, logp = sample_next_tokens(
+        logits, temperature=1.0, top_k=0, top_p=1.0, generator=torch.Generator().manual_seed(0),
+        repetition_penalty=4.0, seen=seen, min_p=0.5,
+    )  # fmt: skip
+    # Token 0 falls to logit 1.0 (p ratio e^-2.9 < 0.5 of token 1): only token 1 survives min-p.
+    assert set(tokens.tolist()) == {1}
+    expected = torch.log_softmax(logits[0], dim=-1)[1]
+    torch.testing.assert_close(logp, expected.expand(400))
+
+
+def test_engine_repetition_penalty_discourages_the_prompts_tokens(
+    tiny_model: torch.nn.Module,
+) -> None:
+    from grpokit.rollout.torch_engine import TorchEngine
+
+    engine = TorchEngine(tiny_model, eos_token_ids=[0], pad_token_id=0)
+    prompt = [[5, 6, 7, 8, 9]]
+    plain = SamplingParams(max_completion_length=16, temperature=0)
+    penal = SamplingParams(max_completion_length=16, temperature=0, repetition_penalty=1e6)
+    greedy = engine.generate(prompt, 1, plain).completion_ids[0]
+    fresh = engine.generate(prompt, 1, penal).completion_ids[0]
+    # With a huge penalty no token of the prompt or of the completion so far comes back.
+    assert not set(fresh) & {5, 6, 7, 8, 9}
+    assert len(set(fresh)) == len(fresh)
+    assert greedy != fresh or len(set(greedy)) == len(greedy)
+    with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+        SamplingParams(max_completion_length=4, repetition_penalty=0)
+    with pytest.raises(ValueError, match="min_p must be in"):
+        SamplingParams(max_completion_length=4, min_p=1.5)

@@ -16,13 +16,16 @@ class SamplingParams:
 
     ``temperature`` 0 means greedy decoding; its log-probs are then those of the untempered
     distribution (T = 1), since a zero temperature has no distribution to score under.
-    ``top_k`` 0 and ``top_p`` 1.0 turn those filters off.
+    ``top_k`` 0, ``top_p`` 1.0, ``min_p`` 0 and ``repetition_penalty`` 1.0 turn those off.
+    The reported log-probs are the model's, before the penalty and the filters.
     """
 
     max_completion_length: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.max_completion_length < 1:
@@ -35,6 +38,12 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(
+                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -1,6 +1,9 @@
-"""Vectorised next-token sampling: temperature, top-k, top-p, for a whole batch at once."""
+"""Vectorised next-token sampling: repetition penalty, temperature, top-k, top-p, min-p, for a
+whole batch at once."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -66,6 +69,37 @@ def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torc
     return index.squeeze(-1)
 
 
+def penalize_repetition(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL's repetition penalty, as transformers and vLLM apply it: the logit of every token
+    already in the row's prompt or completion is divided by ``penalty`` when positive and
+    multiplied by it when negative (> 1 discourages repeats).
+
+    Args:
+        logits: (B, V) float32. seen: (B, V) bool.
+
+    Returns:
+        (B, V), a new tensor.
+    """
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def filter_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Min-p filtering: drop every token whose probability is below ``min_p`` times that of the
+    row's most likely token (the ratio does not change when top-k / top-p renormalise, so it can
+    be applied to the full distribution).
+
+    Args:
+        logits: (B, V) temperature-scaled logits. min_p: in (0, 1].
+
+    Returns:
+        (B, V) with dropped tokens at -inf.
+    """
+    # p_i >= min_p * p_max  <=>  logit_i >= logit_max + log(min_p)
+    floor = logits.max(dim=-1, keepdim=True).values + math.log(min_p)
+    return logits.masked_fill(logits < floor, float("-inf"))
+
+
 def sample_next_tokens(
     logits: torch.Tensor,
     *,
@@ -73,33 +107,45 @@ def sample_next_tokens(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    seen: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and score it.
 
-    The filters apply in the order temperature, top-k, top-p (top-p over the distribution
-    renormalised after top-k), as in transformers and vLLM.
+    The processors apply in the order repetition penalty, temperature, top-k, top-p (over the
+    distribution renormalised after top-k), min-p, as in transformers and vLLM.
 
     Args:
         logits: (B, V) next-token logits (any float dtype; computed in float32).
-        temperature: > 0 samples from softmax(logits / T) after top-k / top-p; 0 is greedy.
+        temperature: > 0 samples from softmax(logits / T) after the filters; 0 is greedy.
         top_k: 0 = off.
         top_p: 1.0 = off.
         generator: source of randomness (on any device); None uses the global one.
+        min_p: 0 = off.
+        repetition_penalty: 1.0 = off; needs ``seen``, (B, V) bool, the tokens of each row's
+            prompt and completion so far.
 
     Returns:
-        tokens (B,) int64 and their log-probs (B,) float32 under softmax(logits / T) before
-        truncation (T = 1 when greedy).
+        tokens (B,) int64 and their log-probs (B,) float32 under the model's softmax(logits / T)
+        before any penalty or truncation (T = 1 when greedy): what a trainer recomputes.
     """
     scaled = logits.float()
     if temperature > 0 and temperature != 1.0:
         scaled = scaled / temperature
-    vocab = scaled.shape[-1]
+    drawn = scaled
+    if repetition_penalty != 1.0 and seen is not None:
+        penalized = penalize_repetition(logits.float(), seen, repetition_penalty)
+        drawn = penalized / temperature if temperature > 0 else penalized
+    if min_p > 0 and temperature > 0:
+        drawn = filter_min_p(drawn, min_p)
+    vocab = drawn.shape[-1]
     if temperature == 0 or top_k == 1:
-        tokens = torch.argmax(scaled, dim=-1)
+        tokens = torch.argmax(drawn, dim=-1)
     elif (0 < top_k < vocab) or top_p < 1.0:
-        tokens = _sample_truncated(scaled, top_k=top_k, top_p=top_p, generator=generator)
+        tokens = _sample_truncated(drawn, top_k=top_k, top_p=top_p, generator=generator)
     else:
-        tokens = _inverse_cdf(torch.softmax(scaled, dim=-1), generator)
+        tokens = _inverse_cdf(torch.softmax(drawn, dim=-1), generator)
     # log p(token) = logit - logsumexp: the full (B, V) log-softmax is never written.
     chosen = scaled.gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, chosen - torch.logsumexp(scaled, dim=-1)

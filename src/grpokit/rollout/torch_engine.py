@@ -213,6 +213,14 @@ class TorchEngine:
         live = torch.arange(batch, device=device)  # the decoder's rows, as batch rows
         going = torch.ones(batch, dtype=torch.bool, device=device)  # per decoder row
 
+        seen = None  # (decoder rows, V): tokens so far, for the repetition penalty
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+            seen.scatter_(1, input_ids.repeat_interleave(n, dim=0), True)
+            seen[:, self.pad_token_id] = False  # left padding is not text
+            for b, ids in enumerate(prompt_ids):  # unless the prompt itself holds that token
+                if self.pad_token_id in ids:
+                    seen[b * n : (b + 1) * n, self.pad_token_id] = True
         for step in range(limit):
             token, logp = sample_next_tokens(
                 logits,
@@ -220,7 +228,12 @@ class TorchEngine:
                 top_k=params.top_k,
                 top_p=params.top_p,
                 generator=generator,
+                min_p=params.min_p,
+                repetition_penalty=params.repetition_penalty,
+                seen=seen,
             )
+            if seen is not None:
+                seen[torch.arange(len(token), device=device), token] = True
             # Rows that already ended stay in the decoder until compaction; nothing of theirs
             # is recorded.
             rec = live[going]
@@ -239,5 +252,6 @@ class TorchEngine:
                 keep = going.nonzero().squeeze(-1)
                 decoder.select(keep)
                 live, token, going = live[keep], token[keep], going[keep]
+                seen = None if seen is None else seen[keep]
             logits = decoder.step(token)
         return tokens, logps, lengths, ended

@@ -39,12 +39,16 @@ from grpokit.sampling.scoring import (
 
 
 def sampling_params(training: TrainingConfig) -> SamplingParams:
-    """The sampling settings of a config's ``training:`` section (TRL's names)."""
+    """The sampling settings of a config's ``training:`` section (TRL's names; its
+    generation_kwargs override the fields, as in TRL)."""
+    s = training.sampling_settings
     return SamplingParams(
         max_completion_length=training.max_completion_length,
-        temperature=training.temperature,
-        top_p=training.top_p,
-        top_k=training.top_k or 0,
+        temperature=float(s["temperature"]),
+        top_p=float(s["top_p"]),
+        top_k=int(s["top_k"] or 0),
+        min_p=float(s["min_p"] or 0.0),
+        repetition_penalty=float(s["repetition_penalty"]),
     )
 
 
