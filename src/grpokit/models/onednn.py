@@ -4,11 +4,9 @@ bfloat16 compute on CPUs that have it.
 PyTorch's CPU build runs ``nn.Linear`` (and its backward) through MKL's sgemm. On CPUs where MKL
 does not pick its fastest code path (it did not on this project's AMD EPYC development machine),
 oneDNN, which ships inside the same PyTorch build and chooses its kernels by the instruction set
-alone, is much faster for the same float32 product. Measured there (2 threads, float32,
-SmolLM2-135M's shapes): a (400 x 576) x (576 x 1536) product 1.6 ms against 3.6 ms, its two
-backward products 1.5 / 1.9 ms against 3.4 / 3.5 ms, and a decoding step at batch 8 23 ms with
-weights prepacked for oneDNN against 56 ms. Results agree with MKL's to float32 rounding
-(accumulation order differs).
+alone, is much faster for the same float32 product (about twice, at SmolLM2-135M's shapes there;
+bench/rollout.py and bench/train_step.py measure it against the stock path). Results agree with
+MKL's to float32 rounding (accumulation order differs).
 
 Two ways in:
 
@@ -17,7 +15,7 @@ Two ways in:
   unchanged otherwise). Training, reference and evaluation forwards use it.
 - :class:`PackedLinear` holds one layer's weight reordered into oneDNN's blocked layout, for
   decoding, where the same weight is applied to a few rows hundreds of times between optimizer
-  steps; packing all of SmolLM2-135M takes about 0.1-0.2 s per rollout.
+  steps; packing happens once per rollout.
 
 bfloat16 compute (``model.dtype: auto`` on a CPU with AVX512-BF16 or AMX, see
 :func:`cpu_bf16_native`): the weights stay float32 (the optimizer's master copy) and the model is

@@ -6,9 +6,9 @@
   fine-tunes: SmolLM2, the embedded model, is a Llama). It computes a decoding step straight from
   the model's own modules and weights, with the KV cache preallocated for the whole rollout. Per
   token that is the linear layers plus a few small ops, where the transformers forward adds per
-  layer a cache update that re-concatenates the cache, mask construction and module dispatch:
-  measured on the embedded model (2-core CPU, float32), a bare transformers cached forward takes
-  67 ms at batch 8 and 125 ms at batch 32 against 48 ms and 78 ms for its linear layers alone.
+  layer a cache update that re-concatenates the cache, mask construction and module dispatch,
+  which on a small model cost a large share of the step (bench/rollout.py compares the engine
+  with transformers' generate and with the bare decode).
 - :class:`HFDecoder`, transformers' own forward with a ``DynamicCache``: every other architecture.
 
 Both are built per rollout, after a LoRA adapter is merged or a sharded model gathered; the static

@@ -30,7 +30,7 @@ from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink
 from grpokit.monitor.trackers import missing_tracker_packages
-from grpokit.progress import Progress, progress
+from grpokit.progress import Progress, eta_text, on_terminal, progress
 from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rollout.base import RolloutEngine
@@ -590,9 +590,10 @@ class GRPOTrainer:
         save_every = a.save_interval(self.steps_per_epoch)
         self._last_save = time.monotonic()
         with (
+            # A live bar on a terminal; in a log (CI, SLURM) a metrics line every logging_steps.
             progress(
-                "GRPO", self.total_steps, done=self.state.global_step, enabled=self.show_progress,
-                log=self.log,
+                "GRPO", self.total_steps, done=self.state.global_step,
+                enabled=self.show_progress and on_terminal(), log=self.log,
             ) as bar,
             stop_guard() as stopped,
         ):  # fmt: skip
@@ -662,6 +663,10 @@ class GRPOTrainer:
                     sink.log(step, record)
             self.history.append({"step": step, **record})
             bar.advance(1, step_summary(record))
+            if reported and self.show_progress and not on_terminal():
+                eta = bar.eta()
+                left = f", about {eta_text(eta)} left" if eta is not None else ""
+                self.log(f"step {step}/{self.total_steps}: {step_summary(record)}{left}")
 
     def _failed(self, exc: Exception) -> RunFailed:
         """Save what can be saved after ``exc`` and say what happened and how to go on."""
