@@ -135,7 +135,7 @@ def test_debug_shows_the_traceback_behind_the_message(
     tmp_path: Path, tiny_model_dir: Path, counter: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("GRPOKIT_TEST_FAIL_AT", "1")
-    monkeypatch.delenv("GRPOKIT_DEBUG", raising=False)
+    monkeypatch.setenv("GRPOKIT_DEBUG", "0")  # restored afterwards: --debug sets it for the process
     config = _config(tmp_path, tiny_model_dir, tmp_path / "run", {})
     result = CliRunner().invoke(main, ["train", str(config), "--no-progress", "--debug"])
     assert result.exit_code == 1
@@ -177,6 +177,7 @@ def _env(counter: Path) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "GRPOKIT_TEST_COUNTER": str(counter)}
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_the_printed_command_resumes(
     tmp_path: Path, tiny_model_dir: Path, counter: Path
 ) -> None:
@@ -215,6 +216,7 @@ def _can_mount_tmpfs(where: Path) -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow
 def test_a_full_disk_keeps_the_earlier_checkpoints_and_resumes(
     tmp_path: Path, tiny_model_dir: Path, counter: Path
 ) -> None:

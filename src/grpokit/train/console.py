@@ -42,9 +42,10 @@ def stop_guard() -> Iterator[Callable[[], int | None]]:
             signal.signal(number, old)
 
 
-def show_reward_warnings(log: Callable[[str], None]) -> Callable[[], None]:
-    """Send the warnings rewards log (a judge whose replies hold no score, a sandbox layer this
-    kernel lacks ...) to the run's own log; returns the function that stops it."""
+@contextmanager
+def reward_warnings_to(log: Callable[[str], None]) -> Iterator[None]:
+    """Within the block, send the warnings rewards log (a judge whose replies hold no score, a
+    sandbox layer this kernel lacks ...) to the run's own log."""
     import logging
 
     class _Forward(logging.Handler):
@@ -54,4 +55,7 @@ def show_reward_warnings(log: Callable[[str], None]) -> Callable[[], None]:
     handler = _Forward(level=logging.WARNING)
     logger = logging.getLogger("grpokit.rewards")
     logger.addHandler(handler)
-    return lambda: logger.removeHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)

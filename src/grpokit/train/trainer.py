@@ -49,7 +49,7 @@ from grpokit.train.checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from grpokit.train.console import show_reward_warnings, stop_guard
+from grpokit.train.console import reward_warnings_to, stop_guard
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_gradients,
@@ -152,7 +152,6 @@ class GRPOTrainer:
             for leftover in remove_partial_checkpoints(self.run_dir):
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
         rewards = self._build_rewards()
-        self._stop_reward_warnings = show_reward_warnings(self.log)
         missing_tracker_packages(self.args.report_to)  # before the slow model load
 
         self.policy: Policy = build_policy(
@@ -596,6 +595,7 @@ class GRPOTrainer:
                 enabled=self.show_progress and on_terminal(), log=self.log,
             ) as bar,
             stop_guard() as stopped,
+            reward_warnings_to(self.log),
         ):  # fmt: skip
             try:
                 while self.state.global_step < self.total_steps and stopped() is None:
@@ -712,4 +712,3 @@ class GRPOTrainer:
             sink.close()
         self.sinks = []
         self.rewards.close()
-        self._stop_reward_warnings()
