@@ -25,26 +25,12 @@ from grpokit.evaluate.schema import EvalResult
 from grpokit.evaluate.tables import eval_tables, to_html
 from grpokit.files import write_atomic
 from grpokit.monitor.series import ema, mean
+from grpokit.rewards._text import prompt_text
 
 MAX_SAMPLES = 4
 """Completions shown per side (early, late)."""
 MAX_CHARS = 1500
 """Longer completions are cut in the page (the full text is in completions.jsonl)."""
-
-
-def prompt_text(prompt: Any) -> str:
-    """The user text of a prompt: a string, or the last user message of a chat."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        chosen = users[-1] if users else (prompt[-1] if prompt else "")
-        if isinstance(chosen, dict):
-            return str(chosen.get("content", ""))
-        return str(chosen)
-    if isinstance(prompt, dict):
-        return str(prompt.get("content", json.dumps(prompt, ensure_ascii=False)))
-    return json.dumps(prompt, ensure_ascii=False)
 
 
 def completion_text(completion: Any) -> str:

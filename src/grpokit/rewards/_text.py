@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 
@@ -80,3 +80,14 @@ def column_value(columns: dict[str, Any], name: str, index: int, reward: str) ->
             f"reward {reward!r}: column {name!r} must be a list, one value per completion"
         )
     return values[index]
+
+
+def prompt_text(prompt: Any) -> str:
+    """The user's request in a prompt: a string, or the last user message of a chat prompt."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
+        if users:
+            return completion_text(users[-1])
+    return completion_text(prompt)

@@ -32,10 +32,9 @@ from typing import Any
 from grpokit.errors import UserError
 from grpokit.monitor.series import pearson, spearman
 from grpokit.progress import progress
-from grpokit.rewards._text import completion_text
+from grpokit.rewards._text import completion_text, prompt_text
 from grpokit.rewards.check import read_completions
 from grpokit.rewards.judge.audit import PLANTED_PROMPTS, _fmt, planted_answers
-from grpokit.rewards.judge.reward import prompt_text
 from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.reward_model import RewardModelParams, RewardModelReward
 from grpokit.rewards.spec import RewardSpec, format_tags, pick_reward

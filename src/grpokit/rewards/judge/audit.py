@@ -23,9 +23,9 @@ from typing import Any
 
 from grpokit.errors import UserError
 from grpokit.progress import progress
-from grpokit.rewards._text import completion_text
+from grpokit.rewards._text import completion_text, prompt_text
 from grpokit.rewards.judge.config import JudgeParams
-from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward, prompt_text
+from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward
 from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.spec import RewardSpec, format_tags, pick_reward
 

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text, one_line
+from grpokit.rewards._text import completion_text, one_line, prompt_text
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
 from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
@@ -82,17 +82,6 @@ class JudgedBatch:
     outcomes: list[list[JudgeOutcome]]
     scores: list[float | None]
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-def prompt_text(prompt: Any) -> str:
-    """The user's request in a prompt: a string, or the last user message of a chat prompt."""
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-        users = [m for m in prompt if isinstance(m, Mapping) and m.get("role") == "user"]
-        if users:
-            return completion_text(users[-1])
-    return completion_text(prompt)
 
 
 def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
