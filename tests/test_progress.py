@@ -77,8 +77,8 @@ def test_eval_reports_progress_per_model(tmp_path: Path, tiny_model_dir: Path) -
         batch_size=1,
         log=lines.append,
     )
-    assert any(line.startswith("eval a: 1/3") for line in lines), lines
-    assert any(line.startswith("eval a: 3/3") for line in lines), lines
+    assert any(line.startswith("a: 1/3") for line in lines), lines
+    assert any(line.startswith("a: 3/3") for line in lines), lines
 
 
 @pytest.mark.parametrize("total", [0, 1])

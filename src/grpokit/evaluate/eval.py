@@ -46,7 +46,6 @@ from grpokit.monitor.text_stats import (
     REPEATED_NGRAM_FRAC,
     text_stats,
 )
-from grpokit.progress import progress
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.sampling import (
@@ -342,16 +341,9 @@ def _score_model(
 ) -> list[Sample]:
     seed_everything(seed)
     sampler = Sampler.from_config(cfg, reward_set, model=spec, device=device)
-    with progress(f"eval {spec.label}", len(rows), log=log) as bar:
-        # The same seed per chunk for every model: same randomness, different weights.
-        scored = sampler.score_prompts(
-            rows,
-            samples,
-            seed=seed,
-            prompts_per_chunk=max(1, batch_size // samples),
-            progress=bar,
-        )
-    return scored.samples(spec.label)
+    return sampler.model_samples(
+        spec.label, rows, samples, seed=seed, batch_size=batch_size, log=log
+    )
 
 
 def run_eval(

@@ -20,7 +20,6 @@ from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.files import write_jsonl as write_records
-from grpokit.progress import progress
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import SamplingParams
 from grpokit.sampling import Sample, Sampler, resolve_device, resolve_model, unique_labels
@@ -124,16 +123,9 @@ def generate_samples(
             model=spec,
             device=resolve_device(device),
         )
-        with progress(f"generate {spec.label}", len(rows), log=log) as bar:
-            # The same seed for chunk c of every model: same randomness, different weights.
-            scored = sampler.score_prompts(
-                rows,
-                samples,
-                seed=seed,
-                prompts_per_chunk=max(1, batch_size // samples),
-                progress=bar,
-            )
-        out += scored.samples(spec.label)
+        out += sampler.model_samples(
+            spec.label, rows, samples, seed=seed, batch_size=batch_size, log=log
+        )
         del sampler
     return GenerateResult(
         labels=[s.label for s in specs],

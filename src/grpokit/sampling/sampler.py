@@ -8,7 +8,7 @@ renders prompts, samples and scores alike.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from grpokit.errors import UserError
 from grpokit.models.checkpoints import ModelSpec, model_dir
 from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
 from grpokit.models.onednn import CpuMatmul
-from grpokit.progress import Progress
+from grpokit.progress import Progress, progress
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
@@ -313,3 +313,26 @@ class Sampler:
                 )
             )
         return Sampled(batches, list(self.rewards.max_values))
+
+    def model_samples(
+        self,
+        label: str,
+        rows: list[PromptRow],
+        samples: int,
+        *,
+        seed: int,
+        batch_size: int,
+        log: Callable[[str], None] | None = None,
+    ) -> list[Sample]:
+        """``samples`` scored completions of every row for the comparison tables of eval and
+        generate, labelled ``label``: chunks of ``batch_size`` completions, chunk c drawn with
+        ``seed + c`` for every model (same randomness, different weights), with progress."""
+        with progress(label, len(rows), log=log) as bar:
+            scored = self.score_prompts(
+                rows,
+                samples,
+                seed=seed,
+                prompts_per_chunk=max(1, batch_size // samples),
+                progress=bar,
+            )
+        return scored.samples(label)
