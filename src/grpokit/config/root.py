@@ -1,0 +1,154 @@
+"""The whole config: model, data, rewards, training and monitors, and what ties them together."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    model_validator,
+)
+
+from grpokit.config.sections import DataConfig, ModelConfig, _Strict
+from grpokit.config.training import TrainingConfig
+from grpokit.data.prompts import PromptRow
+from grpokit.errors import UserError, read_utf8
+from grpokit.monitor.config import MonitorConfig
+from grpokit.rewards.spec import RewardSpec, validate_reward_specs
+
+_TRL_NAMES = {"dtype": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
+"""model: settings that TRL keeps under training: (by its names there)."""
+
+
+class GRPOKitConfig(_Strict):
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The policy model.")
+    data: DataConfig = Field(description="Prompt sets and the system prompt.")
+    rewards: list[RewardSpec] = Field(
+        min_length=1, description="Reward functions, their weights and gates."
+    )
+    training: TrainingConfig = Field(
+        default_factory=TrainingConfig, description="GRPO hyperparameters (TRL's names)."
+    )
+    monitors: MonitorConfig = Field(
+        default_factory=MonitorConfig, description="Reward-hacking monitors and thresholds."
+    )
+    _config_dir: Path = PrivateAttr(default_factory=Path.cwd)
+    _config_path: Path | None = PrivateAttr(default=None)
+    _system_prompt: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _trl_model_settings(cls, data: Any) -> Any:
+        """TRL keeps training.bf16 and training.gradient_checkpointing with the training
+        arguments; here they are settings of the model. Read once, into model:, so that nothing
+        downstream has two places to look (an explicit, different model: value is a conflict)."""
+        if not isinstance(data, dict) or not isinstance(data.get("training"), dict):
+            return data
+        training, model = data["training"], data.get("model") or {}
+        if not isinstance(model, dict):
+            return data
+        moved: dict[str, Any] = {}
+        if training.get("bf16") is True:
+            moved["dtype"] = "bfloat16"
+        checkpointing = training.get("gradient_checkpointing")
+        if checkpointing is None:  # transformers 5's name for it
+            checkpointing = training.get("activation_checkpointing")
+        if isinstance(checkpointing, bool):
+            moved["gradient_checkpointing"] = checkpointing
+        for key, value in moved.items():
+            if key in model and model[key] != value:
+                raise ValueError(
+                    f"model.{key} is {model[key]!r} but training.{_TRL_NAMES[key]} asks for "
+                    f"{value!r}; set one of them"
+                )
+        return data | {"model": model | moved} if moved else data
+
+    @model_validator(mode="after")
+    def _cross_checks(self, info: ValidationInfo) -> GRPOKitConfig:
+        validate_reward_specs(self.rewards)
+        # Relative paths resolve against the config file's directory, which load_config passes
+        # in; a config validated without one resolves against the working directory.
+        base = (info.context or {}).get("config_dir")
+        if base is not None:
+            self._config_dir = Path(base)
+        self._system_prompt = self.data.system_prompt
+        if self.data.system_prompt_file:
+            path = self.resolve(self.data.system_prompt_file)
+            if not path.is_file():
+                raise ValueError(f"data.system_prompt_file: {path} does not exist")
+            self._system_prompt = read_utf8(path).strip()
+        return self
+
+    @model_validator(mode="after")
+    def _reward_weights(self) -> GRPOKitConfig:
+        # TRL's reward_weights: one weight per reward function, replacing their own weights.
+        weights = self.training.reward_weights
+        if weights is not None:
+            if len(weights) != len(self.rewards):
+                names = ", ".join(spec.display_name for spec in self.rewards)
+                raise ValueError(
+                    f"training.reward_weights has {len(weights)} weight(s) but there are "
+                    f"{len(self.rewards)} rewards ({names}); give one weight per reward, in "
+                    "the order of `rewards:`, or set each reward's `weight:`"
+                )
+            for spec, weight in zip(self.rewards, weights, strict=True):
+                spec.weight = weight
+        return self
+
+    def prompts(self, which: Literal["train", "heldout"]) -> list[PromptRow]:
+        """The training or held-out prompt rows, read as data.train / data.heldout say."""
+        from grpokit.data.prompts import load_prompts
+
+        return load_prompts(
+            self.data.source(which),
+            prompt_column=self.data.prompt_column,
+            columns=self.data.columns,
+            base_dir=self.config_dir,
+        )
+
+    def check_machine(self) -> None:
+        """Fail before any loading when this machine cannot run the config: model.device
+        names hardware it lacks, or training.optim needs a package it lacks."""
+        self.model.check_device()
+        if self.training.adamw_8bit and importlib.util.find_spec("bitsandbytes") is None:
+            raise UserError(
+                f"training.optim: {self.training.optim} needs bitsandbytes "
+                "(pip install bitsandbytes); or use adamw_torch_fused"
+            )
+
+    @property
+    def config_dir(self) -> Path:
+        """Directory that relative paths in the config resolve against."""
+        return self._config_dir
+
+    @property
+    def config_path(self) -> Path | None:
+        return self._config_path
+
+    def resolve(self, path: str | Path) -> Path:
+        """A path from the config, relative to the config file's directory."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self._config_dir / p)
+
+    @property
+    def output_dir(self) -> Path:
+        if self.training.output_dir:
+            return self.resolve(self.training.output_dir)
+        stem = self._config_path.stem if self._config_path else "run"
+        return Path.cwd() / "runs" / stem
+
+    @property
+    def system_prompt(self) -> str | None:
+        """data.system_prompt, or the text of data.system_prompt_file (read when the config
+        was validated, so a missing file is a config error with its line)."""
+        return self._system_prompt
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(
+            self.model_dump(mode="json", exclude_none=True), sort_keys=False, allow_unicode=True
+        )
