@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 ARITHMETIC_SYSTEM_PROMPT = (
@@ -32,7 +33,8 @@ def arithmetic_row(a: int, b: int) -> dict[str, str]:
 
 
 def arithmetic_demonstration(a: int, b: int) -> dict[str, str]:
-    """A templated worked answer in the required format (for the SFT warm-start)."""
+    """A worked answer in the required format (for the SFT warm-start): column addition, units
+    then tens (with the carry when there is one), then the whole sum restated."""
     ones = (a % 10) + (b % 10)
     carry = ones // 10
     tens = a // 10 + b // 10 + carry
@@ -49,9 +51,19 @@ def arithmetic_demonstration(a: int, b: int) -> dict[str, str]:
 
 
 def write_arithmetic_task(
-    directory: Path, *, n_train: int = 256, n_heldout: int = 32, n_demos: int = 64, seed: int = 0
+    directory: Path,
+    *,
+    n_train: int = 256,
+    n_heldout: int = 32,
+    n_demos: int = 64,
+    seed: int = 0,
+    demonstration: Callable[[int, int], dict[str, str]] = arithmetic_demonstration,
 ) -> dict[str, Path]:
-    """train.jsonl, heldout.jsonl and demos.jsonl with disjoint problems; returns their paths."""
+    """train.jsonl, heldout.jsonl and demos.jsonl (written by ``demonstration``), the held-out
+    problems disjoint from the others; returns their paths.
+
+    Each set is a prefix of the same set drawn larger, so a larger set only adds problems.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     heldout = arithmetic_problems(n_heldout, seed=seed + 1)
     train = arithmetic_problems(n_train, seed=seed + 2, exclude=set(heldout))
@@ -59,7 +71,7 @@ def write_arithmetic_task(
     files = {
         "train": [arithmetic_row(a, b) for a, b in train],
         "heldout": [arithmetic_row(a, b) for a, b in heldout],
-        "demos": [arithmetic_demonstration(a, b) for a, b in demos],
+        "demos": [demonstration(a, b) for a, b in demos],
     }
     paths = {}
     for name, rows in files.items():
