@@ -1,13 +1,40 @@
-"""`grpokit demo` (README's first command) end to end, in its short --quick form."""
+"""`grpokit demo` (README's first command): its configs, and end to end in its --quick form."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
+from click.testing import CliRunner
+
+from grpokit.cli import main
+from grpokit.config import load_config
+from grpokit.demo import DEMO, LONG, QUICK, DemoSettings, demo_config
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [DEMO, LONG, QUICK, replace(DEMO, lora_r=None, num_generations=12, prompts_per_step=3)],
+)
+def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSettings) -> None:
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml.safe_dump(demo_config(tmp_path, tmp_path / "sft", settings)))
+    t = load_config(path).training
+    assert t.num_generations == settings.num_generations
+    assert t.prompts_per_step == settings.prompts_per_step
+    assert t.per_device_train_batch_size <= 8 and t.max_steps == settings.grpo_steps
+    assert (load_config(path).model.lora is None) == (settings.lora_r is None)
+
+
+def test_quick_and_long_together_is_a_user_error() -> None:
+    result = CliRunner().invoke(main, ["demo", "--quick", "--long"])
+    assert result.exit_code == 2
+    assert "--quick or --long" in result.output
 
 
 @pytest.mark.slow
@@ -18,10 +45,13 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "held-out pass rates" in out.stdout and "after GRPO" in out.stdout
+    assert "cluster interval over prompts" in out.stdout
     summary = json.loads((tmp_path / "demo_summary.json").read_text())
     assert list(summary["stages"]) == ["base model", "after SFT", "after GRPO"]
     base_format = summary["stages"]["base model"][0]
-    assert base_format["name"] == "format" and base_format["applicable"] == 16
+    assert base_format["name"] == "format" and base_format["n"] == 16
+    assert 0.0 <= base_format["low"] <= base_format["high"] <= 1.0
+    assert summary["settings"]["grpo_steps"] == 2 and isinstance(summary["alerts"], list)
     lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (tmp_path / "grpo" / "checkpoint-2" / "model").is_dir()

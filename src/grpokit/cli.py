@@ -164,16 +164,29 @@ def train(
 )
 @click.option("--steps", type=int, default=None, help="GRPO steps (default: the demo's own).")
 @click.option("--quick", is_flag=True, help="A much shorter run, for smoke tests.")
-def demo(output_dir: Path, steps: int | None, quick: bool) -> None:
+@click.option(
+    "--long",
+    "long_run",
+    is_flag=True,
+    help="More GRPO steps: a higher held-out score for a longer run (see docs/demo.md).",
+)
+def demo(output_dir: Path, steps: int | None, quick: bool, long_run: bool) -> None:
     """Train the embedded model on two-digit addition with <answer> tags, on CPU.
 
     Measures the base model on held-out problems, warm-starts it with a short SFT on generated
     demonstrations (the base model never follows the format: the cold start), trains with GRPO
     and measures again. About 10 minutes on a 2-core laptop CPU.
     """
-    from grpokit.demo import run_demo
+    from dataclasses import replace
 
-    run_demo(output_dir, steps=steps, quick=quick)
+    from grpokit.demo import DEMO, LONG, QUICK, run_demo
+
+    if quick and long_run:
+        raise UserError("grpokit demo: choose --quick or --long, not both")
+    settings = QUICK if quick else LONG if long_run else DEMO
+    if steps is not None:
+        settings = replace(settings, grpo_steps=steps)
+    run_demo(output_dir, settings)
 
 
 def _register_optional() -> None:

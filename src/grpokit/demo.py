@@ -10,39 +10,89 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from grpokit.config import EMBEDDED_MODEL, ModelConfig, load_config
-from grpokit.core.stats import wilson_interval
+from grpokit.config import EMBEDDED_MODEL, GRPOKitConfig, ModelConfig, load_config
+from grpokit.core.stats import cluster_pass_summary
 from grpokit.data.prompts import PromptRow, load_prompts
-from grpokit.data.tasks import ARITHMETIC_SYSTEM_PROMPT, write_arithmetic_task
-from grpokit.rewards.compose import build_reward_set
+from grpokit.data.tasks import (
+    ARITHMETIC_SYSTEM_PROMPT,
+    arithmetic_demonstration,
+    write_arithmetic_task,
+)
+from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
-from grpokit.sampling import PassSummary, Sampled, Sampler, sampling_params
+from grpokit.sampling import Sampled, Sampler, sampling_params
+from grpokit.train.failures import write_jsonl
 from grpokit.train.sft import load_demonstrations, run_sft
 from grpokit.train.trainer import GRPOTrainer
 
-# Measured on a 2-core CPU (see README): a short SFT puts the format in place without collapsing
-# the sampling entropy; GRPO then works on correctness.
-SFT_STEPS = 16
-GRPO_STEPS = 60
-EVAL_SAMPLES = 2
 HELDOUT_SEED = 1234
+EVAL_CHUNK = 32
+"""Held-out prompts sampled at once: bounds the KV cache of a large held-out set."""
 
 
-def demo_config(data_dir: Path, sft_dir: Path, *, steps: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class DemoSettings:
+    """What the demo's result depends on. The defaults were chosen by measuring each change on
+    200 fresh problems (docs/demo.md); ``bench/demo_experiments.py`` reruns those experiments."""
+
+    demonstration: Callable[[int, int], dict[str, str]] = arithmetic_demonstration
+    """Writes the worked answer of a + b that the SFT imitates."""
+    n_demos: int = 64
+    sft_steps: int = 16
+    sft_batch_size: int = 8
+    sft_learning_rate: float = 2e-5
+    grpo_steps: int = 60
+    lora_r: int | None = 16
+    """GRPO's LoRA rank; None trains every weight."""
+    learning_rate: float = 2e-4
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant"
+    num_generations: int = 8
+    prompts_per_step: int = 2
+    max_completion_length: int = 64
+    beta: float = 0.04
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    temperature: float = 1.0
+    dynamic_sampling: bool = False
+    n_heldout: int = 32
+    eval_samples: int = 2
+    grpo_eval_steps: int = 0
+    """Held-out checks during GRPO every N steps (the curve in metrics.jsonl); 0: none."""
+    seed: int = 0
+    """Seeds the SFT's order and GRPO's sampling; the problems stay the same."""
+
+    def describe(self) -> dict[str, Any]:
+        """The settings as plain values (the demonstration by its function's name)."""
+        out = asdict(self)
+        out["demonstration"] = self.demonstration.__name__
+        return out
+
+
+DEMO = DemoSettings()
+LONG = replace(DEMO, grpo_steps=200)
+QUICK = replace(DEMO, sft_steps=4, grpo_steps=2, n_heldout=8)
+
+
+def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any]:
+    """The GRPO config of the demo (written to ``grpo.yaml`` beside its runs)."""
+    completions = s.num_generations * s.prompts_per_step
+    micro_batch = math.gcd(completions, 8)  # micro-batches of at most 8 completions
     return {
         "model": {
             "name_or_path": EMBEDDED_MODEL,
             "init_from": str(sft_dir),
-            "lora": {"r": 16, "alpha": 32, "dropout": 0.0},
+            "lora": {"r": s.lora_r, "alpha": 2 * s.lora_r, "dropout": 0.0} if s.lora_r else None,
         },
         "data": {
             "train": str(data_dir / "train.jsonl"),
@@ -59,132 +109,236 @@ def demo_config(data_dir: Path, sft_dir: Path, *, steps: int) -> dict[str, Any]:
             },
         ],
         "training": {
-            "learning_rate": 2e-4,
-            "max_steps": steps,
-            "num_generations": 8,
-            "per_device_train_batch_size": 8,
-            "gradient_accumulation_steps": 2,
-            "max_completion_length": 64,
-            "temperature": 1.0,
-            "beta": 0.04,
-            "loss_type": "dapo",
-            "lr_scheduler_type": "constant",
-            "seed": 0,
+            "learning_rate": s.learning_rate,
+            "max_steps": s.grpo_steps,
+            "num_generations": s.num_generations,
+            "per_device_train_batch_size": micro_batch,
+            "gradient_accumulation_steps": completions // micro_batch,
+            "max_completion_length": s.max_completion_length,
+            "temperature": s.temperature,
+            "beta": s.beta,
+            "loss_type": s.loss_type,
+            "dynamic_sampling": s.dynamic_sampling,
+            "lr_scheduler_type": s.lr_scheduler_type,
+            "seed": s.seed,
             "save_steps": 0,
             "report_to": ["tensorboard"],
+            **(
+                {
+                    "eval_steps": s.grpo_eval_steps,
+                    "eval_max_prompts": s.n_heldout,
+                    "eval_samples": 2,
+                }
+                if s.grpo_eval_steps
+                else {}
+            ),
         },
     }
 
 
+@dataclass(frozen=True)
+class StageResult:
+    """One reward on the held-out set: passes with the 95% cluster interval over prompts."""
+
+    name: str
+    passed: int
+    n: int
+    low: float
+    high: float
+
+    @property
+    def rate(self) -> float:
+        return self.passed / self.n if self.n else math.nan
+
+    def cell(self) -> str:
+        return f"{self.passed}/{self.n}  [{self.low:.2f}, {self.high:.2f}]"
+
+
 def heldout_pass_rates(sampler: Sampler, rows: list[PromptRow], *, samples: int) -> Sampled:
-    """Each held-out prompt answered ``samples`` times with a fixed seed, scored: the same draws
+    """Each held-out prompt answered ``samples`` times with fixed seeds, scored: the same draws
     for every stage, so the stages differ only by their weights."""
-    return sampler.score_prompts(rows, samples, seed=HELDOUT_SEED)
+    return sampler.score_prompts(rows, samples, seed=HELDOUT_SEED, prompts_per_chunk=EVAL_CHUNK)
 
 
-def _cell(s: PassSummary) -> str:
-    if s.passed is None:
-        return f"{s.mean:.2f}"
-    lo, hi = wilson_interval(s.passed, s.applicable)
-    return f"{s.passed}/{s.applicable}  [{lo:.2f}, {hi:.2f}]"
+def stage_results(sampled: Sampled) -> list[StageResult]:
+    """Each reward's passes over the held-out samples (every demo reward has a maximum)."""
+    out = []
+    for j, name in enumerate(sampled.batches[0].scores.names):
+        passed, n, lo, hi = cluster_pass_summary(sampled.passes(j))
+        out.append(StageResult(name, passed, n, lo, hi))
+    return out
 
 
-def run_demo(output_dir: Path, *, steps: int | None = None, quick: bool = False) -> dict[str, Any]:
-    console = Console()
-    output_dir = output_dir.resolve()
-    data_dir = output_dir / "data"
-    sft_dir = output_dir / "sft"
-    n_heldout = 8 if quick else 32
-    sft_steps = 4 if quick else SFT_STEPS
-    grpo_steps = steps if steps is not None else (2 if quick else GRPO_STEPS)
-    paths = write_arithmetic_task(data_dir, n_heldout=n_heldout)
-    cfg_path = output_dir / "grpo.yaml"
-    cfg_path.write_text(
-        yaml.safe_dump(demo_config(data_dir, sft_dir, steps=grpo_steps), sort_keys=False)
-    )
-    cfg = load_config(cfg_path)
-    rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=output_dir, run_dir=None, seed=0))
-    heldout = load_prompts(paths["heldout"])
-    console.rule("[bold]grpokit demo: two-digit addition with <thinking>/<answer> tags")
-    console.print(f"files in {output_dir}; GRPO config {cfg_path}")
-
-    t0 = time.perf_counter()
-    # The base model, in full (SFT trains every weight), sampled as the GRPO run will sample.
-    base = Sampler.load(
-        ModelConfig(name_or_path=EMBEDDED_MODEL),
+def _load_base(
+    cfg: GRPOKitConfig, rewards: RewardSet, output_dir: Path, *, init_from: Path | None = None
+) -> Sampler:
+    """The base model in full (SFT trains every weight), sampled as the GRPO run will sample."""
+    return Sampler.load(
+        ModelConfig(name_or_path=EMBEDDED_MODEL, init_from=str(init_from) if init_from else None),
         rewards,
         sampling=sampling_params(cfg.training),
         system_prompt=cfg.system_prompt,
         max_prompt_length=cfg.training.max_prompt_length,
         base_dir=output_dir,
     )
-    policy = base.policy
-    results: dict[str, list[PassSummary]] = {}
-    console.print(
-        f"[bold]1/4[/] base model on {n_heldout} held-out problems x {EVAL_SAMPLES} samples"
-    )
-    results["base model"] = heldout_pass_rates(base, heldout, samples=EVAL_SAMPLES).summary()
-    base_format = results["base model"][0]
-    console.print(f"  format followed: {_cell(base_format)}")
-    if not base_format.passed:
-        console.print(
-            "  [yellow]cold start[/]: the base model never follows the format, so every reward "
-            "is 0 and GRPO has no signal. Warm-starting with a short SFT on generated "
-            "demonstrations (grpokit sft does the same for your task)."
-        )
 
-    console.print(f"[bold]2/4[/] SFT warm-start: {sft_steps} steps on {paths['demos'].name}")
-    history = run_sft(
-        policy.model,
-        policy.tokenizer,
-        load_demonstrations(paths["demos"]),
-        policy.trainable_parameters(),
-        system_prompt=ARITHMETIC_SYSTEM_PROMPT,
-        max_steps=sft_steps,
-        batch_size=8,
-        learning_rate=2e-5,
-        log=lambda m: console.print("  " + m),
+
+def run_demo(
+    output_dir: Path,
+    settings: DemoSettings = DEMO,
+    *,
+    heldout: list[PromptRow] | None = None,
+    measure_base: bool = True,
+    sft_from: Path | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Base model -> SFT -> GRPO with held-out pass rates after each stage; returns the summary
+    also written to ``demo_summary.json`` (every held-out completion: ``heldout_samples.jsonl``).
+
+    heldout: measure on these prompts instead of the demo's own held-out set (experiments).
+    measure_base: also measure the base model (it never follows the format).
+    sft_from: the ``sft`` checkpoint of an earlier run with the same SFT settings, copied instead
+        of trained again (experiments on the GRPO stage).
+    With ``settings.grpo_steps`` 0 the demo stops after the SFT.
+    """
+    console = console or Console()
+    s = settings
+    output_dir = output_dir.resolve()
+    data_dir = output_dir / "data"
+    sft_dir = output_dir / "sft"
+    paths = write_arithmetic_task(
+        data_dir, n_heldout=s.n_heldout, n_demos=s.n_demos, demonstration=s.demonstration
     )
-    policy.save(sft_dir)
-    results["after SFT"] = heldout_pass_rates(base, heldout, samples=EVAL_SAMPLES).summary()
+    cfg_path = output_dir / "grpo.yaml"
+    cfg_path.write_text(yaml.safe_dump(demo_config(data_dir, sft_dir, s), sort_keys=False))
+    cfg = load_config(cfg_path)
+    rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=output_dir, run_dir=None, seed=0))
+    rows = heldout if heldout is not None else load_prompts(paths["heldout"])
+    console.rule("[bold]grpokit demo: two-digit addition with <thinking>/<answer> tags")
+    console.print(f"files in {output_dir}; GRPO config {cfg_path}")
+    seconds: dict[str, float] = {}  # wall-clock, and "<stage> cpu": CPU time of all threads
+    results: dict[str, list[StageResult]] = {}
+    t0 = time.perf_counter()
+
+    def timed(stage: str, t: float, cpu: float) -> None:
+        seconds[stage] = time.perf_counter() - t
+        seconds[f"{stage} cpu"] = time.process_time() - cpu
+
+    samples: list[dict[str, Any]] = []
+
+    def measure(stage: str, sampler: Sampler) -> list[StageResult]:
+        t, cpu = time.perf_counter(), time.process_time()
+        sampled = heldout_pass_rates(sampler, rows, samples=s.eval_samples)
+        timed(f"eval {stage}", t, cpu)
+        results[stage] = stage_results(sampled)
+        samples.extend(
+            {"prompt": rows[x.prompt_index].prompt, **asdict(x)} for x in sampled.samples(stage)
+        )
+        write_jsonl(output_dir / "heldout_samples.jsonl", samples)
+        return results[stage]
+
+    base = _load_base(cfg, rewards, output_dir)
+    policy = base.policy
+    if measure_base:
+        console.print(
+            f"[bold]1/4[/] base model on {len(rows)} held-out problems x {s.eval_samples} samples"
+        )
+        base_format = measure("base model", base)[0]
+        console.print(f"  format followed: {base_format.cell()}")
+        if not base_format.passed:
+            console.print(
+                "  [yellow]cold start[/]: the base model never follows the format, so every "
+                "reward is 0 and GRPO has no signal. Warm-starting with a short SFT on generated "
+                "demonstrations (grpokit sft does the same for your task)."
+            )
+
+    console.print(f"[bold]2/4[/] SFT warm-start: {s.sft_steps} steps on {paths['demos'].name}")
+    t, cpu = time.perf_counter(), time.process_time()
+    if sft_from is not None:
+        earlier = json.loads((sft_from.parent / "demo_summary.json").read_text())
+        history = earlier.get("sft_history") or [{"entropy": earlier["sft_entropy"]}]
+        if sft_dir.exists():
+            shutil.rmtree(sft_dir)
+        shutil.copytree(sft_from, sft_dir)
+        base = _load_base(cfg, rewards, output_dir, init_from=sft_dir)
+    else:
+        history = run_sft(
+            policy.model,
+            policy.tokenizer,
+            load_demonstrations(paths["demos"]),
+            policy.trainable_parameters(),
+            system_prompt=ARITHMETIC_SYSTEM_PROMPT,
+            max_steps=s.sft_steps,
+            batch_size=s.sft_batch_size,
+            learning_rate=s.sft_learning_rate,
+            seed=s.seed,
+            log=lambda m: console.print("  " + m),
+        )
+        policy.save(sft_dir)
+    timed("sft", t, cpu)
+    sft = measure("after SFT", base)
+    sft_entropy = history[-1]["entropy"]
     console.print(
-        f"  format {_cell(results['after SFT'][0])}, answer {_cell(results['after SFT'][1])}, "
-        f"entropy {history[-1]['entropy']:.2f} (kept above 0 so GRPO groups still differ)"
+        f"  format {sft[0].cell()}, answer {sft[1].cell()}, entropy {sft_entropy:.2f} "
+        f"(kept above 0 so GRPO groups still differ)"
     )
     del policy, base
 
-    console.print(f"[bold]3/4[/] GRPO: {grpo_steps} steps from the SFT checkpoint (LoRA)")
-    trainer = GRPOTrainer(cfg, run_dir=output_dir / "grpo", progress=True, log=console.print)
-    result = trainer.train()
-    console.print("[bold]4/4[/] trained model on the same held-out problems and seeds")
-    trained = replace(trainer.sampler, rewards=rewards)
-    results["after GRPO"] = heldout_pass_rates(trained, heldout, samples=EVAL_SAMPLES).summary()
+    summary: dict[str, Any] = {
+        "settings": s.describe(),
+        "sft_entropy": sft_entropy,
+        "sft_history": history,
+    }
+    if s.grpo_steps:
+        kind = f"LoRA r {s.lora_r}" if s.lora_r else "full fine-tuning"
+        console.print(f"[bold]3/4[/] GRPO: {s.grpo_steps} steps from the SFT checkpoint ({kind})")
+        t, cpu = time.perf_counter(), time.process_time()
+        trainer = GRPOTrainer(cfg, run_dir=output_dir / "grpo", progress=True, log=console.print)
+        result = trainer.train()
+        timed("grpo", t, cpu)
+        console.print("[bold]4/4[/] trained model on the same held-out problems and seeds")
+        measure("after GRPO", replace(trainer.sampler, rewards=rewards))
+        summary.update(_training_summary(result.history))
+        summary["run_dir"] = str(result.run_dir)
+        summary["checkpoint"] = str(result.checkpoint)
+    seconds["total"] = time.perf_counter() - t0
 
     table = Table(
-        title=f"held-out pass rates ({n_heldout} problems x {EVAL_SAMPLES} samples, 95% CI)"
+        title=f"held-out pass rates ({len(rows)} problems x {s.eval_samples} samples; "
+        f"95% cluster interval over prompts)"
     )
     table.add_column("model")
-    for s in results["base model"]:
-        table.add_column(s.name)
-    for name, summaries in results.items():
-        table.add_row(name, *[_cell(s) for s in summaries])
+    for r in next(iter(results.values())):
+        table.add_column(r.name)
+    for name, stage in results.items():
+        table.add_row(name, *[r.cell() for r in stage])
     console.print(table)
-    rewards_curve = [
-        h["reward"] for h in result.history if not math.isnan(h.get("reward", math.nan))
-    ]
-    k = max(1, len(rewards_curve) // 4)
-    early, late = sum(rewards_curve[:k]) / k, sum(rewards_curve[-k:]) / k
+    if "reward_late" in summary:
+        k = summary["reward_window"]
+        console.print(
+            f"training reward: first {k} steps {summary['reward_early']:.3f} -> last {k} steps "
+            f"{summary['reward_late']:.3f}; monitor alerts: {len(summary['alerts'])}; curve in "
+            f"{Path(summary['run_dir']) / 'metrics.jsonl'}"
+        )
     console.print(
-        f"training reward: first {k} steps {early:.3f} -> last {k} steps {late:.3f}; "
-        f"curve in {result.run_dir / 'metrics.jsonl'}"
+        f"total time {seconds['total']:.0f} s (SFT {seconds['sft']:.0f} s"
+        + (f", GRPO {seconds['grpo']:.0f} s" if "grpo" in seconds else "")
+        + f"); load average {os.getloadavg()[0]:.2f}"
     )
-    console.print(f"total time {time.perf_counter() - t0:.0f} s; checkpoint {result.checkpoint}")
-    summary = {
-        "stages": {name: [s.__dict__ for s in summaries] for name, summaries in results.items()},
-        "reward_early": early,
-        "reward_late": late,
-        "run_dir": str(result.run_dir),
-    }
+    summary["stages"] = {name: [asdict(r) for r in stage] for name, stage in results.items()}
+    summary["seconds"] = seconds
     (output_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     rewards.close()
     return summary
+
+
+def _training_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """The training reward early and late, and the monitors' alerts."""
+    curve = [h["reward"] for h in history if not math.isnan(h.get("reward", math.nan))]
+    k = max(1, len(curve) // 4)
+    return {
+        "reward_window": k,
+        "reward_early": sum(curve[:k]) / k,
+        "reward_late": sum(curve[-k:]) / k,
+        "alerts": [a for h in history for a in h.get("alerts", [])],
+    }
