@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,9 +28,6 @@ from typing import Any
 from _common import REPO, load_average
 
 EVAL_PROBLEMS = 200
-EVAL_SEED = 2024
-MAX_DEMOS = 2048
-"""The most demonstrations a run may use: the evaluation set avoids the first MAX_DEMOS."""
 
 
 def _free_text(a: int, b: int) -> dict[str, str]:
@@ -70,25 +66,6 @@ def _problems_of(path: Path) -> set[tuple[int, int]]:
     return out
 
 
-def evaluation_rows(directory: Path) -> list[Any]:
-    """The fixed evaluation set (written to ``directory/eval200.jsonl``), disjoint from any
-    problem of the demo's data with up to MAX_DEMOS demonstrations and up to 200 held out."""
-    from grpokit.data.prompts import load_prompts
-    from grpokit.data.tasks import arithmetic_problems, arithmetic_row, write_arithmetic_task
-
-    used: set[tuple[int, int]] = set()
-    with tempfile.TemporaryDirectory() as tmp:
-        for n_heldout in (8, 32, 64, 128, 200):
-            paths = write_arithmetic_task(Path(tmp), n_heldout=n_heldout, n_demos=MAX_DEMOS)
-            for path in paths.values():
-                used |= _problems_of(path)
-    problems = arithmetic_problems(EVAL_PROBLEMS, seed=EVAL_SEED, exclude=used)
-    path = directory / f"eval{EVAL_PROBLEMS}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(arithmetic_row(a, b)) + "\n" for a, b in problems))
-    return load_prompts(path)
-
-
 def _parse_set(settings: Any, items: list[str]) -> Any:
     fields = {f.name: f for f in dataclasses.fields(settings)}
     changes: dict[str, Any] = {}
@@ -113,24 +90,24 @@ def _git_commit() -> str:
 def run(args: argparse.Namespace) -> None:
     import torch
 
+    from grpokit.data.tasks import MAX_DEMOS
     from grpokit.demo import DEMO, run_demo
 
     torch.set_num_threads(args.threads)
     settings = _parse_set(DEMO, args.set)
     template = templates()[args.template]
-    settings = dataclasses.replace(settings, demonstration=template)
+    settings = dataclasses.replace(settings, demonstration=template, n_eval=EVAL_PROBLEMS)
     if settings.n_demos > MAX_DEMOS:
         sys.exit(f"n_demos is at most {MAX_DEMOS} (the evaluation set avoids that many)")
     out = Path(args.out) / args.name
-    rows = evaluation_rows(Path(args.out))
     load_before = os.getloadavg()
     t0 = time.perf_counter()
     sft_from = Path(args.sft_from).resolve() if args.sft_from else None
-    summary = run_demo(out, settings, heldout=rows, measure_base=False, sft_from=sft_from)
+    summary = run_demo(out, settings, measure_base=False, sft_from=sft_from)
     wall = time.perf_counter() - t0
     data = out / "data"
     seen = set().union(*(_problems_of(data / f"{n}.jsonl") for n in ("train", "demos", "heldout")))
-    evaluated = {(int(x), int(y)) for x, y in (r.prompt[8:-1].split(" + ") for r in rows)}
+    evaluated = _problems_of(data / f"fresh{EVAL_PROBLEMS}.jsonl")
     if seen & evaluated:
         sys.exit(f"evaluation problems overlap the demo's data: {sorted(seen & evaluated)[:5]}")
     record = {

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from grpokit.cli import main
 from grpokit.config import load_config
+from grpokit.data.tasks import MAX_DEMOS
 from grpokit.demo import DEMO, LONG, QUICK, DemoSettings, demo_config
 
 
@@ -29,6 +30,11 @@ def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSetting
     assert t.prompts_per_step == settings.prompts_per_step
     assert t.per_device_train_batch_size <= 8 and t.max_steps == settings.grpo_steps
     assert (load_config(path).model.lora is None) == (settings.lora_r is None)
+
+
+def test_long_demo_measures_on_200_fresh_problems() -> None:
+    assert LONG.n_eval >= 200 and DEMO.n_eval == 0
+    assert LONG.n_demos <= MAX_DEMOS
 
 
 def test_quick_and_long_together_is_a_user_error() -> None:

@@ -168,9 +168,17 @@ def train(
     "--long",
     "long_run",
     is_flag=True,
-    help="More GRPO steps: a higher held-out score for a longer run (see docs/demo.md).",
+    help="A longer SFT, then GRPO, measured on 200 fresh problems: about 90% correct instead "
+    "of about 60%, in about 25 minutes instead of 7 (docs/demo.md).",
 )
-def demo(output_dir: Path, steps: int | None, quick: bool, long_run: bool) -> None:
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seeds the SFT's order and GRPO's sampling; the problems stay the same.",
+)
+def demo(output_dir: Path, steps: int | None, quick: bool, long_run: bool, seed: int) -> None:
     """Train the embedded model on two-digit addition with <answer> tags, on CPU.
 
     Measures the base model on held-out problems, warm-starts it with a short SFT on generated
@@ -183,7 +191,7 @@ def demo(output_dir: Path, steps: int | None, quick: bool, long_run: bool) -> No
 
     if quick and long_run:
         raise UserError("grpokit demo: choose --quick or --long, not both")
-    settings = QUICK if quick else LONG if long_run else DEMO
+    settings = replace(QUICK if quick else LONG if long_run else DEMO, seed=seed)
     if steps is not None:
         settings = replace(settings, grpo_steps=steps)
     run_demo(output_dir, settings)

@@ -28,12 +28,14 @@ from grpokit.data.prompts import PromptRow, load_prompts
 from grpokit.data.tasks import (
     ARITHMETIC_SYSTEM_PROMPT,
     arithmetic_demonstration,
+    arithmetic_row,
+    fresh_arithmetic_problems,
     write_arithmetic_task,
 )
+from grpokit.files import write_jsonl
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.sampling import Sampled, Sampler, sampling_params
-from grpokit.train.failures import write_jsonl
 from grpokit.train.sft import load_demonstrations, run_sft
 from grpokit.train.trainer import GRPOTrainer
 
@@ -66,6 +68,9 @@ class DemoSettings:
     temperature: float = 1.0
     dynamic_sampling: bool = False
     n_heldout: int = 32
+    n_eval: int = 0
+    """Measure every stage on this many fresh problems (disjoint from anything the demo's data can
+    hold, ``fresh_arithmetic_problems``) instead of heldout.jsonl; 0: heldout.jsonl."""
     eval_samples: int = 2
     grpo_eval_steps: int = 0
     """Held-out checks during GRPO every N steps (the curve in metrics.jsonl); 0: none."""
@@ -80,7 +85,8 @@ class DemoSettings:
 
 
 DEMO = DemoSettings()
-LONG = replace(DEMO, grpo_steps=200)
+LONG = replace(DEMO, n_demos=512, sft_steps=64, sft_learning_rate=5e-5, grpo_steps=40, n_eval=200)
+"""Measured in docs/demo.md: a longer SFT on more demonstrations, then a shorter GRPO."""
 QUICK = replace(DEMO, sft_steps=4, grpo_steps=2, n_heldout=8)
 
 
@@ -187,7 +193,6 @@ def run_demo(
     output_dir: Path,
     settings: DemoSettings = DEMO,
     *,
-    heldout: list[PromptRow] | None = None,
     measure_base: bool = True,
     sft_from: Path | None = None,
     console: Console | None = None,
@@ -195,7 +200,6 @@ def run_demo(
     """Base model -> SFT -> GRPO with held-out pass rates after each stage; returns the summary
     also written to ``demo_summary.json`` (every held-out completion: ``heldout_samples.jsonl``).
 
-    heldout: measure on these prompts instead of the demo's own held-out set (experiments).
     measure_base: also measure the base model (it never follows the format).
     sft_from: the ``sft`` checkpoint of an earlier run with the same SFT settings, copied instead
         of trained again (experiments on the GRPO stage).
@@ -213,7 +217,11 @@ def run_demo(
     cfg_path.write_text(yaml.safe_dump(demo_config(data_dir, sft_dir, s), sort_keys=False))
     cfg = load_config(cfg_path)
     rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=output_dir, run_dir=None, seed=0))
-    rows = heldout if heldout is not None else load_prompts(paths["heldout"])
+    if s.n_eval:
+        fresh = [arithmetic_row(a, b) for a, b in fresh_arithmetic_problems(s.n_eval)]
+        rows = load_prompts(write_jsonl(data_dir / f"fresh{s.n_eval}.jsonl", fresh))
+    else:
+        rows = load_prompts(paths["heldout"])
     console.rule("[bold]grpokit demo: two-digit addition with <thinking>/<answer> tags")
     console.print(f"files in {output_dir}; GRPO config {cfg_path}")
     seconds: dict[str, float] = {}  # wall-clock, and "<stage> cpu": CPU time of all threads

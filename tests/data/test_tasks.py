@@ -6,7 +6,13 @@ import json
 import re
 from pathlib import Path
 
-from grpokit.data.tasks import arithmetic_demonstration, write_arithmetic_task
+from grpokit.data.tasks import (
+    MAX_DEMOS,
+    arithmetic_demonstration,
+    arithmetic_sets,
+    fresh_arithmetic_problems,
+    write_arithmetic_task,
+)
 
 WORKING = re.compile(
     r"<thinking>(\d) \+ (\d) = (\d+)(, carry 1)?\. (\d) \+ (\d)( \+ 1)? = (\d+)\. "
@@ -56,3 +62,13 @@ def test_the_demonstration_writer_can_be_replaced(tmp_path: Path) -> None:
     paths = write_arithmetic_task(tmp_path, n_demos=4, demonstration=terse)
     rows = [json.loads(line) for line in paths["demos"].read_text().splitlines()]
     assert len(rows) == 4 and all(r["completion"].startswith("<answer>") for r in rows)
+
+
+def test_fresh_problems_are_in_no_set_the_demo_can_draw() -> None:
+    fresh = fresh_arithmetic_problems(200)
+    assert len(set(fresh)) == 200
+    for n_heldout in (8, 32, 200):
+        sets = arithmetic_sets(n_heldout=n_heldout, n_demos=MAX_DEMOS)
+        for problems in sets.values():
+            assert not set(fresh) & set(problems)
+    assert fresh_arithmetic_problems(50) == fresh[:50]

@@ -50,28 +50,55 @@ def arithmetic_demonstration(a: int, b: int) -> dict[str, str]:
     }
 
 
+FRESH_SEED = 2024
+MAX_DEMOS = 2048
+"""The most demonstrations a demo may draw: fresh problems avoid that many."""
+_HELDOUT_SIZES = (8, 32, 64, 128, 200)
+
+
+def arithmetic_sets(
+    *, n_train: int = 256, n_heldout: int = 32, n_demos: int = 64, seed: int = 0
+) -> dict[str, list[tuple[int, int]]]:
+    """The problems of train, heldout and demos, the held-out ones disjoint from the others.
+
+    Each set is a prefix of the same set drawn larger, so a larger set only adds problems.
+    """
+    heldout = arithmetic_problems(n_heldout, seed=seed + 1)
+    train = arithmetic_problems(n_train, seed=seed + 2, exclude=set(heldout))
+    demos = arithmetic_problems(n_demos, seed=seed + 3, exclude=set(heldout))
+    return {"train": train, "heldout": heldout, "demos": demos}
+
+
+def fresh_arithmetic_problems(n: int, *, seed: int = FRESH_SEED) -> list[tuple[int, int]]:
+    """n problems no demo data can contain: disjoint from every train, demos (up to MAX_DEMOS)
+    and heldout set (up to 200) that ``arithmetic_sets`` draws with its default seed.
+
+    The demo's large held-out measure: a model is never scored on a problem it trained on,
+    whatever the demo's sizes.
+    """
+    used: set[tuple[int, int]] = set()
+    for n_heldout in _HELDOUT_SIZES:
+        for problems in arithmetic_sets(n_heldout=n_heldout, n_demos=MAX_DEMOS).values():
+            used.update(problems)
+    return arithmetic_problems(n, seed=seed, exclude=used)
+
+
 def write_arithmetic_task(
     directory: Path,
     *,
     n_train: int = 256,
     n_heldout: int = 32,
     n_demos: int = 64,
-    seed: int = 0,
     demonstration: Callable[[int, int], dict[str, str]] = arithmetic_demonstration,
 ) -> dict[str, Path]:
-    """train.jsonl, heldout.jsonl and demos.jsonl (written by ``demonstration``), the held-out
-    problems disjoint from the others; returns their paths.
-
-    Each set is a prefix of the same set drawn larger, so a larger set only adds problems.
-    """
+    """train.jsonl, heldout.jsonl and demos.jsonl (``arithmetic_sets``, demonstrations written
+    by ``demonstration``); returns their paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    heldout = arithmetic_problems(n_heldout, seed=seed + 1)
-    train = arithmetic_problems(n_train, seed=seed + 2, exclude=set(heldout))
-    demos = arithmetic_problems(n_demos, seed=seed + 3, exclude=set(heldout))
+    sets = arithmetic_sets(n_train=n_train, n_heldout=n_heldout, n_demos=n_demos)
     files = {
-        "train": [arithmetic_row(a, b) for a, b in train],
-        "heldout": [arithmetic_row(a, b) for a, b in heldout],
-        "demos": [demonstration(a, b) for a, b in demos],
+        "train": [arithmetic_row(a, b) for a, b in sets["train"]],
+        "heldout": [arithmetic_row(a, b) for a, b in sets["heldout"]],
+        "demos": [demonstration(a, b) for a, b in sets["demos"]],
     }
     paths = {}
     for name, rows in files.items():
