@@ -292,6 +292,32 @@ def test_entropy_silent_on_moderate_decline() -> None:
     assert run(EntropyDetector(EntropyRule(), REARM), rows) == []
 
 
+def _solved_rows(entropy: float, solved: float, zero_std: float = 1.0) -> list[dict[str, float]]:
+    return [
+        {
+            "entropy": entropy,
+            "completions/max_group_duplicate_frac": 1.0,
+            "frac_reward_zero_std": zero_std,
+            "frac_reward_solved": solved,
+        }
+    ] * 10
+
+
+@pytest.mark.parametrize("detector", [EntropyDetector, GroupDominanceDetector])
+def test_identical_right_answers_are_not_a_stall(detector: type) -> None:
+    rule = EntropyRule() if detector is EntropyDetector else GroupDominanceRule()
+    # every group solved, or half solved and the other half still differing: no alert
+    assert run(detector(rule, REARM), _solved_rows(0.01, solved=1.0)) == []
+    assert run(detector(rule, REARM), _solved_rows(0.01, solved=0.5, zero_std=0.5)) == []
+    # the same texts on unsolved groups are a stall: the alert names the share
+    alerts = run(detector(rule, REARM), _solved_rows(0.01, solved=0.25))
+    assert [a.rule for a in alerts] == [detector.rule]
+    assert "75% of groups give no signal unsolved" in alerts[0].message
+    # min_stalled_frac 0 restores the level rule alone
+    relaxed = rule.model_copy(update={"min_stalled_frac": 0.0})
+    assert len(run(detector(relaxed, REARM), _solved_rows(0.01, solved=1.0))) == 1
+
+
 # ---- reward saturation ---------------------------------------------------------------------------
 
 

@@ -129,7 +129,21 @@ class HeldoutRule(_Rule):
     )
 
 
-class EntropyRule(_Rule):
+class _StallRule(_Rule):
+    min_stalled_frac: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description=(
+            "Fire only while at least this share of groups give no signal without being solved "
+            "(frac_reward_zero_std minus frac_reward_solved, smoothed): identical answers to a "
+            "solved prompt are the goal, not a stall. Applies when every reward has a maximum "
+            "(frac_reward_solved is logged); 0 fires on the level alone."
+        ),
+    )
+
+
+class EntropyRule(_StallRule):
     """Entropy collapse: sampling has become (nearly) deterministic, exploration is gone."""
 
     floor: float = Field(
@@ -203,7 +217,7 @@ class SaturationRule(_Rule):
     )
 
 
-class GroupDominanceRule(_Rule):
+class GroupDominanceRule(_StallRule):
     """One completion text dominating a group: the policy answers a prompt the same way each time."""
 
     max_duplicate_frac: float = Field(

@@ -12,8 +12,9 @@ one-sided t test of the shift between two windows against the metric's step-to-s
 (:func:`grpokit.monitor.series.shift`), at a per-check level that keeps the chance of any false
 alarm on a healthy run under ``monitors.false_alarm_rate`` (``series.ChangeTest``). Its episode
 then lasts while the change stays large. Rules about a level (kl_high, the entropy floor,
-saturation, group_dominance) compare a smoothed value with a fixed threshold. Every message
-states its evidence.
+saturation, group_dominance) compare a smoothed value with a fixed threshold; the two about
+groups that stop differing (the entropy rule, group_dominance) also need enough groups stalled
+rather than solved (``StalledGroups``). Every message states its evidence.
 """
 
 from __future__ import annotations
@@ -396,6 +397,38 @@ class HeldoutDetector:
         )
 
 
+class StalledGroups:
+    """The smoothed share of groups that give no learning signal without being solved.
+
+    Solved groups (every completion at every reward's maximum) have zero std too, but identical
+    right answers are what training aims at; the level rules about groups that stop differing
+    (entropy, group_dominance) fire only while enough groups are stalled. None while the metric
+    ``frac_reward_solved`` is absent (a reward without a maximum): the rule then decides alone.
+    """
+
+    def __init__(self, smooth_steps: int, min_frac: float) -> None:
+        self.min_frac = min_frac
+        self._recent: deque[float] = deque(maxlen=smooth_steps)
+
+    def update(self, metrics: Mapping[str, object]) -> None:
+        zero_std = metric(metrics, "frac_reward_zero_std")
+        solved = metric(metrics, "frac_reward_solved")
+        if zero_std is not None and solved is not None:
+            self._recent.append(max(0.0, zero_std - solved))
+
+    @property
+    def share(self) -> float | None:
+        return mean(self._recent) if self._recent else None
+
+    def stalled(self) -> bool:
+        share = self.share
+        return share is None or share >= self.min_frac
+
+    def evidence(self) -> str:
+        share = self.share
+        return "" if share is None else f"; {share:.0%} of groups give no signal unsolved"
+
+
 class EntropyDetector:
     """Rule ``entropy_collapse``: smoothed entropy below a floor or a fraction of its early level.
 
@@ -411,9 +444,11 @@ class EntropyDetector:
         self._early: list[float] = []
         self._recent: deque[float] = deque(maxlen=cfg.smooth_steps)
         self._noise = self.test.buffer(cfg.smooth_steps)
+        self._stalled = StalledGroups(cfg.smooth_steps, cfg.min_stalled_frac)
         self._episode = Episode(rearm)
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
+        self._stalled.update(metrics)
         entropy = metric(metrics, "entropy")
         if entropy is None:
             return []
@@ -434,7 +469,10 @@ class EntropyDetector:
             and now < self.cfg.min_frac_of_early * fell.before
         )
         collapsed = large and self.test.fell(fell)
-        if not self._episode.check(below_floor or collapsed, below_floor or large):
+        stalled = self._stalled.stalled()
+        if not self._episode.check(
+            stalled and (below_floor or collapsed), stalled and (below_floor or large)
+        ):
             return []
         if below_floor or fell is None:
             why = f"below the floor {self.cfg.floor:g}"
@@ -448,7 +486,8 @@ class EntropyDetector:
                 self.rule,
                 step,
                 now,
-                f"entropy collapsed to {now:.3g} nats/token ({why}): sampling is nearly "
+                f"entropy collapsed to {now:.3g} nats/token ({why}"
+                f"{self._stalled.evidence()}): sampling is nearly "
                 f"deterministic, groups stop differing and learning stalls. Raise the "
                 f"temperature, lower the learning rate, or add beta.",
             )
@@ -575,9 +614,11 @@ class GroupDominanceDetector:
     def __init__(self, cfg: GroupDominanceRule, rearm: int) -> None:
         self.cfg = cfg
         self._recent: deque[float] = deque(maxlen=cfg.smooth_steps)
+        self._stalled = StalledGroups(cfg.smooth_steps, cfg.min_stalled_frac)
         self._episode = Episode(rearm)
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
+        self._stalled.update(metrics)
         dup = metric(metrics, MAX_GROUP_DUPLICATE_FRAC)
         if dup is None:
             return []
@@ -585,7 +626,7 @@ class GroupDominanceDetector:
         if len(self._recent) < self.cfg.smooth_steps:
             return []
         now = mean(self._recent)
-        if not self._episode.check(now >= self.cfg.max_duplicate_frac):
+        if not self._episode.check(now >= self.cfg.max_duplicate_frac and self._stalled.stalled()):
             return []
         return [
             Alert(
@@ -593,7 +634,8 @@ class GroupDominanceDetector:
                 step,
                 now,
                 f"one completion text fills {now:.0%} of a group (mean of the last "
-                f"{self.cfg.smooth_steps} steps): the policy answers the same way every time, "
+                f"{self.cfg.smooth_steps} steps{self._stalled.evidence()}): the policy answers "
+                f"the same way every time, "
                 f"so the group gives no learning signal. Check that sample for a memorised answer.",
             )
         ]

@@ -16,7 +16,24 @@ from grpokit.core.forecast import forecast_for_reward, std_normalized_for
 from grpokit.core.losses import PolicyLossOutput
 from grpokit.data.chat import prompt_text
 from grpokit.monitor import text_stats
+from grpokit.rewards.compose import RewardScores
 from grpokit.sampling import ScoredBatch, summarize
+
+
+def solved_group_mask(
+    scores: RewardScores, max_values: list[float | None], group_size: int
+) -> torch.Tensor | None:
+    """Groups whose every completion reaches every reward's maximum (a reward it did not get
+    counts as missed); None when a reward has no maximum.
+
+    scores.per_function: (B, R). Returns (B // group_size,) bool. Its mean is the metric
+    ``frac_reward_solved``: zero-std groups that are solved, not stalled.
+    """
+    if not max_values or any(top is None for top in max_values):
+        return None
+    top = torch.tensor(max_values, dtype=scores.per_function.dtype)
+    at_max = scores.per_function >= top - 1e-9  # NaN compares False
+    return at_max.all(dim=1).view(-1, group_size).all(dim=1)
 
 
 def rollout_metrics(
@@ -45,6 +62,9 @@ def rollout_metrics(
         "completions/clipped_ratio": float(truncated.float().mean()),
         "completions/mean_terminated_length": float(terminated.mean()) if len(terminated) else nan,
     }
+    solved = solved_group_mask(s, max_values, g)
+    if solved is not None:
+        metrics["frac_reward_solved"] = float(solved.float().mean())
     metrics.update(s.metrics)
     for r in summarize(s, max_values):
         if r.pass_rate is not None:
