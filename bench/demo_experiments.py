@@ -141,18 +141,19 @@ def _answer(record: dict[str, Any], stage: str) -> str:
 def table_line(record: dict[str, Any]) -> str:
     sec = record["seconds"]
     changes = ", ".join(record["changes"]) or "defaults"
-    grpo = f"{sec['grpo']:.0f}" if "grpo" in sec else "-"
+    # CPU seconds of one thread: comparable across runs whatever else loaded the machine
+    grpo = f"{sec['grpo cpu']:.0f}" if "grpo cpu" in sec else "-"
     load = (record["load_before"][0] + record["load_after"][0]) / 2
     return (
         f"| {record['name']} | {record['template']}; {changes} | {_answer(record, 'after SFT')} "
-        f"| {record['sft_entropy']:.2f} | {_answer(record, 'after GRPO')} | {sec['sft']:.0f} "
+        f"| {record['sft_entropy']:.2f} | {_answer(record, 'after GRPO')} | {sec['sft cpu']:.0f} "
         f"| {grpo} | {len(record['alerts'])} | {load:.1f} |"
     )
 
 
 def table(path: Path) -> None:
     print(
-        "| run | change | SFT answer | SFT entropy | GRPO answer | SFT s | GRPO s | alerts "
+        "| run | change | SFT answer | SFT entropy | GRPO answer | SFT cpu s | GRPO cpu s | alerts "
         "| load |\n|---|---|---|---|---|---|---|---|---|"
     )
     for line in path.read_text(encoding="utf-8").splitlines():
