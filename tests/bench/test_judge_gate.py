@@ -58,25 +58,32 @@ def test_too_few_demos_is_an_error(tmp_path: Path) -> None:
 
 
 def test_audit_configs_load(tmp_path: Path) -> None:
-    from grpokit.rewards.judge.audit import find_judge_entry
+    from grpokit.config import load_config
+    from grpokit.rewards.judge import JudgeParams
+    from grpokit.rewards.spec import pick_reward
+
+    def judge_params(path: Path) -> JudgeParams:
+        params = pick_reward(load_config(path).rewards, "judge", None, source=str(path)).params
+        assert isinstance(params, JudgeParams)
+        return params
 
     recipe = tmp_path / "recipe"
     shutil.copytree(recipe_dir("business-ideas"), recipe)
     _run("audit-configs", str(recipe / "config.openai.en.yaml"), str(tmp_path / "audit"))
     configs = sorted((tmp_path / "audit").glob("*.yaml"))
-    entries = {path.stem: find_judge_entry(path) for path in configs}
+    entries = {path.stem: judge_params(path) for path in configs}
     assert list(entries) == [
         "1-seed-rubric-number-t0", "2-number-t0", "3-number-t0.7", "4-expected-t0",
         "5-ensemble3-number-t0.7",
     ]  # fmt: skip
-    seed = entries["1-seed-rubric-number-t0"].params.judges[0]
+    seed = entries["1-seed-rubric-number-t0"].judges[0]
     assert seed.rubric_file is not None and seed.rubric_file.endswith("rubric_en.txt")
     assert seed.score_range == (0, 1)
-    assert entries["4-expected-t0"].params.mode == "expected"
-    ensemble = entries["5-ensemble3-number-t0.7"].params
+    assert entries["4-expected-t0"].mode == "expected"
+    ensemble = entries["5-ensemble3-number-t0.7"]
     assert [j.name for j in ensemble.judges] == ["sample0", "sample1", "sample2"]
     assert all(j.temperature == 0.7 for j in ensemble.judges)
-    assert entries["2-number-t0"].params.judges[0].temperature == 0.0
+    assert entries["2-number-t0"].judges[0].temperature == 0.0
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, object]]) -> None:

@@ -173,7 +173,8 @@ def _recipe_copy(tmp_path: Path, base_url: str) -> Path:
 def test_the_recipes_server_judge_answers_with_a_score(
     llama_server: LlamaServer, tmp_path: Path, name: str
 ) -> None:
-    from grpokit.rewards.judge.audit import find_judge_entry
+    from grpokit.config import load_config
+    from grpokit.rewards.spec import pick_reward
 
     for path in RECIPE.iterdir():
         shutil.copy(path, tmp_path / path.name)
@@ -182,10 +183,12 @@ def test_the_recipes_server_judge_answers_with_a_score(
         "http://127.0.0.1:8080/v1", llama_server.base_url
     )
     config.write_text(text, encoding="utf-8")
-    entry = find_judge_entry(config)
+    cfg = load_config(config)
+    entry = pick_reward(cfg.rewards, "judge", None, source=str(config))
+    assert isinstance(entry.params, JudgeParams)
     # Building it runs the start-up check: one real request whose reply must hold a score (the
     # seed's own rubric gets none from the 135M model, which stopped the run with exit 2).
-    reward = build_judge_reward(entry.params, entry.base_dir, tmp_path)
+    reward = build_judge_reward(entry.params, cfg.config_dir, tmp_path)
     row = json.loads((RECIPE / "audit_en.jsonl").read_text(encoding="utf-8").splitlines()[0])
     try:
         scores = reward([row["prompt"]], [row["completion"]])
