@@ -15,7 +15,12 @@ from click.testing import CliRunner
 from grpokit.errors import UserError
 from grpokit.recipes import recipe_dir
 from grpokit.rewards.format_rewards import xml_format_score
-from grpokit.rewards.judge.audit import planted_answers, read_completions, rubric_keywords
+from grpokit.rewards.judge.audit import (
+    planted_answers,
+    read_completions,
+    rubric_keywords,
+    separation,
+)
 from grpokit.rewards.judge.cli import judge_cli
 from grpokit.rewards.judge.reward import START_COMPLETION
 from grpokit.rewards.judge.rubric import load_rubric
@@ -50,6 +55,14 @@ def test_planted_answers_pass_the_format_gate() -> None:
     assert answers["repetitive"].count(prompt) >= 3
     again = planted_answers(prompt, rubric, ["thinking", "proposal"], random.Random(0))
     assert again == answers  # seeded
+
+
+def test_separation_is_the_share_of_pairs_ranked_right() -> None:
+    # (0.9 > 0.1), (0.9 > 0.5), (0.5 > 0.1) and the tie (0.5 = 0.5) counting half: 3.5 of 4.
+    assert separation([0.9, 0.5], [0.1, 0.5, math.nan]) == pytest.approx(0.875)
+    assert separation([0.1], [0.9]) == 0.0
+    assert separation([0.3, 0.3], [0.3]) == 0.5  # a constant judge: chance
+    assert math.isnan(separation([math.nan], [0.1]))
 
 
 def test_read_completions_errors_name_the_line(tmp_path: Path) -> None:
@@ -134,6 +147,9 @@ def test_audit_reports_noise_agreement_and_planted(
     assert a["label"] == "a" and b["label"] == "b"
     assert a["noise"] > 0.0  # judge a wavers between repeats
     assert b["noise"] == 0.0
+    # The reward averages them: (0.4 + 0.1) / 2 and (0.6 + 0.1) / 2 on the two repeats.
+    assert a["noise"] == pytest.approx(0.1)
+    assert report["reward_noise"] == pytest.approx(0.05)
     assert b["mean"] == pytest.approx(0.1)
     assert report["disagreement"] is not None and report["disagreement"] > 0.0
     planted = {p["kind"]: p for p in report["planted"]}
@@ -142,6 +158,11 @@ def test_audit_reports_noise_agreement_and_planted(
     # Judge a never scored the empty answer (a parse failure, not a 0): only b's 0.1 counts.
     assert math.isnan(planted["empty"]["per_judge"]["a"])
     assert planted["empty"]["mean"] == pytest.approx(0.1)
+    # Item means over judges: real answers 0.3 (a: 0.4 and 0.6 on its two repeats, b: 0.1);
+    # planted: the keyword list 0.5 (beats them), the empty one 0.1 (loses), the other three
+    # 0.3 (ties). (0 + 1 + 3 x 0.5) / 5 pairs per real answer: no better than chance.
+    assert report["separation"] == pytest.approx(0.5)
+    assert "separation: P(real answer scored above a planted one)" in result.output
     assert a["parse_failure_rate"] == pytest.approx(2 / 14)
     assert b["parse_failure_rate"] == 0.0
     # The start-up sample, then 2 real + 5 planted items, 2 repeats; nothing cached between

@@ -162,6 +162,44 @@ def _recipe_copy(tmp_path: Path, base_url: str) -> Path:
     return config
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "config.openai.en.yaml",
+        # The Japanese rubric is about 700 tokens for the judge: seconds to minutes on 2 cores.
+        pytest.param("config.openai.yaml", marks=pytest.mark.slow),
+    ],
+)
+def test_the_recipes_server_judge_answers_with_a_score(
+    llama_server: LlamaServer, tmp_path: Path, name: str
+) -> None:
+    from grpokit.config import load_config
+    from grpokit.rewards.spec import pick_reward
+
+    for path in RECIPE.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    config = tmp_path / name
+    text = config.read_text(encoding="utf-8").replace(
+        "http://127.0.0.1:8080/v1", llama_server.base_url
+    )
+    config.write_text(text, encoding="utf-8")
+    cfg = load_config(config)
+    entry = pick_reward(cfg.rewards, "judge", None, source=str(config))
+    assert isinstance(entry.params, JudgeParams)
+    # Building it runs the start-up check: one real request whose reply must hold a score (the
+    # seed's own rubric gets none from the 135M model, which stopped the run with exit 2).
+    reward = build_judge_reward(entry.params, cfg.config_dir, tmp_path)
+    row = json.loads((RECIPE / "audit_en.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    try:
+        scores = reward([row["prompt"]], [row["completion"]])
+        metrics = reward.last_metrics
+    finally:
+        reward.close()
+    assert scores[0] is not None and 0.0 <= scores[0] <= 1.0
+    assert metrics["judge/parse_failure_rate"] == 0.0
+    assert metrics["judge/request_failure_rate"] == 0.0
+
+
 @pytest.mark.slow  # 12 judge requests: seconds on an idle machine, minutes on a busy 2-core one
 def test_audit_runs_on_the_recipe(llama_server: LlamaServer, tmp_path: Path) -> None:
     from grpokit.rewards.judge.cli import judge_cli

@@ -38,10 +38,18 @@ def test_recipe_files() -> None:
         assert rubric.count("0.2") >= 5
 
 
-def test_configs_differ_only_in_the_judges_block() -> None:
-    local = load_config(RECIPE / "config.yaml")
-    remote = load_config(RECIPE / "config.openai.yaml")
-    english = load_config(RECIPE / "config.en.yaml")
+@pytest.mark.parametrize(
+    ("local_name", "remote_name", "lang"),
+    [
+        ("config.yaml", "config.openai.yaml", "ja"),
+        ("config.en.yaml", "config.openai.en.yaml", "en"),
+    ],
+)
+def test_configs_differ_only_in_the_judges_block(
+    local_name: str, remote_name: str, lang: str
+) -> None:
+    local = load_config(RECIPE / local_name)
+    remote = load_config(RECIPE / remote_name)
     assert [r.display_name for r in local.rewards] == ["xml_format", "quality"]
     local_judge, remote_judge = local.rewards[1].params, remote.rewards[1].params
     assert local_judge.judges[0].backend == "local"  # type: ignore[attr-defined]
@@ -49,8 +57,34 @@ def test_configs_differ_only_in_the_judges_block() -> None:
     assert local_judge.model_dump(exclude={"judges"}) == remote_judge.model_dump(exclude={"judges"})
     assert local.model_dump(exclude={"rewards"}) == remote.model_dump(exclude={"rewards"})
     assert local.rewards[1].gate == remote.rewards[1].gate
-    assert english.rewards[1].params.rubric_file == "rubric_en.txt"  # type: ignore[attr-defined]
+    assert local_judge.rubric_file == f"rubric_{lang}.txt"  # type: ignore[attr-defined]
+    # The server's judge counts the seed's five criteria as one digit (see the config).
+    judge = remote_judge.judges[0]  # type: ignore[attr-defined]
+    assert judge.rubric_file == f"rubric_digit_{lang}.txt" and judge.score_range == (0, 5)
+    assert judge.max_tokens == 1
     assert local.training.num_generations == 4 and local.training.beta == 0.01
+
+
+def test_digit_rubrics_keep_the_seeds_criteria() -> None:
+    from grpokit.rewards.judge.audit import rubric_keywords
+    from grpokit.rewards.judge.rubric import load_rubric
+
+    for lang in ("en", "ja"):
+        seed = load_rubric(None, f"rubric_{lang}.txt", RECIPE, "rubric_file")
+        digit = load_rubric(None, f"rubric_digit_{lang}.txt", RECIPE, "rubric_file")
+        assert len(rubric_keywords(seed)) == 5
+        assert rubric_keywords(digit) == rubric_keywords(seed)
+        # The question comes after the proposal: the 135M judge answers what it read last.
+        assert digit.template.index("{completion}") < digit.template.index("0")
+
+
+def test_audit_answers_pass_the_gate_on_heldout_topics() -> None:
+    from grpokit.rewards.format_rewards import xml_format_score
+
+    rows = [json.loads(line) for line in (RECIPE / "audit_en.jsonl").read_text().splitlines()]
+    heldout = set(_rows("heldout_en.jsonl"))
+    assert len(rows) == 10 and {r["prompt"] for r in rows} == heldout
+    assert all(xml_format_score(r["completion"], ["thinking", "proposal"]) == 1.0 for r in rows)
 
 
 def _train(tmp_path: Path, extra: list[str]) -> tuple[list[dict[str, float]], Path]:

@@ -56,6 +56,8 @@ class AuditItem:
     """"real", or one of :data:`PLANTED_KINDS`."""
     scores: list[list[float | None]] = field(default_factory=list)
     """``scores[j][r]``: judge j's normalised score on repeat r."""
+    rewards: list[float | None] = field(default_factory=list)
+    """``rewards[r]``: the reward's value on repeat r (the judges' scores aggregated)."""
 
 
 @dataclass
@@ -94,11 +96,17 @@ class AuditReport:
     items: int
     judges: list[JudgeStats]
     ensemble_mean: float
+    reward_noise: float
+    """Mean over real items of the std of the reward's value across repeats: the noise the
+    policy sees (with an ensemble, after aggregation; with one judge, that judge's noise)."""
     disagreement: float | None
     """Mean over items of the std across judges' item means; None with one judge."""
     agreement: dict[str, float]
     """Pearson correlation of item means for each pair of judges ("a~b")."""
     planted: list[PlantedStats]
+    separation: float
+    """P(a real answer scores above a planted bad one), ties counting half (see
+    :func:`separation`), on each item's mean over judges and repeats."""
     replies: list[dict[str, Any]]
     """A sample of raw judge replies, to see what the judge actually writes."""
 
@@ -189,6 +197,28 @@ def _pearson(a: Sequence[float], b: Sequence[float]) -> float:
         return math.nan
 
 
+def separation(real: Sequence[float], planted: Sequence[float]) -> float:
+    """How well scores rank real answers above planted bad ones: the share of (real, planted)
+    pairs where the real one scores higher, ties counting half (the ROC AUC).
+
+    1.0: every real answer above every planted one; 0.5: no better than chance; below 0.5: the
+    judge prefers the planted answers. Items without a score (NaN) are left out; NaN when a
+    side has none.
+    """
+    good = [v for v in real if not math.isnan(v)]
+    bad = [v for v in planted if not math.isnan(v)]
+    if not good or not bad:
+        return math.nan
+    wins = sum((g > b) + 0.5 * (g == b) for g in good for b in bad)
+    return wins / (len(good) * len(bad))
+
+
+def _item_score(item: AuditItem) -> float:
+    """An item's mean over judges of its mean over repeats (NaN if never scored)."""
+    means = [_mean(scores) for scores in item.scores]
+    return _mean([m if not math.isnan(m) else None for m in means])
+
+
 def audit_reward(
     reward: JudgeReward,
     items: list[AuditItem],
@@ -225,6 +255,8 @@ def audit_reward(
         for repeat in range(k):
             batch = reward.judge_batch(prompts_list, completions_list, columns, use_cache=False)
             bar.advance(len(all_items), f"repeat {repeat + 1}/{k}")
+            for item, value in zip(all_items, batch.scores, strict=True):
+                item.rewards.append(value)
             for j in range(judge_count):
                 for i, outcome in enumerate(batch.outcomes[j]):
                     all_items[i].scores[j].append(outcome.score)
@@ -268,14 +300,11 @@ def audit_reward(
                 request_failure_rate=(requests - got) / requests if requests else math.nan,
             )
         )
-    ensemble = [
-        _mean(
-            [
-                item_means[j][i] if not math.isnan(item_means[j][i]) else None
-                for j in range(judge_count)
-            ]
-        )
-        for i in range(len(real))
+    ensemble = [_item_score(item) for item in real]
+    reward_noises = [
+        statistics.pstdev(present)
+        for present in ([v for v in item.rewards if v is not None] for item in real)
+        if len(present) > 1
     ]
     finite_ensemble = [v for v in ensemble if not math.isnan(v)]
     ensemble_mean = statistics.fmean(finite_ensemble) if finite_ensemble else math.nan
@@ -317,6 +346,7 @@ def audit_reward(
         planted_stats.append(PlantedStats(kind, mean, per_judge, verdict))
 
     temperatures = [j.temperature for j in reward.judges]
+    planted_items = [item for item in all_items if item.kind != "real"]
     return AuditReport(
         reward=name,
         k=k,
@@ -324,9 +354,11 @@ def audit_reward(
         items=len(real),
         judges=judge_stats,
         ensemble_mean=ensemble_mean,
+        reward_noise=statistics.fmean(reward_noises) if reward_noises else math.nan,
         disagreement=disagreement,
         agreement=agreement,
         planted=planted_stats,
+        separation=separation(ensemble, [_item_score(item) for item in planted_items]),
         replies=replies,
     )
 
@@ -428,7 +460,8 @@ def print_report(report: AuditReport, console: Any = None) -> None:
     if report.disagreement is not None:
         pairs = ", ".join(f"{k}: r={_fmt(v, 2)}" for k, v in report.agreement.items())
         out.print(
-            f"ensemble mean {_fmt(report.ensemble_mean)}; disagreement (std across judges) "
+            f"ensemble mean {_fmt(report.ensemble_mean)}; noise of the aggregated reward "
+            f"(std/item) {_fmt(report.reward_noise)}; disagreement (std across judges) "
             f"{_fmt(report.disagreement)}; agreement {pairs}"
         )
     if report.planted:
@@ -446,6 +479,10 @@ def print_report(report: AuditReport, console: Any = None) -> None:
             verdict = f"[{colour}]{p.verdict}[/{colour}]" if colour else p.verdict
             planted.add_row(p.kind, _fmt(p.mean), *(_fmt(v) for v in p.per_judge.values()), verdict)
         out.print(planted)
+        out.print(
+            f"separation: P(real answer scored above a planted one) = {_fmt(report.separation, 2)}"
+            " (1 = always, 0.5 = chance)"
+        )
     if report.replies:
         out.print("[bold]sample judge replies[/bold]")
         for r in report.replies[:6]:
