@@ -58,6 +58,9 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     assert base_format["name"] == "format" and base_format["n"] == 16
     assert 0.0 <= base_format["low"] <= base_format["high"] <= 1.0
     assert summary["settings"]["grpo_steps"] == 2 and isinstance(summary["alerts"], list)
+    gain = summary["grpo_gain"]
+    assert -1.0 <= gain["low"] <= gain["mean"] <= gain["high"] <= 1.0
+    assert "after GRPO - after SFT" in out.stdout
     lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (tmp_path / "grpo" / "checkpoint-2" / "model").is_dir()

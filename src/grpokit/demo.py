@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpokit.config import EMBEDDED_MODEL, GRPOKitConfig, ModelConfig, load_config
-from grpokit.core.stats import cluster_pass_summary
+from grpokit.core.stats import cluster_pass_summary, paired_difference
 from grpokit.data.prompts import PromptRow, load_prompts
 from grpokit.data.tasks import (
     ARITHMETIC_SYSTEM_PROMPT,
@@ -175,6 +175,20 @@ def stage_results(sampled: Sampled) -> list[StageResult]:
     return out
 
 
+def paired_gain(before: Sampled, after: Sampled, reward: int) -> tuple[float, float, float]:
+    """after's pass rate of one reward minus before's, paired over prompts: (mean, low, high).
+
+    Both were sampled on the same prompts with the same seeds, so pairing each prompt's two pass
+    rates removes its difficulty from the interval (``paired_difference``, per-prompt means).
+    """
+    pairs = [
+        (sum(a) / len(a), sum(b) / len(b))
+        for a, b in zip(after.passes(reward), before.passes(reward), strict=True)
+        if a and b
+    ]
+    return paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+
+
 def _load_base(
     cfg: GRPOKitConfig, rewards: RewardSet, output_dir: Path, *, init_from: Path | None = None
 ) -> Sampler:
@@ -233,11 +247,13 @@ def run_demo(
         seconds[f"{stage} cpu"] = time.process_time() - cpu
 
     samples: list[dict[str, Any]] = []
+    measured: dict[str, Sampled] = {}
 
     def measure(stage: str, sampler: Sampler) -> list[StageResult]:
         t, cpu = time.perf_counter(), time.process_time()
         sampled = heldout_pass_rates(sampler, rows, samples=s.eval_samples)
         timed(f"eval {stage}", t, cpu)
+        measured[stage] = sampled
         results[stage] = stage_results(sampled)
         samples.extend(
             {"prompt": rows[x.prompt_index].prompt, **asdict(x)} for x in sampled.samples(stage)
@@ -321,6 +337,14 @@ def run_demo(
     for name, stage in results.items():
         table.add_row(name, *[r.cell() for r in stage])
     console.print(table)
+    if "after GRPO" in measured:
+        answer = len(results["after GRPO"]) - 1
+        gain = paired_gain(measured["after SFT"], measured["after GRPO"], answer)
+        summary["grpo_gain"] = {"mean": gain[0], "low": gain[1], "high": gain[2]}
+        console.print(
+            f"{results['after GRPO'][answer].name}: after GRPO - after SFT = {gain[0]:+.3f} "
+            f"[{gain[1]:+.3f}, {gain[2]:+.3f}] (paired over the {len(rows)} problems, 95%)"
+        )
     if "reward_late" in summary:
         k = summary["reward_window"]
         console.print(
