@@ -23,6 +23,7 @@ import torch
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
 from grpokit.core.losses import LossInputs, PolicyLoss
+from grpokit.core.stats import cluster_mean_stderr
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
@@ -534,13 +535,19 @@ class GRPOTrainer:
             return {}
         scored = self.sampler.score_prompts(rows, self.args.eval_samples, seed=self.args.seed + 1)
         out: dict[str, float] = {}
-        for r in scored.summary():
+        for j, r in enumerate(scored.summary()):
             out[f"eval/{r.name}/mean"] = r.mean
             if r.pass_rate is not None:
                 out[f"eval/{r.name}/pass_rate"] = r.pass_rate
+            stderr = cluster_mean_stderr(scored.per_prompt(j))
+            if stderr is not None:  # lets the heldout monitor test a drop against eval noise
+                out[f"eval/{r.name}/stderr"] = stderr
         total = torch.cat([b.scores.total for b in scored.batches])
         valid = total[~torch.isnan(total)]
         out["eval/reward"] = float(valid.mean()) if len(valid) else float("nan")
+        stderr = cluster_mean_stderr(scored.per_prompt())
+        if stderr is not None:
+            out["eval/reward/stderr"] = stderr
         return out
 
     # ---- driving the run -----------------------------------------------------------------------
