@@ -29,7 +29,7 @@ from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
-from grpokit.monitor.sinks import JsonlSink, MetricsSink
+from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
 from grpokit.monitor.trackers import missing_tracker_packages
 from grpokit.progress import Progress, eta_text, on_terminal, progress
 from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
@@ -199,6 +199,13 @@ class GRPOTrainer:
             rewards.names,
             {n: m for n, m in zip(rewards.names, rewards.max_values, strict=True) if m is not None},
         )
+        if resume and self.dist.is_main:
+            # The monitors judge a change against the run's earlier steps: give them back the
+            # steps logged before the checkpoint (metrics.jsonl is already cut back to it). Their
+            # alerts were recorded then.
+            for row in read_metrics(self.run_dir / "metrics.jsonl")[0]:
+                if isinstance(row.get("step"), int) and row["step"] <= self.state.global_step:
+                    self.monitors.update(row["step"], row)
         self.history: list[dict[str, Any]] = []
         # The state and random states at the start of the running step (None between steps),
         # and whether it has changed the weights yet: what an emergency checkpoint may save.
