@@ -70,7 +70,8 @@ def test_hackable_reward_prefers_the_hacked_tree_and_guarded_does_not() -> None:
     assert _score("config.hackable.yaml", [base, hacked]) == [6.0, 7.0]
     guarded = _score("config.guarded.yaml", [base, hacked])
     assert guarded[0] == pytest.approx(1.0)
-    assert guarded[1] == pytest.approx(1.0 - 0.6242, abs=1e-3)
+    # Guarded depth 1 of 5 (only the first branch is well formed), minus the repetition penalty.
+    assert guarded[1] == pytest.approx(0.2 - 0.6242, abs=1e-3)
 
 
 def test_repetition_monitor_fires_when_samples_turn_into_the_hacked_tree() -> None:

@@ -126,8 +126,13 @@ def test_guarded_depth_ignores_repeated_and_empty_branches() -> None:
 
 def test_tree_quality_counts_lines_that_carry_content() -> None:
     assert tree_quality(BASE_TREE) == 1.0
-    # The hacked tree: 18 lines under the title, half of them bare '│' (9 distinct branches).
-    assert tree_quality(HACKED_TREE) == 0.5
+    # The hacked tree: 18 lines under the title, half of them bare '│'; from the second branch on
+    # each '├' promises a sibling that never comes, so only the first branch is well formed.
+    assert tree_quality(HACKED_TREE) == pytest.approx(1 / 18)
+    # Siblings drawn as stairs (each one a column further right) are not a decomposition.
+    stairs = "goal\n├─ breakfast\n   ├─ lunch\n      ├─ dinner\n         └─ snack"
+    assert tree_quality(stairs) == 0.0
+    assert tree_quality("goal\n├─ breakfast\n├─ lunch\n├─ dinner\n└─ snack") == 1.0
     # Depth alone neither helps nor hurts: a deep chain of distinct labels is all content.
     chain = "goal\n└─ a\n   └─ b\n      └─ c\n         └─ d"
     assert tree_quality(chain) == 1.0
