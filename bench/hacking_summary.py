@@ -21,6 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from grpokit.files import write_json
+
 QUALITY = "logic_tree_quality"
 
 
@@ -137,7 +139,7 @@ def main() -> None:
     for s in out:
         print_summary(s, first=args.first)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+        write_json(args.json, out)
 
 
 if __name__ == "__main__":
