@@ -230,3 +230,12 @@ def test_device_is_checked_by_name_and_on_this_machine(tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="model.device 'cuda': this machine has no CUDA"):
             cfg.check_machine()
+
+
+def test_heldout_watch_must_name_a_reward(tmp_path: Path) -> None:
+    text = BASE + "monitors:\n  heldout: {watch: [xml_format]}\n"
+    assert load_config(_write(tmp_path, text)).monitors.heldout.watch == ["xml_format"]
+    with pytest.raises(UserError) as e:
+        load_config(_write(tmp_path, text.replace("[xml_format]", "[quality]")))
+    assert "monitors.heldout.watch names 'quality', not a reward of this config" in str(e.value)
+    assert "rewards: xml_format" in str(e.value)

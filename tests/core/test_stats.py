@@ -4,11 +4,13 @@ share."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
 
 from grpokit.core.stats import (
+    cluster_mean_stderr,
     cluster_pass_interval,
     cluster_pass_summary,
     design_effect,
@@ -141,6 +143,21 @@ def test_design_effect_hand_computed() -> None:
     assert design_effect([0, 0, 0, 0], [2, 2, 2, 4]) == pytest.approx(10 / 4)
     with pytest.raises(ValueError, match="sizes >= 1"):
         design_effect([0], [0])
+
+
+def test_cluster_mean_stderr_hand_computed() -> None:
+    # 3 prompts x 2 samples, prompt sums 1.0, 0.4, 1.6 -> mean 0.5; residuals 0, -0.6, 0.6:
+    # se^2 = 3/2 * 0.72 / 36 = 0.03.
+    assert cluster_mean_stderr([[0.5, 0.5], [0.0, 0.4], [1.0, 0.6]]) == pytest.approx(0.03**0.5)
+    # One sample per prompt: the textbook sd / sqrt(k); NaN (not applicable) samples are skipped.
+    values = [0.1, 0.7, 0.4, 0.9]
+    expected = statistics.stdev(values) / 2
+    assert cluster_mean_stderr([[v] for v in values]) == pytest.approx(expected)
+    assert cluster_mean_stderr([[v, math.nan] for v in values]) == pytest.approx(expected)
+    # Samples that agree within each prompt carry no more information than one per prompt.
+    assert cluster_mean_stderr([[v] * 4 for v in values]) == pytest.approx(expected)
+    assert cluster_mean_stderr([[1.0, 0.0, 1.0]]) is None
+    assert cluster_mean_stderr([[1.0], [math.nan]]) is None
 
 
 def test_cluster_interval_reduces_to_wilson_with_one_sample_per_prompt() -> None:

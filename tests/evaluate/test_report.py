@@ -208,6 +208,11 @@ def test_compare_overlays_runs_and_lists_config_differences(tmp_path: Path) -> N
     html = out.read_text(encoding="utf-8")
     assert (tmp_path / "cmp_plots" / "key_curves.png").is_file()
     assert (tmp_path / "cmp_plots" / "rewards.png").is_file()
+    assert (tmp_path / "cmp_plots" / "heldout.png").is_file()  # the periodic evals, as points
+    # Each run's alerts side by side: run, step, rule, evidence.
+    assert '<td>a/run</td><td class="num">18</td><td>length_reward</td>' in html
+    assert '<td>b/run</td><td class="num">18</td><td>length_reward</td>' in html
+    assert html.count("<td>repetition</td>") == 1  # step 24: only run a got that far
     assert "<td>training.beta</td><td>0.0</td><td>0.04</td>" in html
     assert "training.max_steps" in html
     assert _external_refs(html) == []

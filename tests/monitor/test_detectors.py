@@ -244,6 +244,27 @@ def test_heldout_divergence_on_the_total_reward() -> None:
     assert alerts[0].message.startswith("total reward:")
 
 
+def test_heldout_divergence_of_a_watched_reward_against_the_total() -> None:
+    # The run optimises `depth` (total reward rising); `quality` has weight 0: on the training
+    # batches it falls as well, so only its held-out eval against the total reward can diverge.
+    rows: list[dict[str, float]] = []
+    for t in range(1, 31):
+        row = {"reward": 1.0 + 0.1 * t, "rewards/depth/mean": 1.0 + 0.1 * t}
+        row["rewards/quality/mean"] = 0.9 - 0.02 * t
+        if t % 5 == 0:
+            row["eval/quality/mean"] = {5: 0.9, 10: 0.92, 15: 0.8, 20: 0.6}.get(t, 0.5)
+            row["eval/quality/stderr"] = 0.02
+        rows.append(row)
+    names = ["depth", "quality"]
+    alerts = run(HeldoutDetector(HeldoutRule(watch=["quality"]), REARM, names), rows)
+    # z = 0.12 / (0.02 sqrt 2) = 4.2 at step 15 against the bar 3.99 (the best of 2 earlier evals).
+    assert fired(alerts) == [("heldout_divergence", 15)]
+    assert alerts[0].message.startswith("quality (watched) against the total reward")
+    assert "from 0.92 (step 10) to 0.8" in alerts[0].message
+    # Unwatched, the same metrics raise nothing: quality fell on the training prompts too.
+    assert run(HeldoutDetector(HeldoutRule(), REARM, names), rows) == []
+
+
 @pytest.mark.parametrize(("stderr", "expect"), [(0.1, []), (0.01, [("heldout_divergence", 20)])])
 def test_heldout_drop_tested_against_the_logged_standard_error(
     stderr: float, expect: list[tuple[str, int]]

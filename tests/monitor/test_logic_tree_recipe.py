@@ -24,14 +24,45 @@ def _score(config: str, texts: list[str]) -> list[float]:
     return [float(x) for x in scores.total]
 
 
-@pytest.mark.parametrize("config", ["config.hackable.yaml", "config.guarded.yaml"])
-def test_recipe_configs_and_data_load(config: str) -> None:
+@pytest.mark.parametrize(
+    ("config", "heldout"),
+    [
+        ("config.hackable.yaml", 4),
+        ("config.guarded.yaml", 4),
+        ("config.hackable.en.yaml", 8),
+        ("config.guarded.en.yaml", 8),
+    ],
+)
+def test_recipe_configs_and_data_load(config: str, heldout: int) -> None:
     cfg = load_config(RECIPE / config)
-    assert len(load_prompts(cfg.resolve(cfg.data.train))) == 12
+    train = load_prompts(cfg.resolve(cfg.data.train))
+    assert len(train) == 12
     assert cfg.data.heldout is not None
-    assert len(load_prompts(cfg.resolve(cfg.data.heldout))) == 4
+    held = load_prompts(cfg.resolve(cfg.data.heldout))
+    assert len(held) == heldout
+    assert not {r.prompt for r in train} & {r.prompt for r in held}
     assert cfg.system_prompt is not None and "├─ / └─ / │" in cfg.system_prompt
     assert cfg.training.prompts_per_step == 2
+    # Both runs log the raw depth and the quality signal; the quality is watched, not trained on.
+    weights = {spec.display_name: spec.weight for spec in cfg.rewards}
+    assert weights["logic_tree_quality"] == 0
+    assert "logic_tree_depth" in weights
+    assert cfg.monitors.heldout.watch == ["logic_tree_quality"]
+
+
+def test_english_demonstrations_are_trees_for_training_prompts_only() -> None:
+    demos = [json.loads(line) for line in (RECIPE / "demos_en.jsonl").read_text().splitlines()]
+    train = {r.prompt for r in load_prompts(RECIPE / "train_en.jsonl")}
+    assert {d["prompt"] for d in demos} == train  # two trees for each, none for held-out prompts
+    assert len(demos) == 2 * len(train)
+    rewards = build_reward_set(
+        load_config(RECIPE / "config.guarded.en.yaml").rewards, BuildContext(base_dir=RECIPE)
+    )
+    scores = rewards([d["prompt"] for d in demos], [d["completion"] for d in demos], {})
+    # Depth 2 or 3 (room to grow), no repetition, every line a distinct branch.
+    assert set(scores.column("logic_tree_depth")) == {2.0, 3.0}
+    assert set(scores.column("repetition_penalty")) == {0.0}
+    assert set(scores.column("logic_tree_quality")) == {1.0}
 
 
 def test_hackable_reward_prefers_the_hacked_tree_and_guarded_does_not() -> None:
@@ -39,7 +70,8 @@ def test_hackable_reward_prefers_the_hacked_tree_and_guarded_does_not() -> None:
     assert _score("config.hackable.yaml", [base, hacked]) == [6.0, 7.0]
     guarded = _score("config.guarded.yaml", [base, hacked])
     assert guarded[0] == pytest.approx(1.0)
-    assert guarded[1] == pytest.approx(1.0 - 0.6242, abs=1e-3)
+    # Guarded depth 1 of 5 (only the first branch is well formed), minus the repetition penalty.
+    assert guarded[1] == pytest.approx(0.2 - 0.6242, abs=1e-3)
 
 
 def test_repetition_monitor_fires_when_samples_turn_into_the_hacked_tree() -> None:

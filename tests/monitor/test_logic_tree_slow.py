@@ -18,6 +18,8 @@ from grpokit.config import load_config
 from grpokit.evaluate.report import build_report
 from grpokit.monitor import MonitorSet
 from grpokit.recipes import recipe_dir
+from grpokit.rewards.compose import build_reward_set
+from grpokit.rewards.registry import BuildContext
 from grpokit.train.trainer import GRPOTrainer
 
 RECIPE = recipe_dir("logic-tree")
@@ -46,7 +48,9 @@ def test_hackable_recipe_short_run_monitors_and_report(tmp_path: Path) -> None:
         for key in ("completions/repeated_ngram_frac", "completions/distinct_2",
                     "completions/max_group_duplicate_frac", "rewards/logic_tree_depth/mean"):  # fmt: skip
             assert isinstance(r[key], float)
-    replay = MonitorSet(cfg.monitors, ["logic_tree_depth"])
+    rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=RECIPE))
+    tops = {n: m for n, m in zip(rewards.names, rewards.max_values, strict=True) if m is not None}
+    replay = MonitorSet(cfg.monitors, rewards.names, tops)
     replayed = [a.to_dict() for r in rows for a in replay.update(r["step"], r)]
     recorded = [a for r in rows for a in r.get("alerts", [])]
     assert recorded == replayed

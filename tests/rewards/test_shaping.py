@@ -9,11 +9,12 @@ from grpokit.rewards import (
     RewardSpec,
     length_penalty,
     logic_tree_depth,
+    logic_tree_quality,
     repetition_penalty,
     soft_overlong_punishment,
 )
 from grpokit.rewards.length_rewards import repeated_ngram_share, soft_overlong_value
-from grpokit.rewards.tree_rewards import parse_tree, tree_depth
+from grpokit.rewards.tree_rewards import parse_tree, tree_depth, tree_quality
 
 
 def test_soft_overlong_matches_math_md() -> None:
@@ -121,3 +122,27 @@ def test_guarded_depth_ignores_repeated_and_empty_branches() -> None:
     reward = logic_tree_depth(guarded=True, max_depth=4)
     assert reward(prompts=None, completions=[BASE_TREE, "no tree", padded]) == [1.0, 0.0, 0.25]
     assert logic_tree_depth()(prompts=None, completions=[HACKED_TREE]) == [7.0]
+
+
+def test_tree_quality_counts_lines_that_carry_content() -> None:
+    assert tree_quality(BASE_TREE) == 1.0
+    # The hacked tree: 18 lines under the title, half of them bare '│'; from the second branch on
+    # each '├' promises a sibling that never comes, so only the first branch is well formed.
+    assert tree_quality(HACKED_TREE) == pytest.approx(1 / 18)
+    # Siblings drawn as stairs (each one a column further right) are not a decomposition.
+    stairs = "goal\n├─ breakfast\n   ├─ lunch\n      ├─ dinner\n         └─ snack"
+    assert tree_quality(stairs) == 0.0
+    assert tree_quality("goal\n├─ breakfast\n├─ lunch\n├─ dinner\n└─ snack") == 1.0
+    # Depth alone neither helps nor hurts: a deep chain of distinct labels is all content.
+    chain = "goal\n└─ a\n   └─ b\n      └─ c\n         └─ d"
+    assert tree_quality(chain) == 1.0
+    # A repeated label, and everything under it, is padding; so is prose around the tree.
+    looped = "goal\n├─ plan\n│  └─ plan\n│     └─ new idea\n└─ act\nThat is all."
+    assert tree_quality(looped) == pytest.approx(2 / 5)
+    # No title line: every line is judged.
+    assert tree_quality("├─ a\n└─ b") == 1.0
+    assert tree_quality("") == 0.0 and tree_quality("just prose\nmore prose") == 0.0
+    reward = logic_tree_quality()
+    assert reward(prompts=None, completions=[BASE_TREE, "no tree"]) == [1.0, 0.0]
+    spec = RewardSpec.model_validate({"type": "logic_tree_quality", "weight": 0})
+    assert spec.weight == 0.0

@@ -6,6 +6,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -139,9 +140,37 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (x["step"], key)
 
 
+def test_resumed_run_monitors_remember_the_steps_before_the_checkpoint(
+    make_config: Callable[..., GRPOKitConfig], tmp_path: Path
+) -> None:
+    def config(**training: Any) -> GRPOKitConfig:
+        cfg = make_config(max_steps=4, **training)
+        # Fires at step 1 (a group's most common text fills at least 1/G of it) and its episode
+        # never ends: a monitor that forgot the steps before a resume would fire again.
+        cfg.monitors.group_dominance.max_duplicate_frac = 0.01
+        cfg.monitors.group_dominance.smooth_steps = 1
+        return cfg
+
+    def alerts(run_dir: Path) -> list[tuple[int, str]]:
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [(r["step"], a["rule"]) for r in rows for a in r.get("alerts", [])]
+
+    full = GRPOTrainer(config(output_dir="full"), progress=False, log=lambda m: None).train()
+    first = GRPOTrainer(
+        config(output_dir="split", save_steps=2), progress=False, log=lambda m: None
+    )
+    first.total_steps = 2
+    first.train()
+    resumed = resume_run(tmp_path / "split", progress=False)
+    assert (1, "group_dominance") in alerts(full.run_dir)
+    assert alerts(resumed.run_dir) == alerts(full.run_dir)
+
+
 def test_periodic_heldout_eval_and_dynamic_sampling(
     make_config: Callable[..., GRPOKitConfig],
 ) -> None:
     cfg = make_config(eval_steps=1, eval_samples=2, dynamic_sampling=True)
     result = GRPOTrainer(cfg, progress=False, log=lambda m: None).train()
     assert "eval/e/mean" in result.history[0] and "eval/reward" in result.history[0]
+    # The standard error over held-out prompts, which the heldout monitor tests drops against.
+    assert result.history[0]["eval/e/stderr"] >= 0 and result.history[0]["eval/reward/stderr"] >= 0

@@ -71,6 +71,13 @@ class GRPOKitConfig(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self, info: ValidationInfo) -> GRPOKitConfig:
         validate_reward_specs(self.rewards)
+        names = [spec.display_name for spec in self.rewards]
+        unknown = [n for n in self.monitors.heldout.watch if n not in names]
+        if unknown:
+            raise ValueError(
+                f"monitors.heldout.watch names {', '.join(map(repr, unknown))}, not a reward of "
+                f"this config; rewards: {', '.join(names)}"
+            )
         # Relative paths resolve against the config file's directory, which load_config passes
         # in; a config validated without one resolves against the working directory.
         base = (info.context or {}).get("config_dir")

@@ -9,6 +9,7 @@ from statistics import NormalDist
 
 __all__ = [
     "Z_95",
+    "cluster_mean_stderr",
     "cluster_pass_interval",
     "cluster_pass_summary",
     "design_effect",
@@ -123,6 +124,32 @@ def cluster_pass_interval(
     """The (low, high) of :func:`cluster_pass_summary`: a pass rate's interval over prompts."""
     _, _, lo, hi = cluster_pass_summary(passes_per_prompt, confidence=confidence)
     return (lo, hi)
+
+
+def cluster_mean_stderr(values_per_prompt: Sequence[Sequence[float]]) -> float | None:
+    """Standard error of the pooled mean of scores grouped by prompt, prompts as the units.
+
+    values_per_prompt: one list per prompt, one score per sample (NaN and empty lists skipped).
+    The pooled mean m = S / N is a ratio estimator over k prompts; its cluster-robust variance is
+    k / (k - 1) * sum_i (S_i - m N_i)^2 / N^2 (the same estimator as :func:`design_effect`): the
+    samples of one prompt are correlated, so they are not counted as independent. With one
+    sample per prompt it is the usual sd / sqrt(k). None with fewer than two prompts (no spread
+    between prompts to measure).
+
+    >>> round(cluster_mean_stderr([[1.0, 1.0], [0.0, 0.0]]), 3)
+    0.5
+    >>> round(cluster_mean_stderr([[1.0], [0.0], [1.0], [0.0]]), 3)
+    0.289
+    """
+    groups = [[v for v in g if not math.isnan(v)] for g in values_per_prompt]
+    groups = [g for g in groups if g]
+    k = len(groups)
+    if k < 2:
+        return None
+    total = sum(len(g) for g in groups)
+    m = math.fsum(math.fsum(g) for g in groups) / total
+    residuals = math.fsum((math.fsum(g) - m * len(g)) ** 2 for g in groups)
+    return math.sqrt(k / (k - 1) * residuals) / total
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

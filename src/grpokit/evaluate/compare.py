@@ -49,6 +49,18 @@ def config_differences(runs: Sequence[RunData]) -> list[list[object]]:
     return rows
 
 
+def _alerts_table(runs: Sequence[RunData], labels: Sequence[str]) -> str:
+    """Every run's alerts in step order: which rule fired when, and its evidence."""
+    rows: list[list[object]] = [
+        [label, a.get("step"), a.get("rule", "?"), str(a.get("message", ""))]
+        for label, r in zip(labels, runs, strict=True)
+        for a in r.alerts()
+    ]
+    if not rows:
+        return '<p class="muted">No monitor fired in any run.</p>'
+    return table(["run", "step", "rule", "evidence"], rows)
+
+
 def compare_runs(run_dirs: list[Path], out: Path) -> Path:
     """Write an HTML page with the key curves of the runs overlaid; PNGs next to it.
 
@@ -90,6 +102,24 @@ def compare_runs(run_dirs: list[Path], out: Path) -> Path:
         data = plots.png_bytes(plots.fig_compare(runs, labels, keys))
         write_atomic(plot_dir / "rewards.png", data)
         parts.append(section("rewards", "Rewards present in every run", img(data, "rewards")))
+    evals = [
+        (f"eval/{n}/mean", f"held-out: {n}")
+        for n in shared
+        if any(r.has(f"eval/{n}/mean") for r in runs)
+    ]
+    if evals:
+        data = plots.png_bytes(
+            plots.fig_compare(runs, labels, evals[:MAX_REWARD_PANELS], points=True)
+        )
+        write_atomic(plot_dir / "heldout.png", data)
+        parts.append(
+            section(
+                "heldout",
+                "Held-out eval (training.eval_steps), rewards present in every run",
+                img(data, "held-out eval"),
+            )
+        )
+    parts.append(section("alerts", "Monitor alerts", _alerts_table(runs, labels)))
     diffs = config_differences(runs)
     parts.append(
         section(

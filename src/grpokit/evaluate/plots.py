@@ -285,13 +285,22 @@ COMPARE_KEYS = (
     ("frac_reward_zero_std", "Equal-reward groups"),
     ("completions/mean_length", "Mean length (tokens)"),
     ("completions/clipped_ratio", "Truncated share"),
+    ("completions/repeated_ngram_frac", "Repeated n-gram share"),
+    ("completions/distinct_2", "Distinct-2"),
+    ("completions/max_group_duplicate_frac", "Max group duplicate share"),
 )
 
 
 def fig_compare(
-    runs: Sequence[RunData], labels: Sequence[str], keys: Sequence[tuple[str, str]]
+    runs: Sequence[RunData],
+    labels: Sequence[str],
+    keys: Sequence[tuple[str, str]],
+    *,
+    points: bool = False,
 ) -> Figure:
-    """Several runs overlaid, one panel per metric (smoothed curves only)."""
+    """Several runs overlaid, one panel per metric, each run's alerts as dotted lines in its
+    colour. Smoothed curves; with ``points``, the logged values joined (sparse metrics such as
+    the periodic held-out eval)."""
     cols = 3
     rows = max(1, -(-len(keys) // cols))
     fig = Figure(figsize=(WIDTH, 2.9 * rows), layout="constrained")
@@ -299,10 +308,17 @@ def fig_compare(
     colors = [f"C{i % 10}" for i in range(len(runs))]
     for i, (key, title) in enumerate(keys):
         ax = axes[i // cols][i % cols]
-        drawn = [
-            plot_metric(ax, run, key, label=label, color=color, raw=False)
-            for run, label, color in zip(runs, labels, colors, strict=True)
-        ]
+        drawn = []
+        for run, label, color in zip(runs, labels, colors, strict=True):
+            if points:
+                x, y = _xy(*run.series(key))
+                if x:
+                    ax.plot(x, y, "o-", color=color, linewidth=1.5, markersize=4, label=label)
+                drawn.append(bool(x))
+            else:
+                drawn.append(plot_metric(ax, run, key, label=label, color=color, raw=False))
+            for step in sorted({a["step"] for a in run.alerts() if isinstance(a.get("step"), int)}):
+                ax.axvline(step, color=color, linestyle=":", linewidth=1.2, alpha=0.8)
         if any(drawn):
             _finish(ax, title, legend=i == 0)
         else:

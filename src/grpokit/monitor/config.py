@@ -127,6 +127,14 @@ class HeldoutRule(_Rule):
             "Rise of the training reward since the step of that best held-out value (reward units)."
         ),
     )
+    watch: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Rewards whose held-out mean must not fall while the total training reward rises, "
+            "besides each reward against its own training mean: typically a quality signal "
+            "logged with weight 0 (not trained on), which falls on the training prompts too."
+        ),
+    )
 
 
 class _StallRule(_Rule):

@@ -306,6 +306,9 @@ class HeldoutDetector:
 
     Pairs ``rewards/<name>/mean`` with ``eval/<name>/mean`` for each reward, and the total
     ``reward`` with ``eval/reward`` (or ``eval/reward/mean``) when a total eval reward is logged.
+    A reward in ``watch`` (usually one of weight 0: a quality signal logged, not trained on) is
+    also paired with the total training reward: what the run optimises rising while the held-out
+    quality falls.
     Evals are few, so their noise cannot be read off their series: when the eval logs the
     standard error of its mean (``eval/<name>/stderr``, ``eval/reward/stderr``), the drop from the
     best eval must also pass a one-sided z test at the per-check level divided by the number of
@@ -326,57 +329,72 @@ class HeldoutDetector:
         self.test = test or ChangeTest.of()
         self._pairs = [(f"rewards/{n}/mean", f"eval/{n}/mean", n) for n in reward_names]
         self._pairs.append(("reward", "eval/reward", "total reward"))
+        self._pairs += [
+            ("reward", f"eval/{n}/mean", f"{n} (watched) against the total reward")
+            for n in cfg.watch
+        ]
         self._train: dict[str, deque[float]] = {
             t: deque(maxlen=cfg.smooth_steps) for t, _, _ in self._pairs
         }
-        self._train_at: dict[str, dict[int, float]] = {t: {} for t, _, _ in self._pairs}
+        self._train_at: dict[str, dict[int, float]] = {t: {} for t in self._train}
         self._evals: dict[str, list[tuple[int, float, float | None]]] = {
             e: [] for _, e, _ in self._pairs
         }
-        self._episodes = {e: Episode(rearm) for _, e, _ in self._pairs}
+        self._episodes = {(t, e): Episode(rearm) for t, e, _ in self._pairs}
 
     def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
-        alerts: list[Alert] = []
-        for train_key, eval_key, label in self._pairs:
+        for train_key, recent in self._train.items():
             train = metric(metrics, train_key)
             if train is not None:
-                self._train[train_key].append(train)
-            if self._train[train_key]:
-                self._train_at[train_key][step] = mean(self._train[train_key])
+                recent.append(train)
+            if recent:
+                self._train_at[train_key][step] = mean(recent)
+        evaluated = set()
+        for eval_key, history in self._evals.items():
             value = metric(metrics, eval_key)
             if value is None and eval_key == "eval/reward":
                 value = metric(metrics, "eval/reward/mean")
-            if value is None:
-                continue
-            err_key = eval_key.removesuffix("/mean") + "/stderr"
-            history = self._evals[eval_key]
-            history.append((step, value, metric(metrics, err_key)))
-            train_now = self._train_at[train_key].get(step)
-            if len(history) < 2 or train_now is None:
-                continue
-            peak_step, peak, peak_se = max(history[:-1], key=lambda p: p[1])
-            train_then = self._train_at[train_key].get(peak_step)
-            if train_then is None:
-                continue
-            drop, rise = peak - value, train_now - train_then
-            large = drop >= self.cfg.min_eval_drop and rise >= self.cfg.min_train_rise
-            passes, evidence = self._drop_test(
-                drop, (peak_se, history[-1][2]), len(history) - 1, err_key
-            )
-            if self._episodes[eval_key].check(large and passes, large):
-                alerts.append(
-                    Alert(
-                        self.rule,
-                        step,
-                        drop,
-                        f"{label}: held-out mean fell from {peak:.3g} (step {peak_step}) to "
-                        f"{value:.3g} ({evidence}) while the training reward rose from "
-                        f"{train_then:.3g} to {train_now:.3g}. The policy is learning what the "
-                        f"training prompts reward, not the task: compare samples, consider an "
-                        f"earlier checkpoint.",
-                    )
-                )
+            if value is not None:
+                err_key = eval_key.removesuffix("/mean") + "/stderr"
+                history.append((step, value, metric(metrics, err_key)))
+                evaluated.add(eval_key)
+        alerts: list[Alert] = []
+        for train_key, eval_key, label in self._pairs:
+            if eval_key in evaluated:
+                alert = self._check(step, train_key, eval_key, label)
+                if alert is not None:
+                    alerts.append(alert)
         return alerts
+
+    def _check(self, step: int, train_key: str, eval_key: str, label: str) -> Alert | None:
+        """The pair's check at an eval step: the latest eval against the best earlier one."""
+        history = self._evals[eval_key]
+        train_now = self._train_at[train_key].get(step)
+        if len(history) < 2 or train_now is None:
+            return None
+        peak_step, peak, peak_se = max(history[:-1], key=lambda p: p[1])
+        train_then = self._train_at[train_key].get(peak_step)
+        if train_then is None:
+            return None
+        value = history[-1][1]
+        drop, rise = peak - value, train_now - train_then
+        large = drop >= self.cfg.min_eval_drop and rise >= self.cfg.min_train_rise
+        err_key = eval_key.removesuffix("/mean") + "/stderr"
+        passes, evidence = self._drop_test(
+            drop, (peak_se, history[-1][2]), len(history) - 1, err_key
+        )
+        if not self._episodes[train_key, eval_key].check(large and passes, large):
+            return None
+        return Alert(
+            self.rule,
+            step,
+            drop,
+            f"{label}: held-out mean fell from {peak:.3g} (step {peak_step}) to "
+            f"{value:.3g} ({evidence}) while the training reward rose from "
+            f"{train_then:.3g} to {train_now:.3g}. The policy is learning what the "
+            f"training prompts reward, not the task: compare samples, consider an "
+            f"earlier checkpoint.",
+        )
 
     def _drop_test(
         self,
@@ -666,7 +684,10 @@ class MonitorSet:
             ),
             (config.repetition.enabled, RepetitionDetector(config.repetition, rearm, test)),
             (config.kl.enabled, KLDetector(config.kl, rearm, test)),
-            (config.heldout.enabled, HeldoutDetector(config.heldout, rearm, reward_names, test)),
+            (
+                config.heldout.enabled,
+                HeldoutDetector(config.heldout, rearm, reward_names, test),
+            ),
             (config.entropy.enabled, EntropyDetector(config.entropy, rearm, test)),
             (
                 config.saturation.enabled,

@@ -35,6 +35,7 @@ _LAZY: dict[str, str] = {
     "soft_overlong_punishment": "grpokit.rewards.length_rewards",
     "repetition_penalty": "grpokit.rewards.length_rewards",
     "logic_tree_depth": "grpokit.rewards.tree_rewards",
+    "logic_tree_quality": "grpokit.rewards.tree_rewards",
     "RewardModelReward": "grpokit.rewards.reward_model",
     "GateSpec": "grpokit.rewards.spec",
     "RewardSpec": "grpokit.rewards.spec",

@@ -145,6 +145,17 @@ class Sampled:
                 out.append([bool(v >= top - 1e-9) for v in values if not torch.isnan(v)])
         return out
 
+    def per_prompt(self, reward: int | None = None) -> list[list[float]]:
+        """Per prompt, the scores of its samples under reward number ``reward`` (None: the
+        weighted total), NaN (not applicable) included: the clusters of a standard error."""
+        out = []
+        for batch in self.batches:
+            scores = batch.scores
+            column = scores.total if reward is None else scores.per_function[:, reward]
+            g = batch.group_size
+            out += [column[i * g : (i + 1) * g].tolist() for i in range(len(batch.rows))]
+        return out
+
 
 @dataclass
 class Sampler:

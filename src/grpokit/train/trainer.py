@@ -23,12 +23,13 @@ import torch
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
 from grpokit.core.losses import LossInputs, PolicyLoss
+from grpokit.core.stats import cluster_mean_stderr
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
-from grpokit.monitor.sinks import JsonlSink, MetricsSink
+from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
 from grpokit.monitor.trackers import missing_tracker_packages
 from grpokit.progress import Progress, eta_text, on_terminal, progress
 from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
@@ -198,6 +199,13 @@ class GRPOTrainer:
             rewards.names,
             {n: m for n, m in zip(rewards.names, rewards.max_values, strict=True) if m is not None},
         )
+        if resume and self.dist.is_main:
+            # The monitors judge a change against the run's earlier steps: give them back the
+            # steps logged before the checkpoint (metrics.jsonl is already cut back to it). Their
+            # alerts were recorded then.
+            for row in read_metrics(self.run_dir / "metrics.jsonl")[0]:
+                if isinstance(row.get("step"), int) and row["step"] <= self.state.global_step:
+                    self.monitors.update(row["step"], row)
         self.history: list[dict[str, Any]] = []
         # The state and random states at the start of the running step (None between steps),
         # and whether it has changed the weights yet: what an emergency checkpoint may save.
@@ -534,13 +542,19 @@ class GRPOTrainer:
             return {}
         scored = self.sampler.score_prompts(rows, self.args.eval_samples, seed=self.args.seed + 1)
         out: dict[str, float] = {}
-        for r in scored.summary():
+        for j, r in enumerate(scored.summary()):
             out[f"eval/{r.name}/mean"] = r.mean
             if r.pass_rate is not None:
                 out[f"eval/{r.name}/pass_rate"] = r.pass_rate
+            stderr = cluster_mean_stderr(scored.per_prompt(j))
+            if stderr is not None:  # lets the heldout monitor test a drop against eval noise
+                out[f"eval/{r.name}/stderr"] = stderr
         total = torch.cat([b.scores.total for b in scored.batches])
         valid = total[~torch.isnan(total)]
         out["eval/reward"] = float(valid.mean()) if len(valid) else float("nan")
+        stderr = cluster_mean_stderr(scored.per_prompt())
+        if stderr is not None:
+            out["eval/reward/stderr"] = stderr
         return out
 
     # ---- driving the run -----------------------------------------------------------------------
