@@ -10,6 +10,7 @@ import pytest
 from grpokit.core.stats import student_t_quantile
 from grpokit.monitor import Alert, MonitorConfig, MonitorSet
 from grpokit.monitor.config import (
+    DivergenceRule,
     EntropyRule,
     GroupDominanceRule,
     HeldoutRule,
@@ -20,6 +21,7 @@ from grpokit.monitor.config import (
 )
 from grpokit.monitor.detectors import (
     Detector,
+    DivergenceDetector,
     EntropyDetector,
     Episode,
     GroupDominanceDetector,
@@ -289,6 +291,42 @@ def test_heldout_silent_when_eval_follows_train(slope: float) -> None:
     evals = {t: 0.4 + slope * t for t in range(5, 31, 5)}
     rows = _heldout_rows(train, evals)
     assert run(HeldoutDetector(HeldoutRule(), REARM, ["judge"]), rows) == []
+
+
+# ---- watched reward against the trained one ----------------------------------------------------
+
+
+def _divergence_rows(quality_slope: float, reward_slope: float) -> list[dict[str, float]]:
+    rng = random.Random(3)
+    return [
+        {
+            "reward": 2.0 + reward_slope * max(0, t - 20) + rng.gauss(0, 0.4),
+            "rewards/quality/mean": max(0.0, 0.3 + quality_slope * max(0, t - 20))
+            + rng.gauss(0, 0.08),
+        }
+        for t in range(1, 41)
+    ]
+
+
+def test_divergence_fires_when_the_watched_reward_falls_as_the_trained_one_rises() -> None:
+    det = DivergenceDetector(DivergenceRule(), REARM, ["quality"])
+    alerts = run(det, _divergence_rows(-0.02, 0.12))
+    assert [a.rule for a in alerts] == ["reward_divergence"]
+    assert 25 <= alerts[0].step <= 40
+    assert "'quality' (watched) fell" in alerts[0].message and "t = +" in alerts[0].message
+
+
+@pytest.mark.parametrize(
+    ("quality_slope", "reward_slope"), [(0.0, 0.12), (0.01, 0.12), (-0.02, 0.0)]
+)
+def test_divergence_silent_unless_both_move(quality_slope: float, reward_slope: float) -> None:
+    # a healthy run (quality flat or up while the reward rises), or quality falling alone
+    det = DivergenceDetector(DivergenceRule(), REARM, ["quality"])
+    assert run(det, _divergence_rows(quality_slope, reward_slope)) == []
+
+
+def test_divergence_watches_nothing_by_default() -> None:
+    assert run(MonitorSet(MonitorConfig(), ["quality"]), _divergence_rows(-0.02, 0.12)) == []
 
 
 # ---- entropy collapse --------------------------------------------------------------------------

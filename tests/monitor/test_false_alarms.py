@@ -117,7 +117,8 @@ CALIBRATION = MonitorConfig.model_validate(
         "entropy": {"floor": 0.0, "min_frac_of_early": 1 - 1e-9},
         "saturation": {"min_corr": 1e-9, "min_drop": 1e-9},
         "group_dominance": {"enabled": False},
-        "heldout": {"enabled": False},
+        "heldout": {"enabled": False, "watch": ["answer"]},
+        "divergence": {"min_drop": 1e-9, "min_rise": 1e-9},
     }
 )
 
@@ -152,6 +153,6 @@ def test_false_alarm_rate_stays_under_the_target_on_stationary_noise() -> None:
         for rule in {a.rule for a in alerts_of(_stationary(rng, steps), CALIBRATION)}:
             fired[rule] = fired.get(rule, 0) + 1
     assert set(fired) <= {"length_reward", "repetition", "kl_jump", "entropy_collapse",
-                          "reward_saturation"}  # fmt: skip
+                          "reward_saturation", "reward_divergence"}  # fmt: skip
     for rule, count in fired.items():
         assert count / runs <= CALIBRATION.false_alarm_rate, (rule, count)

@@ -137,6 +137,27 @@ class HeldoutRule(_Rule):
     )
 
 
+class DivergenceRule(_Rule):
+    """A watched reward (``heldout.watch``) falling on the training batches while the total
+    training reward rises: the run's own batches show the hack, every step, without waiting for
+    a held-out eval."""
+
+    window: int = Field(
+        default=10,
+        ge=4,
+        description=(
+            "The later half of the last N steps against every step before it (up to "
+            "noise_window): the watched reward must fall and the total reward rise between them."
+        ),
+    )
+    min_drop: float = Field(
+        default=0.05, gt=0, description="Fall of the watched reward's mean (reward units)."
+    )
+    min_rise: float = Field(
+        default=0.05, gt=0, description="Rise of the total training reward's mean (reward units)."
+    )
+
+
 class _StallRule(_Rule):
     min_stalled_frac: float = Field(
         default=0.5,
@@ -295,6 +316,13 @@ class MonitorConfig(BaseModel):
     heldout: HeldoutRule = Field(
         default_factory=HeldoutRule,
         description="Training reward rising while the held-out eval reward falls.",
+    )
+    divergence: DivergenceRule = Field(
+        default_factory=DivergenceRule,
+        description=(
+            "A watched reward (heldout.watch) falling on the training batches while the total "
+            "training reward rises."
+        ),
     )
     entropy: EntropyRule = Field(default_factory=EntropyRule, description="Entropy collapse.")
     saturation: SaturationRule = Field(

@@ -27,6 +27,7 @@ from statistics import NormalDist
 from typing import Protocol
 
 from grpokit.monitor.config import (
+    DivergenceRule,
     EntropyRule,
     GroupDominanceRule,
     HeldoutRule,
@@ -415,6 +416,75 @@ class HeldoutDetector:
         )
 
 
+class DivergenceDetector:
+    """Rule ``reward_divergence``: a watched reward falls on the training batches while the total
+    training reward rises.
+
+    The watched rewards (``monitors.heldout.watch``) are quality signals logged with weight 0:
+    the policy is not trained on them, so their fall while the trained reward climbs is the
+    hack itself. Per step they are means over the whole batch, so the check runs every step:
+    the later half of the last ``window`` steps against the steps before it (up to
+    ``noise_window``), both changes large enough and beyond their step-to-step noise (the fall
+    test shared among the watched rewards).
+    """
+
+    rule = "reward_divergence"
+
+    def __init__(
+        self,
+        cfg: DivergenceRule,
+        rearm: int,
+        watched: Sequence[str],
+        test: ChangeTest | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self._watched = list(watched)
+        self.test = (test or ChangeTest.of()).split(len(self._watched))
+        self._after = cfg.window - cfg.window // 2
+        self._total = self.test.buffer(self._after)
+        self._values = {n: self.test.buffer(self._after) for n in self._watched}
+        self._episodes = {n: Episode(rearm) for n in self._watched}
+
+    def update(self, step: int, metrics: Mapping[str, object]) -> list[Alert]:
+        total = metric(metrics, "reward")
+        if total is None or not self._watched:
+            return []
+        self._total.append(total)
+        rose = self._shift(list(self._total))
+        alerts: list[Alert] = []
+        for name in self._watched:
+            value = metric(metrics, f"rewards/{name}/mean")
+            if value is None:
+                continue
+            self._values[name].append(value)
+            fell = self._shift(list(self._values[name]))
+            if fell is None or rose is None:
+                continue
+            large = -fell.diff >= self.cfg.min_drop and rose.diff >= self.cfg.min_rise
+            significant = self.test.fell(fell) and self.test.rose(rose)
+            if not self._episodes[name].check(large and significant, large):
+                continue
+            alerts.append(
+                Alert(
+                    self.rule,
+                    step,
+                    fell.after,
+                    f"'{name}' (watched) fell from {fell.before:.3g} to {fell.after:.3g} over the "
+                    f"last {self._after} steps ({self.test.evidence(fell)}) while the training "
+                    f"reward rose from {rose.before:.3g} to {rose.after:.3g} "
+                    f"({self.test.evidence(rose)}). The policy is gaming the trained reward: "
+                    f"read the samples, consider an earlier checkpoint and a guarded reward.",
+                )
+            )
+        return alerts
+
+    def _shift(self, values: list[float]) -> Shift | None:
+        if len(values) < self.cfg.window:
+            return None
+        before, after = values[: -self._after], values[-self._after :]
+        return shift(before, after, before)
+
+
 class StalledGroups:
     """The smoothed share of groups that give no learning signal without being solved.
 
@@ -687,6 +757,10 @@ class MonitorSet:
             (
                 config.heldout.enabled,
                 HeldoutDetector(config.heldout, rearm, reward_names, test),
+            ),
+            (
+                config.divergence.enabled,
+                DivergenceDetector(config.divergence, rearm, config.heldout.watch, test),
             ),
             (config.entropy.enabled, EntropyDetector(config.entropy, rearm, test)),
             (
