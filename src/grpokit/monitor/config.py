@@ -103,6 +103,15 @@ class KLRule(_Rule):
             "large ratios that mean nothing."
         ),
     )
+    jump_persist_steps: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "kl_jump needs the jump on this many consecutive steps (the smallest of them is "
+            "tested). A step's KL is a mean over its few prompts, so one unusual prompt makes a "
+            "spike that is gone the next step; a policy that changed suddenly stays changed."
+        ),
+    )
 
 
 class HeldoutRule(_Rule):

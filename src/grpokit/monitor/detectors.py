@@ -248,8 +248,8 @@ class RepetitionDetector:
 class KLDetector:
     """Rules ``kl_high`` (kl above a ceiling) and ``kl_jump`` (kl a multiple of its recent median).
 
-    A jump must also stand out of the noise: the step's KL against the mean of the previous
-    ``jump_window`` steps passes the noise test.
+    A jump must hold for ``jump_persist_steps`` consecutive steps and stand out of the noise: those
+    steps' KL against the mean of the ``jump_window`` steps before them passes the noise test.
     """
 
     rule = "kl_high"
@@ -258,8 +258,9 @@ class KLDetector:
     def __init__(self, cfg: KLRule, rearm: int, test: ChangeTest | None = None) -> None:
         self.cfg = cfg
         self.test = test or ChangeTest.of()
-        self._history: deque[float] = deque(maxlen=cfg.jump_window)
-        self._noise = self.test.buffer()
+        self._series: deque[float] = deque(
+            maxlen=max(self.test.noise_window, cfg.jump_window) + cfg.jump_persist_steps
+        )
         self._high = Episode(rearm)
         self._jump = Episode(rearm)
 
@@ -279,26 +280,35 @@ class KLDetector:
                     f"check the samples for degenerate text.",
                 )
             )
-        if len(self._history) >= self.cfg.jump_min_history:
+        self._series.append(kl)
+        values = list(self._series)
+        persist = self.cfg.jump_persist_steps
+        # The steps before the tested ones: their median is the reference, their scatter the
+        # noise (the jump itself must not widen it).
+        recent, earlier = values[-persist:], values[:-persist]
+        history = earlier[-self.cfg.jump_window :]
+        if len(recent) == persist and len(history) >= self.cfg.jump_min_history:
+            low = min(recent)
             # The floor keeps a near-zero median (KL starts at 0) from making any value a jump.
-            ref = max(median(self._history), self.cfg.jump_min / self.cfg.jump_ratio)
-            ratio = kl / ref
-            # The noise of the steps before this one: the jump itself must not widen it.
-            s = shift(list(self._history), [kl], list(self._noise))
-            jumped = kl >= self.cfg.jump_min and ratio >= self.cfg.jump_ratio
+            ref = max(median(history), self.cfg.jump_min / self.cfg.jump_ratio)
+            ratio = low / ref
+            s = shift(history, recent, earlier[-self.test.noise_window :])
+            jumped = low >= self.cfg.jump_min and ratio >= self.cfg.jump_ratio
             if self._jump.check(jumped and self.test.rose(s), jumped) and s is not None:
+                held = (
+                    f" and stayed at {low:.3g} or more for {persist} steps" if persist > 1 else ""
+                )
                 alerts.append(
                     Alert(
                         self.jump_rule,
                         step,
                         kl,
-                        f"KL jumped to {kl:.3g}, {ratio:.1f}x its median {median(self._history):.3g} "
-                        f"over the previous {len(self._history)} steps ({self.test.evidence(s)}). "
-                        f"A sudden policy change: look at the samples of this step.",
+                        f"KL jumped to {kl:.3g}{held}, {ratio:.1f}x its median "
+                        f"{median(history):.3g} over the previous {len(history)} steps "
+                        f"({self.test.evidence(s)}). A sudden policy change: look at the "
+                        f"samples of these steps.",
                     )
                 )
-        self._history.append(kl)
-        self._noise.append(kl)
         return alerts
 
 
