@@ -26,6 +26,7 @@ MINIMAL: dict[str, dict[str, Any]] = {
     "length_penalty": {"free_length": 4},
     "repetition_penalty": {},
     "logic_tree_depth": {},
+    "logic_tree_quality": {},
     "python": {"function": "user_rewards.py:plain"},
 }
 
