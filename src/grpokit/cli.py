@@ -183,7 +183,7 @@ def demo(output_dir: Path, steps: int | None, quick: bool, long_run: bool, seed:
 
     Measures the base model on held-out problems, warm-starts it with a short SFT on generated
     demonstrations (the base model never follows the format: the cold start), trains with GRPO
-    and measures again. About 15 minutes on an idle 2-core laptop CPU.
+    and measures again. About 15 minutes on an idle 2-core CPU.
     """
     from dataclasses import replace
 
