@@ -57,6 +57,15 @@ def _wilson(p: float, n: float, z: float) -> tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def _cluster_variance(sums: Sequence[float], sizes: Sequence[int]) -> float:
+    """Cluster-robust variance of the pooled mean m = S / N over k >= 2 prompts (S, N the sums of
+    each prompt's score sums and sample counts): k / (k - 1) * sum_i (S_i - m N_i)^2 / N^2."""
+    k, total = len(sizes), sum(sizes)
+    m = math.fsum(sums) / total
+    residuals = math.fsum((s - m * n) ** 2 for s, n in zip(sums, sizes, strict=True))
+    return k / (k - 1) * residuals / total**2
+
+
 def design_effect(successes: Sequence[int], sizes: Sequence[int]) -> float:
     """How much the samples' correlation within a prompt widens a pooled pass rate's variance.
 
@@ -83,8 +92,7 @@ def design_effect(successes: Sequence[int], sizes: Sequence[int]) -> float:
     p = sum(successes) / total
     if p in (0.0, 1.0):
         return total / k
-    residuals = math.fsum((s - p * m) ** 2 for s, m in zip(successes, sizes, strict=True))
-    clustered = k / (k - 1) * residuals / total**2
+    clustered = _cluster_variance(successes, sizes)
     binomial = p * (1.0 - p) / (total - 1)
     return max(1.0, clustered / binomial)
 
@@ -146,10 +154,7 @@ def cluster_mean_stderr(values_per_prompt: Sequence[Sequence[float]]) -> float |
     k = len(groups)
     if k < 2:
         return None
-    total = sum(len(g) for g in groups)
-    m = math.fsum(math.fsum(g) for g in groups) / total
-    residuals = math.fsum((math.fsum(g) - m * len(g)) ** 2 for g in groups)
-    return math.sqrt(k / (k - 1) * residuals) / total
+    return math.sqrt(_cluster_variance([math.fsum(g) for g in groups], [len(g) for g in groups]))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
