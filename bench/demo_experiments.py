@@ -73,8 +73,11 @@ def _parse_set(settings: Any, items: list[str]) -> Any:
         key, _, raw = item.partition("=")
         if key not in fields or key == "demonstration":
             sys.exit(f"--set {item}: unknown setting; one of {sorted(fields)}")
-        value: Any = json.loads(raw) if raw not in ("", "None") else None
-        if isinstance(value, str) or key in ("lr_scheduler_type", "loss_type"):
+        try:
+            value: Any = json.loads(raw) if raw not in ("", "None") else None
+        except json.JSONDecodeError:  # a bare word: a string setting (dtype=auto)
+            value = raw
+        if key in ("lr_scheduler_type", "loss_type", "dtype"):
             value = str(value if value is not None else raw)
         changes[key] = value
     return dataclasses.replace(settings, **changes)

@@ -82,8 +82,10 @@ for stage in base sft; do
     head -n 1)"
 done
 
-# ---- GRPO: the seed's gate, and the same run with format and judge simply summed
+# ---- GRPO: the seed's gate, and the same run with format and judge simply summed; the two
+# variants of a seed train side by side (THREADS each), sharing the judge server
 for seed in $SEEDS; do
+  pids=()
   for variant in gated summed; do
     dir=$OUT/$variant-s$seed
     [ -d "$dir/checkpoint-$STEPS" ] && continue
@@ -93,8 +95,10 @@ for seed in $SEEDS; do
     run "$variant-s$seed.log" "$BIN/grpokit" train "$CFG" --output-dir "$dir" --no-progress \
       --set "model.init_from=$OUT/sft" --set "training.seed=$seed" \
       --set "training.max_steps=$STEPS" --set training.report_to=none \
-      --set training.num_completions_to_print=4 "${SIZES[@]}" "${gate[@]}"
+      --set training.num_completions_to_print=4 "${SIZES[@]}" "${gate[@]}" &
+    pids+=("$!")
   done
+  for pid in "${pids[@]}"; do wait "$pid"; done  # set -e: a failed run stops the script
 done
 
 # ---- held-out: the SFT start and every run, the same prompts and sampling seeds; again for

@@ -20,7 +20,12 @@ from grpokit.demo import DEMO, LONG, QUICK, DemoSettings, demo_config
 
 @pytest.mark.parametrize(
     "settings",
-    [DEMO, LONG, QUICK, replace(DEMO, lora_r=None, num_generations=12, prompts_per_step=3)],
+    [
+        DEMO,
+        LONG,
+        QUICK,
+        replace(DEMO, lora_r=None, num_generations=12, prompts_per_step=3, dtype="float32"),
+    ],
 )
 def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSettings) -> None:
     path = tmp_path / "grpo.yaml"
@@ -30,11 +35,12 @@ def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSetting
     assert t.prompts_per_step == settings.prompts_per_step
     assert t.per_device_train_batch_size <= 8 and t.max_steps == settings.grpo_steps
     assert (load_config(path).model.lora is None) == (settings.lora_r is None)
+    assert load_config(path).model.dtype == settings.dtype
 
 
-def test_long_demo_measures_on_200_fresh_problems() -> None:
-    assert LONG.n_eval >= 200 and DEMO.n_eval == 0
-    assert LONG.n_demos <= MAX_DEMOS
+def test_demo_and_long_demo_measure_on_200_fresh_problems() -> None:
+    assert DEMO.n_eval >= 200 and LONG.n_eval >= 200
+    assert max(DEMO.n_demos, LONG.n_demos) <= MAX_DEMOS
 
 
 def test_quick_and_long_together_is_a_user_error() -> None:

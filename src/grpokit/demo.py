@@ -51,11 +51,11 @@ class DemoSettings:
 
     demonstration: Callable[[int, int], dict[str, str]] = arithmetic_demonstration
     """Writes the worked answer of a + b that the SFT imitates."""
-    n_demos: int = 64
-    sft_steps: int = 16
+    n_demos: int = 384
+    sft_steps: int = 48
     sft_batch_size: int = 8
-    sft_learning_rate: float = 2e-5
-    grpo_steps: int = 60
+    sft_learning_rate: float = 5e-5
+    grpo_steps: int = 20
     lora_r: int | None = 16
     """GRPO's LoRA rank; None trains every weight."""
     learning_rate: float = 2e-4
@@ -68,14 +68,17 @@ class DemoSettings:
     temperature: float = 1.0
     dynamic_sampling: bool = False
     n_heldout: int = 32
-    n_eval: int = 0
+    n_eval: int = 200
     """Measure every stage on this many fresh problems (disjoint from anything the demo's data can
     hold, ``fresh_arithmetic_problems``) instead of heldout.jsonl; 0: heldout.jsonl."""
-    eval_samples: int = 2
+    eval_samples: int = 1
     grpo_eval_steps: int = 0
     """Held-out checks during GRPO every N steps (the curve in metrics.jsonl); 0: none."""
     seed: int = 0
     """Seeds the SFT's order and GRPO's sampling; the problems stay the same."""
+    dtype: Literal["auto", "float32"] = "auto"
+    """``model.dtype`` of both stages: "auto" computes in bfloat16 (float32 weights and optimizer
+    state) where the CPU multiplies bfloat16 natively, float32 elsewhere."""
 
     def describe(self) -> dict[str, Any]:
         """The settings as plain values (the demonstration by its function's name)."""
@@ -85,9 +88,10 @@ class DemoSettings:
 
 
 DEMO = DemoSettings()
-LONG = replace(DEMO, n_demos=512, sft_steps=64, sft_learning_rate=5e-5, grpo_steps=40, n_eval=200)
-"""Measured in docs/demo.md: a longer SFT on more demonstrations, then a shorter GRPO."""
-QUICK = replace(DEMO, sft_steps=4, grpo_steps=2, n_heldout=8)
+LONG = replace(DEMO, n_demos=512, sft_steps=64, grpo_steps=40, eval_samples=2, dtype="float32")
+"""Measured in docs/demo.md: a longer SFT on more demonstrations, then twice the GRPO steps, in
+float32, each problem answered twice."""
+QUICK = replace(DEMO, n_demos=64, sft_steps=4, grpo_steps=2, n_heldout=8, n_eval=0, eval_samples=2)
 
 
 def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any]:
@@ -97,6 +101,7 @@ def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any
     return {
         "model": {
             "name_or_path": EMBEDDED_MODEL,
+            "dtype": s.dtype,
             "init_from": str(sft_dir),
             "lora": {"r": s.lora_r, "alpha": 2 * s.lora_r, "dropout": 0.0} if s.lora_r else None,
         },
@@ -194,7 +199,11 @@ def _load_base(
 ) -> Sampler:
     """The base model in full (SFT trains every weight), sampled as the GRPO run will sample."""
     return Sampler.load(
-        ModelConfig(name_or_path=EMBEDDED_MODEL, init_from=str(init_from) if init_from else None),
+        ModelConfig(
+            name_or_path=EMBEDDED_MODEL,
+            dtype=cfg.model.dtype,
+            init_from=str(init_from) if init_from else None,
+        ),
         rewards,
         sampling=sampling_params(cfg.training),
         system_prompt=cfg.system_prompt,
