@@ -274,7 +274,7 @@ def run_demo(
     policy = base.policy
     if measure_base:
         console.print(
-            f"[bold]1/4[/] base model on {len(rows)} held-out problems x {s.eval_samples} samples"
+            f"[bold]1/4[/] base model on {len(rows)} held-out problems, {_answers(s.eval_samples)}"
         )
         base_format = measure("base model", base)[0]
         console.print(f"  format followed: {base_format.cell()}")
@@ -337,7 +337,7 @@ def run_demo(
     seconds["total"] = time.perf_counter() - t0
 
     table = Table(
-        title=f"held-out pass rates ({len(rows)} problems x {s.eval_samples} samples; "
+        title=f"held-out pass rates ({len(rows)} problems, {_answers(s.eval_samples)}; "
         f"95% cluster interval over prompts)"
     )
     table.add_column("model")
@@ -371,6 +371,10 @@ def run_demo(
     (output_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
     rewards.close()
     return summary
+
+
+def _answers(samples: int) -> str:
+    return "one answer each" if samples == 1 else f"{samples} answers each"
 
 
 def _training_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
