@@ -182,7 +182,8 @@ def run_curves(run_dir: Path) -> RunCurves:
         variant=variant,
         seed=int(seed),
         format_pass=[float(m.get("pass_rate/xml_format", math.nan)) for m in steps],
-        judge=[float(m.get("judge/0/mean", math.nan)) for m in steps],
+        # null on a step where the gate let no answer through to the judge
+        judge=[float(m.get("judge/0/mean") or math.nan) for m in steps],
         judged=[1.0 - float(m.get("rewards/quality/gated_out_frac", 0.0)) for m in steps],
         reward=[float(m["reward"]) for m in steps],
         step_seconds=[float(m.get("step_time", math.nan)) for m in steps],
