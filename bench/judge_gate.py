@@ -174,6 +174,12 @@ class RunCurves:
     step_seconds: list[float]
 
 
+def _number(value: float | None) -> float:
+    """A logged metric as a float; NaN where it is missing or null (a step whose gate let no
+    answer through to the judge logs a null judge mean)."""
+    return math.nan if value is None else float(value)
+
+
 def run_curves(run_dir: Path) -> RunCurves:
     variant, _, seed = run_dir.name.rpartition("-s")
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "rewards/xml_format/mean" in m]
@@ -182,8 +188,7 @@ def run_curves(run_dir: Path) -> RunCurves:
         variant=variant,
         seed=int(seed),
         format_pass=[float(m.get("pass_rate/xml_format", math.nan)) for m in steps],
-        # null on a step where the gate let no answer through to the judge
-        judge=[float(m.get("judge/0/mean") or math.nan) for m in steps],
+        judge=[_number(m.get("judge/0/mean")) for m in steps],
         judged=[1.0 - float(m.get("rewards/quality/gated_out_frac", 0.0)) for m in steps],
         reward=[float(m["reward"]) for m in steps],
         step_seconds=[float(m.get("step_time", math.nan)) for m in steps],
