@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpokit.config import EMBEDDED_MODEL, GRPOKitConfig, ModelConfig, load_config
+from grpokit.core.losses import LossTypeName
 from grpokit.core.stats import cluster_pass_summary, paired_difference
 from grpokit.data.prompts import PromptRow, load_prompts
 from grpokit.data.tasks import (
@@ -64,7 +65,7 @@ class DemoSettings:
     prompts_per_step: int = 2
     max_completion_length: int = 64
     beta: float = 0.04
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    loss_type: LossTypeName = "dapo"
     temperature: float = 1.0
     dynamic_sampling: bool = False
     n_heldout: int = 32

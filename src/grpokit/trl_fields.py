@@ -81,7 +81,7 @@ _EVAL = "training.eval_steps, eval_samples, eval_max_prompts, and `grpokit eval`
 _COMPILE = "grpokit does not compile the model; its CPU decoder and oneDNN path are its speed-ups"
 _VLLM = "grpokit's vLLM engine (training.use_vllm) does not take this setting; vLLM's own default applies"
 _LOSS = "this loss variant is not implemented"
-_LOSSES = "loss_type grpo, bnpo, dr_grpo or dapo; epsilon_high for clip-higher"
+_LOSSES = "loss_type grpo, bnpo, dr_grpo, dapo, cispo or sapo; epsilon_high for clip-higher"
 _ENTROPY = "entropy regularisation is not implemented; the entropy monitor warns of a collapse"
 _LOADER = "prompts are held in memory; there is no data loader"
 _TRACKIO = "grpokit reports to tensorboard, wandb and mlflow, not trackio"
@@ -260,8 +260,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             "refused",
             _LOSS,
             _LOSSES,
-            sapo_temperature_neg=1.05,
-            sapo_temperature_pos=1.0,
             vespo_k_pos=2.0,
             vespo_lambda_pos=3.0,
             vespo_k_neg=3.0,

@@ -8,21 +8,50 @@ from typing import Any
 import pytest
 import torch
 
-from grpokit.core.losses import LOSS_AGGREGATIONS, PolicyLossOutput, policy_loss
+from grpokit.core.losses import (
+    LOSS_TYPES as REGISTERED,
+)
+from grpokit.core.losses import (
+    LossInputs,
+    LossOutput,
+    LossSettings,
+    StepCounts,
+    policy_loss,
+    reduce,
+)
 
 F64 = torch.float64
-LOSS_TYPES = sorted(LOSS_AGGREGATIONS)
+LOSS_TYPES = ["bnpo", "dapo", "dr_grpo", "grpo"]  # the clipped surrogate's four normalisers
+KL = "kl"
+LOW, HIGH, REGION = "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"
+
+
+def compute(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ref_logp: torch.Tensor | None = None,
+    num_active_tokens: float | None = None,
+    num_sequences: int | None = None,
+    max_completion_length: int | None = None,
+    **settings: Any,
+) -> LossOutput:
+    """policy_loss on these tensors, with the step counts and the settings as keywords."""
+    counts = StepCounts(num_active_tokens, num_sequences, max_completion_length)
+    return policy_loss(
+        LossInputs(logp, old_logp, advantages, mask, ref_logp, counts), LossSettings(**settings)
+    )
 
 
 def tensor(values: Any) -> torch.Tensor:
     return torch.tensor(values, dtype=F64)
 
 
-def loss_and_grad(
-    logp: torch.Tensor, *args: Any, **kwargs: Any
-) -> tuple[PolicyLossOutput, torch.Tensor]:
+def loss_and_grad(logp: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[LossOutput, torch.Tensor]:
     leaf = logp.detach().clone().requires_grad_(True)
-    out = policy_loss(leaf, *args, **kwargs)
+    out = compute(leaf, *args, **kwargs)
     (grad,) = torch.autograd.grad(out.loss, leaf)
     return out, grad
 
@@ -48,7 +77,7 @@ def test_aggregations_hand_computed() -> None:
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
     expected = {"grpo": 0.0, "bnpo": -1 / 3, "dapo": -1 / 6, "dr_grpo": -0.125}
     for loss_type, value in expected.items():
-        out = policy_loss(
+        out = compute(
             logp,
             logp,
             adv,
@@ -59,7 +88,7 @@ def test_aggregations_hand_computed() -> None:
         )
         assert out.loss.item() == pytest.approx(value, abs=1e-12), loss_type
     # dapo without num_active_tokens uses this batch's 3 tokens, like bnpo.
-    out = policy_loss(logp, logp, adv, mask, loss_type="dapo")
+    out = compute(logp, logp, adv, mask, loss_type="dapo")
     assert out.loss.item() == pytest.approx(-1 / 3)
 
 
@@ -78,11 +107,11 @@ def test_clipping_hand_computed() -> None:
     out, grad = loss_and_grad(logp, old, tensor([-1.0, 1.0]), mask, loss_type="bnpo")
     assert out.loss.item() == pytest.approx(0.5 / 6)
     torch.testing.assert_close(grad, tensor([[0.0, 1.5, 1.0], [-0.5, 0.0, -1.1]]) / 6)
-    assert float(out.clip_ratio_low) == pytest.approx(1 / 6)
-    assert float(out.clip_ratio_high) == pytest.approx(1 / 6)
-    assert float(out.clip_ratio_region) == pytest.approx(2 / 6)
-    assert out.kl is None
-    assert not out.clip_ratio_low.requires_grad
+    assert float(out.metrics[LOW]) == pytest.approx(1 / 6)
+    assert float(out.metrics[HIGH]) == pytest.approx(1 / 6)
+    assert float(out.metrics[REGION]) == pytest.approx(2 / 6)
+    assert KL not in out.metrics
+    assert not out.metrics[LOW].requires_grad
 
     # Clip-higher: epsilon_high 0.6 leaves ratio 1.5 of row 1 unclipped: -1.5, d/dlogp = -1.5.
     out, grad = loss_and_grad(
@@ -90,7 +119,7 @@ def test_clipping_hand_computed() -> None:
     )
     assert out.loss.item() == pytest.approx((0.8 + 1.5 + 1.0 - 0.5 - 1.5 - 1.1) / 6)
     assert float(grad[1, 1]) == pytest.approx(-1.5 / 6)
-    assert float(out.clip_ratio_high) == 0.0
+    assert float(out.metrics[HIGH]) == 0.0
 
 
 def test_delta_caps_unclipped_ratio() -> None:
@@ -105,7 +134,7 @@ def test_delta_caps_unclipped_ratio() -> None:
     assert out.loss.item() == pytest.approx(1.35)
     torch.testing.assert_close(grad, tensor([[0.0, 0.65]]))
     # Without delta the loss is (1.5 + 1.3) / 2.
-    out = policy_loss(logp, old, tensor([-1.0]), mask, loss_type="grpo")
+    out = compute(logp, old, tensor([-1.0]), mask, loss_type="grpo")
     assert out.loss.item() == pytest.approx(1.4)
 
 
@@ -131,8 +160,8 @@ def test_sequence_level_hand_computed() -> None:
     )
     assert out.loss.item() == pytest.approx((2 * -s + 3 * 0.8) / 5)
     torch.testing.assert_close(grad, tensor([[-s / 5, -s / 5, 0.0], [0.0, 0.0, 0.0]]))
-    assert float(out.clip_ratio_low) == pytest.approx(3 / 5)
-    assert float(out.clip_ratio_high) == 0.0
+    assert float(out.metrics[LOW]) == pytest.approx(3 / 5)
+    assert float(out.metrics[HIGH]) == 0.0
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -151,9 +180,7 @@ def test_sequence_level_gradient_equals_sequence_objective(loss_type: str) -> No
     s = torch.exp(((leaf - old) * m).sum(-1) / m.sum(-1))[:, None].expand_as(leaf)
     clipped = s.clamp(0.8, 1.28)
     per_token = -torch.min(s * adv[:, None], clipped * adv[:, None]) * m
-    reference = LOSS_AGGREGATIONS[loss_type](
-        per_token, m, num_active_tokens=None, num_sequences=None, max_completion_length=6
-    )
+    reference = reduce(per_token, m, REGISTERED[loss_type].normaliser, StepCounts(None, None, 6))
     (want,) = torch.autograd.grad(reference, leaf)
     torch.testing.assert_close(grad, want)
 
@@ -176,7 +203,7 @@ def test_ratio_one_gives_reinforce_gradient(loss_type: str) -> None:
         logp, None, adv, mask, loss_type=loss_type, num_active_tokens=50, max_completion_length=9
     )
     torch.testing.assert_close(grad, -adv[:, None] * m / normaliser)
-    assert float(out.clip_ratio_region) == 0.0
+    assert float(out.metrics[REGION]) == 0.0
 
 
 def test_kl_penalty_hand_computed() -> None:
@@ -193,12 +220,12 @@ def test_kl_penalty_hand_computed() -> None:
         logp, None, tensor([0.0]), mask, loss_type="bnpo", beta=0.1, ref_logp=ref
     )
     assert out.loss.item() == pytest.approx(0.1 * k3_value)
-    assert out.kl is not None and float(out.kl) == pytest.approx(k3_value)
+    assert float(out.metrics[KL]) == pytest.approx(k3_value)
     torch.testing.assert_close(grad, tensor([[-0.05, -0.05, 0.0]]))
     # beta = 0 with ref_logp: the metric is reported, the loss has no penalty.
-    out = policy_loss(logp, None, tensor([0.0]), mask, loss_type="bnpo", ref_logp=ref)
+    out = compute(logp, None, tensor([0.0]), mask, loss_type="bnpo", ref_logp=ref)
     assert out.loss.item() == 0.0
-    assert out.kl is not None and float(out.kl) == pytest.approx(k3_value)
+    assert float(out.metrics[KL]) == pytest.approx(k3_value)
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
@@ -228,8 +255,8 @@ def test_padding_does_not_change_loss_or_gradient(loss_type: str, level: str) ->
     torch.testing.assert_close(out_pad.loss, out.loss)
     torch.testing.assert_close(grad_pad[:, :6], grad)
     assert (grad_pad[:, 6:] == 0).all()
-    for name in ("clip_ratio_low", "clip_ratio_high", "clip_ratio_region", "kl"):
-        torch.testing.assert_close(getattr(out_pad, name), getattr(out, name))
+    for name in (LOW, HIGH, REGION, KL):
+        torch.testing.assert_close(out_pad.metrics[name], out.metrics[name])
     # Garbage inside the original mask-0 positions too (not only appended columns).
     inside = torch.where(mask, logp, torch.full_like(logp, math.nan))
     out_in, grad_in = loss_and_grad(inside, old, adv, mask, ref_logp=ref, **kwargs)
@@ -257,7 +284,7 @@ def test_micro_batches_sum_to_whole_batch(loss_type: str, level: str) -> None:
     for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):  # unequal micro-batches
         total = (
             total
-            + policy_loss(
+            + compute(
                 leaf[rows], old[rows], adv[rows], mask[rows], ref_logp=ref[rows], **kwargs
             ).loss
         )
@@ -272,10 +299,9 @@ def test_dr_grpo_defaults_to_this_batch_size() -> None:
     batch = random_batch(b=4, seed=5)
     logp, old, mask, adv = (batch[k] for k in ("logp", "old", "mask", "adv"))
     kwargs: dict[str, Any] = {"loss_type": "dr_grpo", "max_completion_length": 6}
-    whole = policy_loss(logp, old, adv, mask, **kwargs).loss
+    whole = compute(logp, old, adv, mask, **kwargs).loss
     halves = [
-        policy_loss(logp[r], old[r], adv[r], mask[r], **kwargs).loss
-        for r in (slice(0, 2), slice(2, 4))
+        compute(logp[r], old[r], adv[r], mask[r], **kwargs).loss for r in (slice(0, 2), slice(2, 4))
     ]
     torch.testing.assert_close((halves[0] + halves[1]) / 2, whole)
 
@@ -288,7 +314,7 @@ def test_gradcheck_float64(level: str, loss_type: str) -> None:
     logp = batch["logp"].clone().requires_grad_(True)
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return policy_loss(
+        return compute(
             x,
             old,
             adv,
@@ -308,12 +334,12 @@ def test_gradcheck_float64(level: str, loss_type: str) -> None:
 def test_old_logp_none_equals_detached_logp() -> None:
     batch = random_batch(seed=7)
     logp, mask, adv = batch["logp"], batch["mask"], batch["adv"]
-    a = policy_loss(logp, None, adv, mask, loss_type="grpo")
-    b = policy_loss(logp, logp.clone(), adv, mask, loss_type="grpo")
+    a = compute(logp, None, adv, mask, loss_type="grpo")
+    b = compute(logp, logp.clone(), adv, mask, loss_type="grpo")
     torch.testing.assert_close(a.loss, b.loss)
 
 
-def _call(**overrides: Any) -> PolicyLossOutput:
+def _call(**overrides: Any) -> LossOutput:
     args: dict[str, Any] = {
         "logp": torch.zeros(2, 3),
         "old_logp": torch.zeros(2, 3),
@@ -322,7 +348,7 @@ def _call(**overrides: Any) -> PolicyLossOutput:
         "loss_type": "grpo",
     }
     args.update(overrides)
-    return policy_loss(**args)
+    return compute(**args)
 
 
 @pytest.mark.parametrize(
@@ -355,7 +381,105 @@ def test_bad_arguments(overrides: dict[str, Any], message: str) -> None:
 def test_float32_and_bool_or_float_masks() -> None:
     batch = random_batch(seed=8)
     logp, old, mask, adv = (batch[k].float() for k in ("logp", "old", "mask", "adv"))
-    as_bool = policy_loss(logp, old, adv, mask.bool(), loss_type="bnpo")
-    as_float = policy_loss(logp, old, adv, mask, loss_type="bnpo")
+    as_bool = compute(logp, old, adv, mask.bool(), loss_type="bnpo")
+    as_float = compute(logp, old, adv, mask, loss_type="bnpo")
     assert as_bool.loss.dtype == torch.float32
     torch.testing.assert_close(as_bool.loss, as_float.loss)
+
+
+def test_cispo_hand_computed() -> None:
+    # Row 0, A = +1, ratios (0.5, 3.0, 6.0); row 1, A = -1, ratios (0.2, 1.0, 7.0); cap 5.
+    # Weights sg(min(w, 5)): (0.5, 3, 5) and (0.2, 1, 5). Per token -w * A * logp, so
+    # d/dlogp = -w * A: (-0.5, -3, -5) and (0.2, 1, 5); dapo over 6 tokens divides by 6.
+    # cispo_clip_ratio: weights above the cap with A > 0: the 6.0 only (7.0 has A < 0): 1/6.
+    old = tensor([[-1.0, -2.0, -3.0], [-0.5, -1.5, -2.5]])
+    ratios = tensor([[0.5, 3.0, 6.0], [0.2, 1.0, 7.0]])
+    logp = old + ratios.log()
+    adv = tensor([1.0, -1.0])
+    mask = torch.ones(2, 3)
+    out, grad = loss_and_grad(logp, old, adv, mask, loss_type="cispo", epsilon_high=5.0)
+    w = tensor([[0.5, 3.0, 5.0], [0.2, 1.0, 5.0]])
+    assert out.loss.item() == pytest.approx(float(-(w * adv[:, None] * logp).sum() / 6))
+    torch.testing.assert_close(grad, -w * adv[:, None] / 6)
+    assert float(out.metrics["cispo_clip_ratio"]) == pytest.approx(1 / 6)
+
+
+def test_sapo_hand_computed() -> None:
+    # One row of two tokens, grpo-style mean over the row's 2 tokens.
+    # A = +1 (tau_pos 1.0) on ratio 1.2: f = sigmoid(0.2) * 4, d/dlogp f = 4 sig (1 - sig) * r.
+    # The second row has A = -1 (tau_neg 1.05) on ratio 0.8: f = sigmoid(-0.21) * 4 / 1.05.
+    old = tensor([[-1.0], [-2.0]])
+    ratios = tensor([[1.2], [0.8]])
+    logp = old + ratios.log()
+    adv = tensor([1.0, -1.0])
+    out, grad = loss_and_grad(logp, old, adv, torch.ones(2, 1), loss_type="sapo")
+
+    def sig(z: float) -> float:
+        return 1 / (1 + math.exp(-z))
+
+    s_pos, s_neg = sig(0.2), sig(1.05 * -0.2)
+    f_pos, f_neg = 4 * s_pos, 4 * s_neg / 1.05
+    # Loss: mean over the 2 rows of -f * A; gradient -A f'(r) r / 2.
+    assert out.loss.item() == pytest.approx((-f_pos + f_neg) / 2)
+    g_pos = 4 * s_pos * (1 - s_pos) * 1.2
+    g_neg = 4 * s_neg * (1 - s_neg) * 0.8
+    torch.testing.assert_close(grad, tensor([[-g_pos / 2], [g_neg / 2]]))
+    gate = (4 * s_pos * (1 - s_pos) + 4 * s_neg * (1 - s_neg)) / 2
+    assert float(out.metrics["sapo/gate_mean"]) == pytest.approx(gate)
+
+
+NEW_LOSSES = {"cispo": {"epsilon_high": 5.0}, "sapo": {}}
+
+
+@pytest.mark.parametrize("loss_type", sorted(NEW_LOSSES))
+def test_new_losses_give_the_policy_gradient_on_policy(loss_type: str) -> None:
+    # At ratio 1 CISPO's weight is 1 and SAPO's gate has slope 1: both are the plain policy
+    # gradient -A M / normaliser (dapo's 50 step tokens for cispo, grpo's per-row mean for sapo).
+    batch = random_batch(seed=1)
+    logp, mask, adv = batch["logp"], batch["mask"], batch["adv"]
+    m = mask.to(F64)
+    normaliser = {
+        "cispo": torch.tensor(50.0, dtype=F64),
+        "sapo": logp.shape[0] * m.sum(-1)[:, None],
+    }
+    _, grad = loss_and_grad(
+        logp, None, adv, mask, loss_type=loss_type, num_active_tokens=50, **NEW_LOSSES[loss_type]
+    )
+    torch.testing.assert_close(grad, -adv[:, None] * m / normaliser[loss_type])
+
+
+@pytest.mark.parametrize("loss_type", sorted(NEW_LOSSES))
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_new_losses_padding_and_gradcheck(loss_type: str, level: str) -> None:
+    batch = random_batch(b=3, t=4, seed=9)
+    logp, old, ref, mask, adv = (batch[k] for k in ("logp", "old", "ref", "mask", "adv"))
+    kwargs: dict[str, Any] = {
+        "loss_type": loss_type,
+        "importance_sampling_level": level,
+        "beta": 0.1,
+        "ref_logp": ref,
+        **NEW_LOSSES[loss_type],
+    }
+    out, grad = loss_and_grad(logp, old, adv, mask, **kwargs)
+    inside = torch.where(mask, logp, torch.full_like(logp, math.nan))
+    out_in, grad_in = loss_and_grad(inside, old, adv, mask, **kwargs)
+    torch.testing.assert_close(out_in.loss, out.loss)
+    torch.testing.assert_close(grad_in, torch.where(mask, grad, torch.zeros_like(grad)))
+    if loss_type == "cispo":  # its stop-gradient makes the analytic gradient differ on purpose
+        return
+    leaf = logp.clone().requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda x: compute(x, old, adv, mask, **kwargs).loss, (leaf,))
+
+
+@pytest.mark.parametrize("epsilon_high", [None, 0.28, 1.0])
+def test_cispo_needs_a_cap_above_one(epsilon_high: float | None) -> None:
+    with pytest.raises(ValueError, match="cispo' caps the importance weight"):
+        LossSettings(loss_type="cispo", epsilon_high=epsilon_high)
+
+
+def test_every_registered_loss_type_is_a_config_choice() -> None:
+    from typing import get_args
+
+    from grpokit.core.losses import LossTypeName
+
+    assert set(get_args(LossTypeName)) == set(REGISTERED)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.core.losses import policy_loss
+from grpokit.core.losses import LossInputs, LossSettings, policy_loss
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.models.onednn import onednn_available, set_compute_dtype
 from grpokit.train.forward import completion_logprobs, pack
@@ -154,12 +154,8 @@ def test_bf16_old_and_new_logprobs_are_identical(
     assert new.requires_grad and torch.equal(new.detach(), old)
     advantages = torch.linspace(-1.0, 1.0, len(PROMPTS))
     out = policy_loss(
-        new,
-        old,
-        advantages,
-        batch.completion_mask,
-        loss_type="grpo",
-        epsilon_low=1e-3,  # a clip range far narrower than bfloat16's error on the log-probs
-        epsilon_high=1e-3,
+        LossInputs(new, old, advantages, batch.completion_mask),
+        # a clip range far narrower than bfloat16's error on the log-probs
+        LossSettings(loss_type="grpo", epsilon_low=1e-3, epsilon_high=1e-3),
     )
-    assert float(out.clip_ratio_region) == 0.0
+    assert float(out.metrics["clip_ratio/region_mean"]) == 0.0

@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
+from grpokit.core.losses import LossSettings, LossTypeName
 from grpokit.trl_fields import drop_accepted_trl_fields
 
 _FSDP_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap")
@@ -214,11 +215,27 @@ class TrainingConfig(_Strict):
         description="Optimisation passes (mu) over each generation batch.",
         json_schema_extra=_LOSS,
     )
-    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+    loss_type: LossTypeName = Field(
         "dapo",
-        description="How token losses are averaged: dapo over the tokens of the whole optimizer "
-        "step, bnpo over those of a micro-batch, grpo per sequence then over sequences, dr_grpo "
-        "over max_completion_length tokens per sequence (src/grpokit/core/losses.py).",
+        description="The surrogate and how token losses are averaged: the clipped surrogate "
+        "averaged over the tokens of the whole optimizer step (dapo), of a micro-batch (bnpo), "
+        "per sequence then over sequences (grpo), over max_completion_length tokens per "
+        "sequence (dr_grpo); cispo, MiniMax-M1's clipped and detached importance weight "
+        "(averaged as dapo; set epsilon_high, its cap, e.g. 5.0); sapo, a soft sigmoid gate "
+        "instead of the clip (averaged as grpo) (src/grpokit/core/losses.py).",
+        json_schema_extra=_LOSS,
+    )
+    sapo_temperature_pos: float = Field(
+        1.0,
+        gt=0,
+        description="loss_type sapo: the gate's temperature for positive advantages (higher "
+        "decays the gradient faster as the ratio leaves 1).",
+        json_schema_extra=_LOSS,
+    )
+    sapo_temperature_neg: float = Field(
+        1.05,
+        gt=0,
+        description="loss_type sapo: the gate's temperature for negative advantages.",
         json_schema_extra=_LOSS,
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
@@ -584,9 +601,7 @@ class TrainingConfig(_Strict):
                 f"e.g. gradient_accumulation_steps: "
                 f"{_fix_accumulation(self.per_device_train_batch_size * self.num_processes, self.num_generations)}"
             )
-        eps_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        if self.delta is not None and self.delta <= 1 + eps_high:
-            raise ValueError(f"delta ({self.delta}) must be greater than 1 + epsilon_high")
+        _ = self.loss_settings  # its checks (delta, cispo's cap) name the fields
         if self.fsdp and self.use_vllm:
             raise ValueError(
                 "fsdp and use_vllm cannot be combined: vLLM keeps a whole copy of the weights on "
@@ -594,6 +609,21 @@ class TrainingConfig(_Strict):
                 "with torch (use_vllm: false) under fsdp"
             )
         return self
+
+    @property
+    def loss_settings(self) -> LossSettings:
+        """The policy loss's hyperparameters (raises ValueError naming a bad one)."""
+        return LossSettings(
+            loss_type=self.loss_type,
+            epsilon_low=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            importance_sampling_level=self.importance_sampling_level,
+            max_completion_length=self.max_completion_length,
+            delta=self.delta,
+            sapo_temperature_pos=self.sapo_temperature_pos,
+            sapo_temperature_neg=self.sapo_temperature_neg,
+        )
 
     @property
     def generation_batch_size(self) -> int:

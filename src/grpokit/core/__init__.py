@@ -16,10 +16,13 @@ from grpokit.core.kl import KL_ESTIMATORS, k1, k2, k3
 from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
 from grpokit.core.losses import (
     IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_AGGREGATIONS,
-    PolicyLossOutput,
+    LOSS_TYPES,
+    LossInputs,
+    LossOutput,
+    LossSettings,
     masked_mean,
     policy_loss,
+    reduce,
 )
 from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval, zero_variance_share
 from grpokit.core.theory import FixedPoint, fixed_point, fixed_points, h, h_prime, iterate
@@ -28,10 +31,12 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "IMPORTANCE_SAMPLING_LEVELS",
     "KL_ESTIMATORS",
-    "LOSS_AGGREGATIONS",
+    "LOSS_TYPES",
     "REWARD_SCALES",
     "FixedPoint",
-    "PolicyLossOutput",
+    "LossInputs",
+    "LossOutput",
+    "LossSettings",
     "compute_advantages",
     "entropy_from_logits",
     "fixed_point",
@@ -47,6 +52,7 @@ __all__ = [
     "pass_at_k",
     "paired_difference",
     "policy_loss",
+    "reduce",
     "reward_zero_std_mask",
     "selective_log_softmax",
     "wilson_interval",

@@ -1,34 +1,40 @@
-"""The clipped GRPO policy loss with a k3 KL penalty, and its loss aggregations (docs/math.md sections 2-3).
+"""Policy losses: a surrogate per token, an optional k3 KL penalty, one reduction (docs/math.md 2-3).
 
-Per token (i = completion, t = token):
+A ``loss_type`` is two registered parts (:data:`LOSS_TYPES`):
 
-    w_{i,t}   = exp(logp - old_logp)                     importance_sampling_level="token"
-              = s_i = exp(mean_t(logp - old_logp))       importance_sampling_level="sequence" (GSPO)
-    l_{i,t}   = -min(min(w, delta) * A_i, clip(w, 1 - epsilon_low, 1 + epsilon_high) * A_i)
-                + beta * k3(logp, ref_logp)
+- a **surrogate**, the per-token policy-gradient term built from the importance weight
+  w_{i,t} = exp(logp - old_logp) (or GSPO's sequence weight s_i) and the advantage A_i:
 
-then one aggregation (``loss_type``) turns the masked (B, T) losses into a scalar:
+      clip   -min(min(w, delta) * A, clip(w, 1 - eps_low, 1 + eps_high) * A)      PPO / GRPO / DAPO
+      cispo  -sg(min(w, eps_high)) * A * logp                                      MiniMax-M1 CISPO
+      sapo   -f(w) * A,  f(w) = sigmoid(tau * (w - 1)) * 4 / tau,                  SAPO (soft gate)
+             tau = sapo_temperature_pos where A > 0, sapo_temperature_neg elsewhere
 
-    grpo     mean_i( sum_t l M / sum_t M )             per-sequence mean, then mean over sequences
-    bnpo     sum l M / sum M                           token mean over this batch
-    dapo     sum l M / num_active_tokens               token mean over the whole optimizer step
-    dr_grpo  sum l M / (num_sequences * max_completion_length)   constant normaliser
+  each returning its per-token losses and its per-token metric values;
+- a **normaliser**, how the masked per-token losses l (plus beta * k3) become a scalar
+  (:func:`reduce`):
 
-Gradient accumulation: for ``dapo`` pass ``num_active_tokens`` = the active-token count of the
-whole optimizer step (all micro-batches, all ranks); for ``dr_grpo`` pass ``num_sequences`` = the
-step's number of completions. Summing the micro-batch losses then gives exactly the whole batch's
-loss and gradient. ``grpo`` and ``bnpo`` are means over their own call by definition; average
-them over micro-batches instead (equal only when the micro-batches have equal normalisers).
+      sequence     mean_i( sum_t l M / sum_t M )                 grpo, sapo
+      tokens       sum l M / sum M  (this call's tokens)         bnpo
+      step_tokens  sum l M / (active tokens of the step)         dapo, cispo
+      fixed        sum l M / (num_sequences * max_completion_length)   dr_grpo
 
-Padding (mask 0) never reaches the loss or the gradient, even where logp holds NaN or inf:
-values are selected with ``torch.where`` before any arithmetic, never multiplied by the mask.
+A new loss is a surrogate function and one line in :data:`LOSS_TYPES`; the trainer asks the loss
+what it needs (:attr:`PolicyLoss.needs`) and weights micro-batches as it says.
+
+Gradient accumulation: ``step_tokens`` and ``fixed`` divide by counts of the whole optimizer step
+(:class:`StepCounts`), so the micro-batch losses simply sum to the step's loss; ``sequence`` and
+``tokens`` are means over their own call, weighted by rows (equal only with equal normalisers).
+
+Padding (mask 0) never reaches the loss or the gradient, even where logp holds NaN or inf: values
+are selected with ``torch.where`` before any arithmetic, never multiplied by the mask.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -37,51 +43,26 @@ from grpokit.core.kl import k3
 
 __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
-    "ImportanceSamplingLevel",
-    "LOSS_AGGREGATIONS",
-    "LossAggregation",
+    "LOSS_TYPES",
     "LossInputs",
-    "LossType",
+    "LossNeeds",
+    "LossOutput",
+    "LossSettings",
+    "LossTypeName",
+    "Normaliser",
     "PolicyLoss",
-    "PolicyLossOutput",
+    "StepCounts",
+    "Surrogate",
+    "SurrogateInputs",
     "masked_mean",
+    "micro_batch_weight",
     "policy_loss",
+    "reduce",
 ]
 
-LossType = Literal["grpo", "bnpo", "dapo", "dr_grpo"]
-ImportanceSamplingLevel = Literal["token", "sequence"]
-
-
-@dataclass(frozen=True)
-class PolicyLossOutput:
-    """What ``policy_loss`` returns. All metrics are detached 0-d tensors (no host sync).
-
-    loss: scalar with gradient.
-    clip_ratio_low: share of active tokens with ratio < 1 - epsilon_low and A < 0 (clipped low).
-    clip_ratio_high: share of active tokens with ratio > 1 + epsilon_high and A > 0 (clipped high).
-    clip_ratio_region: share of active tokens clipped on either side.
-    kl: mean k3(logp, ref_logp) over active tokens, or None when no ref_logp was given.
-    """
-
-    loss: Tensor
-    clip_ratio_low: Tensor
-    clip_ratio_high: Tensor
-    clip_ratio_region: Tensor
-    kl: Tensor | None
-
-
-class Reduce(Protocol):
-    """(B, T) per-token losses (0 on padding), (B, T) float mask -> scalar loss."""
-
-    def __call__(
-        self,
-        per_token: Tensor,
-        mask: Tensor,
-        *,
-        num_active_tokens: Tensor | float | None,
-        num_sequences: int | None,
-        max_completion_length: int | None,
-    ) -> Tensor: ...
+LossTypeName = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+"""The registered loss types (:data:`LOSS_TYPES`), for the config's field type."""
+Normaliser = Literal["sequence", "tokens", "step_tokens", "fixed"]
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -94,109 +75,53 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return picked.sum() / active.sum().clamp(min=1).to(picked.dtype)
 
 
-def _aggregate_grpo(
-    per_token: Tensor,
-    mask: Tensor,
-    *,
-    num_active_tokens: Tensor | float | None,
-    num_sequences: int | None,
-    max_completion_length: int | None,
-) -> Tensor:
-    """mean_i(sum_t l / |o_i|): every sequence weighs the same, whatever its length."""
-    per_sequence = per_token.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)
-    return per_sequence.mean()
-
-
-def _aggregate_bnpo(
-    per_token: Tensor,
-    mask: Tensor,
-    *,
-    num_active_tokens: Tensor | float | None,
-    num_sequences: int | None,
-    max_completion_length: int | None,
-) -> Tensor:
-    """sum l / (active tokens of this call)."""
-    return per_token.sum() / mask.sum().clamp(min=1.0)
-
-
-def _aggregate_dapo(
-    per_token: Tensor,
-    mask: Tensor,
-    *,
-    num_active_tokens: Tensor | float | None,
-    num_sequences: int | None,
-    max_completion_length: int | None,
-) -> Tensor:
-    """sum l / (active tokens of the optimizer step; this call's count by default)."""
-    if num_active_tokens is None:
-        normaliser = mask.sum()
-    else:
-        normaliser = torch.as_tensor(num_active_tokens, dtype=per_token.dtype)
-        normaliser = normaliser.to(per_token.device)
-    return per_token.sum() / normaliser.clamp(min=1.0)
-
-
-def _aggregate_dr_grpo(
-    per_token: Tensor,
-    mask: Tensor,
-    *,
-    num_active_tokens: Tensor | float | None,
-    num_sequences: int | None,
-    max_completion_length: int | None,
-) -> Tensor:
-    """sum l / (num_sequences * max_completion_length): no dependence on lengths at all."""
-    if max_completion_length is None:
-        raise ValueError(
-            "loss_type='dr_grpo' needs max_completion_length (its normaliser is "
-            "num_sequences * max_completion_length); pass the generation limit"
-        )
-    sequences = per_token.shape[0] if num_sequences is None else num_sequences
-    return per_token.sum() / float(sequences * max_completion_length)
+# ---- reduction -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class LossAggregation:
-    """One ``loss_type``: how masked per-token losses become a scalar, and how the scalars of a
-    step's micro-batches add up to the step's loss.
+class StepCounts:
+    """Counts of the whole optimizer step (all micro-batches, all processes).
 
-    step_normalised: the reduction divides by step-wide counts (``num_active_tokens``,
-        ``num_sequences``), so the micro-batch losses simply sum to the step's loss (weight 1).
-        Otherwise it is a mean over its own call, and a micro-batch of r of the step's N
-        sequences weighs r / N.
+    num_active_tokens: its active completion tokens (``step_tokens``); None means this call's.
+    num_sequences: its completions (``fixed``); None means this call's rows.
+    max_completion_length: the generation limit (``fixed`` needs it).
     """
 
-    reduce: Reduce
-    step_normalised: bool
+    num_active_tokens: Tensor | float | None = None
+    num_sequences: int | None = None
+    max_completion_length: int | None = None
 
-    def __call__(
-        self,
-        per_token: Tensor,
-        mask: Tensor,
-        *,
-        num_active_tokens: Tensor | float | None,
-        num_sequences: int | None,
-        max_completion_length: int | None,
-    ) -> Tensor:
-        return self.reduce(
-            per_token,
-            mask,
-            num_active_tokens=num_active_tokens,
-            num_sequences=num_sequences,
-            max_completion_length=max_completion_length,
+
+def reduce(per_token: Tensor, mask: Tensor, normaliser: Normaliser, counts: StepCounts) -> Tensor:
+    """Masked per-token losses -> the scalar loss. (B, T) losses (0 on padding), (B, T) float mask.
+
+    See the module docstring for each normaliser's formula.
+    """
+    if normaliser == "sequence":
+        return (per_token.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)).mean()
+    if normaliser == "tokens":
+        return per_token.sum() / mask.sum().clamp(min=1.0)
+    if normaliser == "step_tokens":
+        if counts.num_active_tokens is None:
+            return per_token.sum() / mask.sum().clamp(min=1.0)
+        tokens = torch.as_tensor(counts.num_active_tokens, dtype=per_token.dtype)
+        return per_token.sum() / tokens.to(per_token.device).clamp(min=1.0)
+    if counts.max_completion_length is None:
+        raise ValueError(
+            "loss_type='dr_grpo' needs max_completion_length: its fixed normaliser is "
+            "num_sequences * max_completion_length; pass the generation limit"
         )
-
-    def micro_batch_weight(self, rows: int, num_sequences: int) -> float:
-        """The weight of a micro-batch of ``rows`` sequences in a step of ``num_sequences``."""
-        return 1.0 if self.step_normalised else rows / num_sequences
+    sequences = per_token.shape[0] if counts.num_sequences is None else counts.num_sequences
+    return per_token.sum() / float(sequences * counts.max_completion_length)
 
 
-LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
-    "grpo": LossAggregation(_aggregate_grpo, step_normalised=False),
-    "bnpo": LossAggregation(_aggregate_bnpo, step_normalised=False),
-    "dapo": LossAggregation(_aggregate_dapo, step_normalised=True),
-    "dr_grpo": LossAggregation(_aggregate_dr_grpo, step_normalised=True),
-}
-"""loss_type -> aggregation of masked per-token losses into the scalar loss."""
+def micro_batch_weight(normaliser: Normaliser, rows: int, num_sequences: int) -> float:
+    """The factor that makes a micro-batch of ``rows`` of the step's ``num_sequences`` its share
+    of the step's loss: 1 where the reduction already divides by step-wide counts."""
+    return 1.0 if normaliser in ("step_tokens", "fixed") else rows / num_sequences
+
+
+# ---- importance weights --------------------------------------------------------------------------
 
 
 def _log_weights_token(logp: Tensor, old_logp: Tensor, active: Tensor) -> Tensor:
@@ -223,13 +148,197 @@ IMPORTANCE_SAMPLING_LEVELS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]
 """importance_sampling_level -> (logp, old_logp, active) -> log importance weights (B, T)."""
 
 
-def _check_shapes(
-    logp: Tensor,
-    old_logp: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    ref_logp: Tensor | None,
-) -> None:
+# ---- surrogates ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """A loss's hyperparameters (TRL's names). Each surrogate reads the ones it uses.
+
+    epsilon_high defaults to epsilon_low for ``clip``; for ``cispo`` it is the cap on the
+    importance weight itself (TRL's meaning; 5.0 in ScaleRL) and must be given, > 1.
+    delta (> 1 + epsilon_high) caps the ratio in ``clip``'s unclipped term (two-sided clipping).
+    """
+
+    loss_type: str = "dapo"
+    epsilon_low: float = 0.2
+    epsilon_high: float | None = None
+    beta: float = 0.0
+    importance_sampling_level: str = "token"
+    max_completion_length: int | None = None
+    delta: float | None = None
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+
+    @property
+    def eps_high(self) -> float:
+        return self.epsilon_low if self.epsilon_high is None else self.epsilon_high
+
+    def __post_init__(self) -> None:
+        kind = LOSS_TYPES.get(self.loss_type)
+        if kind is None:
+            raise ValueError(
+                f"unknown loss_type {self.loss_type!r}; choose one of {sorted(LOSS_TYPES)}"
+            )
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+            raise ValueError(
+                f"unknown importance_sampling_level {self.importance_sampling_level!r}; choose "
+                f"one of {sorted(IMPORTANCE_SAMPLING_LEVELS)}"
+            )
+        for name in ("epsilon_low", "epsilon_high", "beta"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0.0:
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        if self.delta is not None and not self.delta > 1.0 + self.eps_high:
+            raise ValueError(
+                f"delta must be > 1 + epsilon_high = {1.0 + self.eps_high}, got {self.delta!r}; "
+                "it caps the unclipped ratio above the clip range"
+            )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise ValueError(
+                f"max_completion_length must be >= 1, got {self.max_completion_length!r}"
+            )
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if kind.surrogate is cispo_surrogate and not (
+            self.epsilon_high is not None and self.epsilon_high > 1.0
+        ):
+            raise ValueError(
+                f"loss_type='cispo' caps the importance weight at epsilon_high, which must be set "
+                f"above 1 (5.0 in ScaleRL), got {self.epsilon_high!r}"
+            )
+
+
+@dataclass(frozen=True)
+class SurrogateInputs:
+    """What a surrogate sees of one micro-batch.
+
+    weight: (B, T) importance weights w (GSPO: s_i at each token), with gradient.
+    logp: (B, T) the policy's log-probs of the sampled tokens, 0 on padding, with gradient.
+    advantages: (B, 1) detached. active: (B, T) bool, the tokens that count.
+    """
+
+    weight: Tensor
+    logp: Tensor
+    advantages: Tensor
+    active: Tensor
+
+
+Surrogate = Callable[[SurrogateInputs, LossSettings], tuple[Tensor, dict[str, Tensor]]]
+"""(inputs, settings) -> per-token losses (B, T), and per-token metric values (B, T) that the
+loss averages over the active tokens (e.g. 0/1 clip indicators)."""
+
+
+def clip_surrogate(x: SurrogateInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO's clipped surrogate: -min(min(w, delta) A, clip(w, 1 - eps_low, 1 + eps_high) A).
+
+    Metrics (TRL's names): the share of tokens clipped low (w < 1 - eps_low with A < 0), high
+    (w > 1 + eps_high with A > 0), and either.
+    """
+    w, adv = x.weight, x.advantages
+    clipped = torch.clamp(w, 1.0 - s.epsilon_low, 1.0 + s.eps_high)
+    unclipped = w if s.delta is None else torch.clamp(w, max=s.delta)
+    per_token = -torch.min(unclipped * adv, clipped * adv)
+    value = w.detach()
+    low = (value < 1.0 - s.epsilon_low) & (adv < 0)
+    high = (value > 1.0 + s.eps_high) & (adv > 0)
+    dtype = per_token.dtype
+    return per_token, {
+        "clip_ratio/low_mean": low.to(dtype),
+        "clip_ratio/high_mean": high.to(dtype),
+        "clip_ratio/region_mean": (low | high).to(dtype),
+    }
+
+
+def cispo_surrogate(x: SurrogateInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): -sg(min(w, eps_high)) * A * logp.
+
+    The weight is clipped and detached, never the token: every token keeps a gradient
+    min(w, eps_high) * A * grad logp, including the rare ones PPO's clip would silence.
+    Metric ``cispo_clip_ratio`` (TRL's name): the share of tokens whose weight hit the cap with
+    A > 0.
+    """
+    capped = torch.clamp(x.weight.detach(), max=s.eps_high)
+    per_token = -capped * x.advantages * x.logp
+    hit = (x.weight.detach() > s.eps_high) & (x.advantages > 0)
+    return per_token, {"cispo_clip_ratio": hit.to(per_token.dtype)}
+
+
+def sapo_surrogate(x: SurrogateInputs, s: LossSettings) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO (Soft Adaptive Policy Optimization, Gao et al. 2025): -f(w) * A, f(w) = sigmoid(tau (w - 1)) 4 / tau.
+
+    A soft trust region: f'(w) = 4 sigmoid'(tau (w - 1)) is 1 at w = 1 (the plain policy
+    gradient on-policy) and decays smoothly as w leaves 1, faster for negative advantages
+    (tau_neg > tau_pos). Metric ``sapo/gate_mean``: the mean of f'(w), the share of the plain
+    gradient that reaches the tokens.
+    """
+    tau = torch.where(
+        x.advantages > 0,
+        torch.full_like(x.advantages, s.sapo_temperature_pos),
+        torch.full_like(x.advantages, s.sapo_temperature_neg),
+    )
+    gate = torch.sigmoid(tau * (x.weight - 1.0))
+    per_token = -(gate * 4.0 / tau) * x.advantages
+    g = gate.detach()
+    return per_token, {"sapo/gate_mean": 4.0 * g * (1.0 - g)}
+
+
+@dataclass(frozen=True)
+class LossType:
+    """One ``loss_type``: its surrogate and its normaliser."""
+
+    surrogate: Surrogate
+    normaliser: Normaliser
+
+
+LOSS_TYPES: dict[str, LossType] = {
+    "grpo": LossType(clip_surrogate, "sequence"),
+    "bnpo": LossType(clip_surrogate, "tokens"),
+    "dapo": LossType(clip_surrogate, "step_tokens"),
+    "dr_grpo": LossType(clip_surrogate, "fixed"),
+    # TRL normalises cispo like dapo and sapo like grpo; so does grpokit.
+    "cispo": LossType(cispo_surrogate, "step_tokens"),
+    "sapo": LossType(sapo_surrogate, "sequence"),
+}
+"""loss_type -> (surrogate, normaliser). :data:`LossTypeName` lists the same names."""
+
+
+# ---- the loss ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """One micro-batch's per-token tensors and the counts of the whole optimizer step.
+
+    logp: (B, T) log-probs of the sampled tokens under the policy being trained (with grad).
+    old_logp: (B, T) under the policy that generated them; None means logp.detach() (one
+        optimizer step per generation: the ratio is 1 in value).
+    advantages: (B,) one per completion. mask: (B, T), nonzero/True on tokens that count.
+    ref_logp: (B, T) under the frozen reference; needed when beta > 0, and if given the ``kl``
+        metric is reported even when beta = 0.
+    old_logp, advantages and ref_logp are treated as constants (detached).
+    """
+
+    logp: Tensor
+    old_logp: Tensor | None
+    advantages: Tensor
+    mask: Tensor
+    ref_logp: Tensor | None = None
+    counts: StepCounts = field(default_factory=StepCounts)
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    """loss: scalar with gradient. metrics: detached 0-d tensors, each a mean over this call's
+    active tokens (no host sync: the trainer moves them to the host once per optimizer step)."""
+
+    loss: Tensor
+    metrics: dict[str, Tensor]
+
+
+def _check_shapes(x: LossInputs) -> None:
+    logp = x.logp
     if logp.ndim != 2:
         raise ValueError(f"logp must be (B, T), got shape {tuple(logp.shape)}")
     if logp.shape[0] < 1:
@@ -237,210 +346,97 @@ def _check_shapes(
     if not logp.is_floating_point():
         raise ValueError(f"logp must be a floating tensor, got {logp.dtype}")
     expected = tuple(logp.shape)
-    for name, other in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+    for name, other in (("old_logp", x.old_logp), ("mask", x.mask), ("ref_logp", x.ref_logp)):
         if other is not None and tuple(other.shape) != expected:
             raise ValueError(
                 f"{name} has shape {tuple(other.shape)} but logp has shape {expected}; "
                 "they must match"
             )
-    if tuple(advantages.shape) != (expected[0],):
+    if tuple(x.advantages.shape) != (expected[0],):
         raise ValueError(
             f"advantages must be (B,) = ({expected[0]},) (one per sequence), got shape "
-            f"{tuple(advantages.shape)}"
+            f"{tuple(x.advantages.shape)}"
         )
+    tokens, sequences = x.counts.num_active_tokens, x.counts.num_sequences
+    limit = x.counts.max_completion_length
+    if limit is not None and limit < 1:
+        raise ValueError(f"max_completion_length must be >= 1, got {limit!r}")
+    if isinstance(tokens, (int, float)) and not tokens > 0:
+        raise ValueError(f"num_active_tokens must be > 0, got {tokens!r}")
+    if sequences is not None and sequences < 1:
+        raise ValueError(f"num_sequences must be >= 1, got {sequences!r}")
 
 
-def _check_hyperparameters(
-    epsilon_low: float,
-    epsilon_high: float,
-    beta: float,
-    ref_logp: Tensor | None,
-    delta: float | None,
-    max_completion_length: int | None,
-    num_active_tokens: Tensor | float | None,
-    num_sequences: int | None,
-) -> None:
-    if not epsilon_low >= 0.0:
-        raise ValueError(f"epsilon_low must be >= 0, got {epsilon_low!r}")
-    if not epsilon_high >= 0.0:
-        raise ValueError(f"epsilon_high must be >= 0, got {epsilon_high!r}")
-    if not beta >= 0.0:
-        raise ValueError(f"beta must be >= 0, got {beta!r}")
-    if beta > 0.0 and ref_logp is None:
-        raise ValueError(f"beta={beta} > 0 needs ref_logp (the reference model's log-probs)")
-    if delta is not None and not delta > 1.0 + epsilon_high:
-        raise ValueError(
-            f"delta must be > 1 + epsilon_high = {1.0 + epsilon_high}, got {delta!r}; "
-            "it caps the unclipped ratio above the clip range"
-        )
-    if max_completion_length is not None and max_completion_length < 1:
-        raise ValueError(f"max_completion_length must be >= 1, got {max_completion_length!r}")
-    if isinstance(num_active_tokens, (int, float)) and not num_active_tokens > 0:
-        raise ValueError(f"num_active_tokens must be > 0, got {num_active_tokens!r}")
-    if num_sequences is not None and num_sequences < 1:
-        raise ValueError(f"num_sequences must be >= 1, got {num_sequences!r}")
+def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
+    """The surrogate of ``s.loss_type`` plus beta * k3 towards the reference, reduced to a scalar.
 
-
-def policy_loss(
-    logp: Tensor,
-    old_logp: Tensor | None,
-    advantages: Tensor,
-    mask: Tensor,
-    *,
-    loss_type: str,
-    epsilon_low: float = 0.2,
-    epsilon_high: float | None = None,
-    beta: float = 0.0,
-    ref_logp: Tensor | None = None,
-    importance_sampling_level: str = "token",
-    max_completion_length: int | None = None,
-    num_active_tokens: Tensor | float | None = None,
-    num_sequences: int | None = None,
-    delta: float | None = None,
-) -> PolicyLossOutput:
-    """Clipped surrogate loss with optional k3 KL penalty, aggregated by ``loss_type``.
-
-    logp: (B, T) log-probs of the sampled tokens under the policy being trained (with grad).
-    old_logp: (B, T) under the policy that generated them; None means logp.detach() (one
-        optimizer step per generation, num_iterations = 1).
-    advantages: (B,) one per completion. mask: (B, T), nonzero/True on tokens that count.
-    ref_logp: (B, T) under the frozen reference; needed when beta > 0, and if given the ``kl``
-        metric is reported even when beta = 0.
-    old_logp, advantages and ref_logp are treated as constants (detached).
-    epsilon_high defaults to epsilon_low. delta (> 1 + epsilon_high) caps the ratio in the
-    unclipped term (two-sided clipping), so a large ratio on a negative advantage is bounded.
-    num_active_tokens (dapo) / num_sequences (dr_grpo) default to this call's counts; see the
-    module docstring for gradient accumulation.
+    Pure: shapes as in :class:`LossInputs`; the module docstring has every formula.
     """
-    aggregate = LOSS_AGGREGATIONS.get(loss_type)
-    if aggregate is None:
-        raise ValueError(
-            f"unknown loss_type {loss_type!r}; choose one of {sorted(LOSS_AGGREGATIONS)}"
-        )
-    log_weights = IMPORTANCE_SAMPLING_LEVELS.get(importance_sampling_level)
-    if log_weights is None:
-        raise ValueError(
-            f"unknown importance_sampling_level {importance_sampling_level!r}; choose one of "
-            f"{sorted(IMPORTANCE_SAMPLING_LEVELS)}"
-        )
-    eps_high = epsilon_low if epsilon_high is None else epsilon_high
-    _check_hyperparameters(
-        epsilon_low,
-        eps_high,
-        beta,
-        ref_logp,
-        delta,
-        max_completion_length,
-        num_active_tokens,
-        num_sequences,
-    )
-    _check_shapes(logp, old_logp, advantages, mask, ref_logp)
-
-    active = mask != 0
+    if s.beta > 0.0 and x.ref_logp is None:
+        raise ValueError(f"beta={s.beta} > 0 needs ref_logp (the reference model's log-probs)")
+    _check_shapes(x)
+    kind = LOSS_TYPES[s.loss_type]
+    logp = x.logp
+    active = x.mask != 0
     zeros = torch.zeros_like(logp)
     logp_safe = torch.where(active, logp, zeros)
-    old = logp.detach() if old_logp is None else old_logp.detach().to(logp.dtype)
+    old = logp.detach() if x.old_logp is None else x.old_logp.detach().to(logp.dtype)
     old_safe = torch.where(active, old, zeros)
-
-    ratio = torch.exp(log_weights(logp_safe, old_safe, active))
-    adv = advantages.detach().to(logp.dtype).unsqueeze(1)
-    clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + eps_high)
-    unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
-    per_token = -torch.min(unclipped * adv, clipped * adv)
-
-    kl: Tensor | None = None
-    if ref_logp is not None:
-        ref_safe = torch.where(active, ref_logp.detach().to(logp.dtype), zeros)
+    log_weights = IMPORTANCE_SAMPLING_LEVELS[s.importance_sampling_level]
+    weight = torch.exp(log_weights(logp_safe, old_safe, active))
+    adv = x.advantages.detach().to(logp.dtype).unsqueeze(1)
+    per_token, per_token_metrics = kind.surrogate(
+        SurrogateInputs(weight=weight, logp=logp_safe, advantages=adv, active=active), s
+    )
+    metrics = {k: masked_mean(v.detach(), active) for k, v in per_token_metrics.items()}
+    if x.ref_logp is not None:
+        ref_safe = torch.where(active, x.ref_logp.detach().to(logp.dtype), zeros)
         kl_per_token = k3(logp_safe, ref_safe)
-        kl = masked_mean(kl_per_token.detach(), active)
-        if beta > 0.0:
-            per_token = per_token + beta * kl_per_token
-
+        metrics["kl"] = masked_mean(kl_per_token.detach(), active)
+        if s.beta > 0.0:
+            per_token = per_token + s.beta * kl_per_token
     per_token = torch.where(active, per_token, zeros)
-    loss = aggregate(
-        per_token,
-        active.to(logp.dtype),
-        num_active_tokens=num_active_tokens,
-        num_sequences=num_sequences,
-        max_completion_length=max_completion_length,
-    )
-
-    ratio_value = ratio.detach()
-    is_low = (ratio_value < 1.0 - epsilon_low) & (adv < 0)
-    is_high = (ratio_value > 1.0 + eps_high) & (adv > 0)
-    return PolicyLossOutput(
-        loss=loss,
-        clip_ratio_low=masked_mean(is_low.to(logp.dtype), active),
-        clip_ratio_high=masked_mean(is_high.to(logp.dtype), active),
-        clip_ratio_region=masked_mean((is_low | is_high).to(logp.dtype), active),
-        kl=kl,
-    )
+    counts = x.counts
+    if counts.max_completion_length is None and s.max_completion_length is not None:
+        counts = StepCounts(counts.num_active_tokens, counts.num_sequences, s.max_completion_length)
+    loss = reduce(per_token, active.to(logp.dtype), kind.normaliser, counts)
+    return LossOutput(loss=loss, metrics=metrics)
 
 
 @dataclass(frozen=True)
-class LossInputs:
-    """One micro-batch's per-token tensors and the counts of the whole optimizer step.
+class LossNeeds:
+    """The per-token inputs a loss needs computed before the update.
 
-    logp, old_logp, ref_logp, mask: (B, T); advantages: (B,). old_logp None means one
-    optimizer step per generation (ratio 1 in value); ref_logp None without a KL term.
-    num_active_tokens / num_sequences: the step's active tokens and completions over all
-    micro-batches and processes (see the module docstring).
+    old_logp: the generating policy's log-probs, taken once before the first of several
+        optimizer steps on one generation (num_iterations > 1); with one step they equal the
+        policy's own detached log-probs and cost nothing.
+    ref_logp: the reference model's log-probs (beta > 0).
     """
 
-    logp: Tensor
-    old_logp: Tensor | None
-    advantages: Tensor
-    mask: Tensor
-    ref_logp: Tensor | None
-    num_active_tokens: Tensor | float
-    num_sequences: int
+    old_logp: bool
+    ref_logp: bool
 
 
 @dataclass(frozen=True)
 class PolicyLoss:
-    """The loss of a run: :func:`policy_loss` with its hyperparameters bound (TRL's names).
+    """The loss of a run: :func:`policy_loss` with its settings bound.
 
-    A trainer calls it on each micro-batch's :class:`LossInputs` and scales the result by
-    :meth:`micro_batch_weight`; it needs to know nothing else about the loss type.
+    A trainer asks :attr:`needs` what to compute before the update, calls it on each
+    micro-batch's :class:`LossInputs` and scales the result by :meth:`micro_batch_weight`; it
+    knows nothing else about the loss type.
     """
 
-    loss_type: str
-    epsilon_low: float = 0.2
-    epsilon_high: float | None = None
-    beta: float = 0.0
-    importance_sampling_level: str = "token"
-    max_completion_length: int | None = None
-    delta: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.loss_type not in LOSS_AGGREGATIONS:
-            raise ValueError(
-                f"unknown loss_type {self.loss_type!r}; choose one of {sorted(LOSS_AGGREGATIONS)}"
-            )
+    settings: LossSettings
+    num_iterations: int = 1
 
     @property
-    def needs_reference(self) -> bool:
-        """Whether the reference model's log-probs enter the loss (beta > 0)."""
-        return self.beta > 0
+    def needs(self) -> LossNeeds:
+        return LossNeeds(old_logp=self.num_iterations > 1, ref_logp=self.settings.beta > 0)
 
-    def __call__(self, inputs: LossInputs) -> PolicyLossOutput:
-        return policy_loss(
-            inputs.logp,
-            inputs.old_logp,
-            inputs.advantages,
-            inputs.mask,
-            loss_type=self.loss_type,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            beta=self.beta,
-            ref_logp=inputs.ref_logp,
-            importance_sampling_level=self.importance_sampling_level,
-            max_completion_length=self.max_completion_length,
-            num_active_tokens=inputs.num_active_tokens,
-            num_sequences=inputs.num_sequences,
-            delta=self.delta,
-        )
+    def __call__(self, inputs: LossInputs) -> LossOutput:
+        return policy_loss(inputs, self.settings)
 
     def micro_batch_weight(self, rows: int, num_sequences: int) -> float:
         """The factor that makes a micro-batch's loss its share of the step's loss."""
-        return LOSS_AGGREGATIONS[self.loss_type].micro_batch_weight(rows, num_sequences)
+        normaliser = LOSS_TYPES[self.settings.loss_type].normaliser
+        return micro_batch_weight(normaliser, rows, num_sequences)

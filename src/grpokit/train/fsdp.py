@@ -40,7 +40,7 @@ import torch.distributed as dist
 from grpokit.errors import UserError
 from grpokit.models.compat import hf_model
 from grpokit.rollout.base import RolloutBatch, SamplingParams
-from grpokit.train.distributed import DistContext, all_reduce_scalars
+from grpokit.train.distributed import DistContext, all_reduce_gradients, all_reduce_scalars
 
 # torch.distributed's FSDP, DTensor and checkpoint modules add about 0.7 s to the start: they are
 # imported where used, so a run without FSDP does not pay for them.
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GatheredEngine",
+    "LockStep",
     "full_state",
     "gathered",
     "idle_pass",
@@ -200,6 +201,38 @@ def idle_pass(
     logits = model(input_ids=ids, use_cache=False).logits
     if backward:
         (logits.sum() * 0.0).backward()
+
+
+class LockStep:
+    """What sharding changes in an update, in one place, so the update itself has no FSDP branch.
+
+    Under FSDP (``sharded``) every forward and backward is a collective: :meth:`plan` counts the
+    micro-batches this rank lacks against the busiest rank, and :meth:`finish` runs that many
+    :func:`idle_pass` es after a loop over its own; FSDP reduce-scatters gradients in backward, so
+    :meth:`reduce_gradients` does nothing. Without FSDP, :meth:`finish` runs nothing and
+    :meth:`reduce_gradients` all-reduces (a no-op for one process).
+    """
+
+    def __init__(
+        self, dist: DistContext, *, sharded: bool, pad_token_id: int, device: torch.device
+    ) -> None:
+        self.dist, self.sharded = dist, sharded
+        self.pad_token_id, self.device = pad_token_id, device
+        self.idle = 0
+
+    def plan(self, micro_batches: int) -> None:
+        """Set how many idle passes each loop over this rank's ``micro_batches`` must add."""
+        self.idle = missing_micro_batches(micro_batches, self.dist) if self.sharded else 0
+
+    def finish(self, model: torch.nn.Module, *, backward: bool) -> None:
+        """The idle passes that pair this rank's collectives with the busier ranks' ones."""
+        for _ in range(self.idle):
+            idle_pass(model, self.pad_token_id, self.device, backward=backward)
+
+    def reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients over ranks, unless FSDP already reduce-scattered them."""
+        if not self.sharded:
+            all_reduce_gradients(parameters, self.dist)
 
 
 # ---- checkpoints -------------------------------------------------------------------------------

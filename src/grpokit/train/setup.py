@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 import grpokit
 from grpokit.config import GRPOKitConfig, TrainingConfig
+from grpokit.core.losses import PolicyLoss
 from grpokit.errors import UserError
 from grpokit.files import write_atomic, write_json
 from grpokit.models.loading import Policy
@@ -95,6 +96,11 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
     )
     engine.sync_weights()  # vLLM loaded the base weights; the policy may be warm-started
     return engine
+
+
+def build_loss(args: TrainingConfig) -> PolicyLoss:
+    """The policy loss of ``loss_type`` with its settings; it tells the trainer what it needs."""
+    return PolicyLoss(args.loss_settings, num_iterations=args.num_iterations)
 
 
 def total_steps(args: TrainingConfig, num_prompts: int) -> int:

@@ -13,7 +13,7 @@ import torch
 
 from grpokit.core.advantages import reward_zero_std_mask
 from grpokit.core.forecast import forecast_for_reward, std_normalized_for
-from grpokit.core.losses import PolicyLossOutput
+from grpokit.core.losses import LossOutput
 from grpokit.data.chat import prompt_text
 from grpokit.monitor import text_stats
 from grpokit.rewards.compose import RewardScores
@@ -73,16 +73,58 @@ def rollout_metrics(
     return metrics
 
 
-def loss_metrics(out: PolicyLossOutput) -> dict[str, float]:
-    """Clip ratios (TRL's names) and the KL of one micro-batch's loss."""
-    metrics = {
-        "clip_ratio/low_mean": float(out.clip_ratio_low),
-        "clip_ratio/high_mean": float(out.clip_ratio_high),
-        "clip_ratio/region_mean": float(out.clip_ratio_region),
-    }
-    if out.kl is not None:
-        metrics["kl"] = float(out.kl)
-    return metrics
+class LossSums:
+    """An optimizer step's loss metrics, summed over its micro-batches on the device and moved to
+    the host once (:meth:`to_host`), so the micro-batch loop never waits on the device.
+
+    loss: the weighted micro-batch losses sum to the step's loss. Each loss metric is a mean over
+    a micro-batch's active tokens, so the step's is their token-weighted mean. entropy: the mean
+    of the micro-batches' means (over those with active tokens).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        def zero() -> torch.Tensor:
+            return torch.zeros((), dtype=torch.float64, device=device)
+
+        self._zero = zero
+        self.loss, self.tokens, self.entropy, self.entropy_batches = zero(), zero(), zero(), zero()
+        self.weighted: dict[str, torch.Tensor] = {}
+
+    def add(
+        self, out: LossOutput, weight: float, mask: torch.Tensor, entropy: torch.Tensor | None
+    ) -> None:
+        """One micro-batch: its loss output, its weight in the step, its (B, T) loss mask and
+        (B, T) per-token entropy."""
+        n = mask.detach().sum().double()
+        self.loss = self.loss + out.loss.detach().double() * weight
+        self.tokens = self.tokens + n
+        for key, value in out.metrics.items():
+            self.weighted[key] = self.weighted.get(key, self._zero()) + value.double() * n
+        if entropy is not None:
+            has_tokens = (n > 0).double()
+            mean = (entropy.detach().double() * mask).sum() / n.clamp(min=1.0)
+            self.entropy = self.entropy + mean * has_tokens
+            self.entropy_batches = self.entropy_batches + has_tokens
+
+    def to_host(self, grad_norm: torch.Tensor) -> tuple[dict[str, float], float]:
+        """(metrics: loss, grad_norm, each loss metric, entropy; the step's active tokens), in
+        one transfer."""
+        keys = sorted(self.weighted)
+        values = torch.stack(
+            [
+                self.loss,
+                grad_norm.detach().double().to(self.loss.device),
+                self.tokens,
+                self.entropy,
+                self.entropy_batches,
+                *(self.weighted[k] for k in keys),
+            ]
+        ).tolist()
+        loss, norm, tokens, entropy, batches, *weighted = values
+        metrics = {"loss": loss, "grad_norm": norm}
+        metrics.update({k: v / max(tokens, 1.0) for k, v in zip(keys, weighted, strict=True)})
+        metrics["entropy"] = entropy / batches if batches else float("nan")
+        return metrics, tokens
 
 
 def forecast_metrics(

@@ -8,12 +8,14 @@ trainer feeds it micro-batches and weights them as it says, without knowing the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import torch
 
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
-from grpokit.core.losses import LossInputs, PolicyLoss
+from grpokit.core.losses import LossInputs, StepCounts
 from grpokit.core.stats import cluster_mean_stderr
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
@@ -53,7 +55,6 @@ from grpokit.train.checkpoint import (
 from grpokit.train.console import reward_warnings_to, stop_guard
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
-    all_reduce_gradients,
     all_reduce_scalars,
     barrier,
     gather_rows,
@@ -69,9 +70,10 @@ from grpokit.train.failures import (
     signal_name,
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs
-from grpokit.train.fsdp import full_state, gathered, idle_pass, missing_micro_batches
+from grpokit.train.fsdp import LockStep, full_state, gathered
 from grpokit.train.setup import (
     build_engine,
+    build_loss,
     build_optimizer,
     build_policy,
     open_sinks,
@@ -80,9 +82,9 @@ from grpokit.train.setup import (
     write_run_files,
 )
 from grpokit.train.step_metrics import (
+    LossSums,
     completion_records,
     forecast_metrics,
-    loss_metrics,
     rollout_metrics,
     step_summary,
 )
@@ -110,10 +112,6 @@ class Collected:
     scored: ScoredBatch
     advantages: torch.Tensor
     timings: dict[str, float]
-
-
-def _mean(values: list[float]) -> float:
-    return float(sum(values) / len(values)) if values else float("nan")
 
 
 class GRPOTrainer:
@@ -170,14 +168,9 @@ class GRPOTrainer:
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
         a = self.args
-        self.loss = PolicyLoss(
-            loss_type=a.loss_type,
-            epsilon_low=a.epsilon,
-            epsilon_high=a.epsilon_high,
-            beta=a.beta,
-            importance_sampling_level=a.importance_sampling_level,
-            max_completion_length=a.max_completion_length,
-            delta=a.delta,
+        self.loss = build_loss(a)
+        self.lockstep = LockStep(
+            self.dist, sharded=self.sharded, pad_token_id=self.pad_token_id, device=self.device
         )
         self.total_steps = total_steps(a, len(self.rows))
         self.optimizer, self.scheduler = build_optimizer(
@@ -337,35 +330,35 @@ class GRPOTrainer:
             return None
         return Experience(prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask))
 
-    def _per_token_reference(
-        self, exp: Experience, micro_batches: list[slice], idle: int = 0
+    def _fixed_logprobs(
+        self, exp: Experience, micro_batches: list[slice]
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """Log-probs that stay fixed during the update: pi_old (mu > 1 only), pi_ref (beta > 0 only).
-
-        ``idle``: forwards without rows to run after the real ones (FSDP, see fsdp.idle_pass).
-        """
-        need_old = self.args.num_iterations > 1
-        need_ref = self.loss.needs_reference
-        old: list[torch.Tensor | None] = [None] * len(micro_batches)
-        ref: list[torch.Tensor | None] = [None] * len(micro_batches)
-        if not (need_old or need_ref):
-            return old, ref
-        model = self.policy.model
-        with torch.no_grad():
-            for k, rows in enumerate(micro_batches):
-                batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
-                if need_old:
-                    old[k] = self._logprobs(model, batch)[0]
-                if need_ref:
-                    with self.policy.reference_model() as ref_model:
-                        ref[k] = self._logprobs(ref_model, batch)[0]
-            for _ in range(idle):
-                if need_old:
-                    idle_pass(model, self.pad_token_id, self.device, backward=False)
-                if need_ref:
-                    with self.policy.reference_model() as ref_model:
-                        idle_pass(ref_model, self.pad_token_id, self.device, backward=False)
+        """The log-probs that stay fixed during the update, those the loss needs: pi_old (several
+        optimizer steps per generation) and pi_ref (a KL penalty); None where it needs neither."""
+        needs = self.loss.needs
+        nothing: list[torch.Tensor | None] = [None] * len(micro_batches)
+        policy = contextlib.nullcontext(self.policy.model)
+        old = self._frozen_logprobs(policy, exp, micro_batches) if needs.old_logp else nothing
+        ref = (
+            self._frozen_logprobs(self.policy.reference_model(), exp, micro_batches)
+            if needs.ref_logp
+            else nothing
+        )
         return old, ref
+
+    def _frozen_logprobs(
+        self,
+        model_context: AbstractContextManager[torch.nn.Module],
+        exp: Experience,
+        micro_batches: list[slice],
+    ) -> list[torch.Tensor | None]:
+        with torch.no_grad(), model_context as model:
+            out: list[torch.Tensor | None] = [
+                self._logprobs(model, exp.micro_batch(rows, self.pad_token_id).to(self.device))[0]
+                for rows in micro_batches
+            ]
+            self.lockstep.finish(model, backward=False)
+        return out
 
     def _logprobs(
         self, model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
@@ -383,101 +376,104 @@ class GRPOTrainer:
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
-        """num_iterations optimizer steps on one experience batch; metrics of each."""
+        """num_iterations optimizer steps on one experience batch; metrics of each. The rollout
+        engine then takes the new weights (vLLM holds its own copy)."""
         a = self.args
         micro_batches = exp.micro_batch_rows(
             a.per_device_train_batch_size, a.max_tokens_per_micro_batch
         )
-        # Under FSDP every forward and backward is a collective: all ranks run as many micro-batches.
-        idle = missing_micro_batches(len(micro_batches), self.dist) if self.sharded else 0
-        old_logps, ref_logps = self._per_token_reference(exp, micro_batches, idle)
+        self.lockstep.plan(len(micro_batches))
+        old_logps, ref_logps = self._fixed_logprobs(exp, micro_batches)
         # Global counts: each rank's loss is then its share of the global loss (grads are summed).
         active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
-        num_active, num_rows = max(1, int(active)), max(1, int(num_rows))
-        step_metrics = []
-        model = self.policy.model
-        model.train()
+        counts = StepCounts(max(1, int(active)), max(1, int(num_rows)), a.max_completion_length)
+        self.policy.model.train()
+        records = []
         for _ in range(a.num_iterations):
-            sums: dict[str, float] = {}
-            tokens_seen = 0.0
-            entropies: list[float] = []
-            for k, rows in enumerate(micro_batches):
-                batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
-                mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
-                logp, entropy = self._logprobs(model, batch, with_entropy=True)
-                out = self.loss(
-                    LossInputs(
-                        logp=logp,
-                        old_logp=old_logps[k] if old_logps[k] is not None else logp.detach(),
-                        advantages=exp.advantages[rows].to(self.device),
-                        mask=mask,
-                        ref_logp=ref_logps[k],
-                        num_active_tokens=num_active,
-                        num_sequences=num_rows,
-                    )
-                )
-                weight = self.loss.micro_batch_weight(rows.stop - rows.start, num_rows)
-                torch.autograd.backward(out.loss * weight)
-                n_tok = float(mask.sum().item())
-                tokens_seen += n_tok
-                sums["loss"] = sums.get("loss", 0.0) + float(out.loss.item()) * weight
-                for key, value in loss_metrics(out).items():
-                    sums[key] = sums.get(key, 0.0) + value * n_tok
-                if entropy is not None and n_tok > 0:
-                    entropies.append(float((entropy * mask).sum().item() / n_tok))
-            for _ in range(idle):
-                idle_pass(model, self.pad_token_id, self.device, backward=True)
-            if not self.sharded:  # FSDP reduce-scattered the gradients in backward
-                all_reduce_gradients(self.policy.trainable_parameters(), self.dist)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                self.policy.trainable_parameters(), a.max_grad_norm
-            )
-            # A NaN or infinite loss or norm would poison the weights and Adam's moments: skip
-            # the step (all ranks agree: the norm is of the reduced gradients).
-            if math.isfinite(float(grad_norm)) and math.isfinite(sums.get("loss", 0.0)):
-                self._weights_changed = True
-                self.optimizer.step()
-                self.state.nonfinite_streak = 0
-            else:
-                self.state.skipped_steps += 1
-                self.state.nonfinite_streak += 1
-            with warnings.catch_warnings():  # a skipped step's schedule still advances, on purpose
-                warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
-                self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            metrics = {
-                "loss": sums.pop("loss", 0.0),
-                "grad_norm": float(grad_norm),
-                "skipped_steps": float(self.state.skipped_steps),
-            }
-            for key, value in sums.items():
-                metrics[key] = value / max(tokens_seen, 1.0)
-            metrics["entropy"] = _mean(entropies)
-            step_metrics.append(reduce_metrics(metrics, self.dist, weight=tokens_seen))
-        return step_metrics
+            sums = LossSums(self.device)
+            for rows, old, ref in zip(micro_batches, old_logps, ref_logps, strict=True):
+                self._loss_and_backward(exp, rows, old, ref, counts, sums)
+            self.lockstep.finish(self.policy.model, backward=True)
+            records.append(self._apply_gradients(sums))
+        self.engine.sync_weights()
+        return records
+
+    def _loss_and_backward(
+        self,
+        exp: Experience,
+        rows: slice,
+        old_logp: torch.Tensor | None,
+        ref_logp: torch.Tensor | None,
+        counts: StepCounts,
+        sums: LossSums,
+    ) -> None:
+        """Forward one micro-batch, add its share of the step's loss to the gradients."""
+        batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
+        mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
+        logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
+        advantages = exp.advantages[rows].to(self.device)
+        out = self.loss(LossInputs(logp, old_logp, advantages, mask, ref_logp, counts))
+        assert counts.num_sequences is not None
+        weight = self.loss.micro_batch_weight(rows.stop - rows.start, counts.num_sequences)
+        torch.autograd.backward(out.loss * weight)
+        sums.add(out, weight, mask, entropy)
+
+    def _apply_gradients(self, sums: LossSums) -> dict[str, float]:
+        """Reduce, clip and apply the summed gradients, unless the loss or the norm is not finite
+        (the step is then skipped and counted); advance the schedule either way."""
+        parameters = self.policy.trainable_parameters()
+        self.lockstep.reduce_gradients(parameters)
+        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.args.max_grad_norm)
+        metrics, tokens = sums.to_host(grad_norm)  # the step's one wait on the device
+        # A NaN or infinite loss or norm would poison the weights and Adam's moments: skip the
+        # step (all ranks agree: the norm is of the reduced gradients).
+        if math.isfinite(metrics["grad_norm"]) and math.isfinite(metrics["loss"]):
+            self._weights_changed = True
+            self.optimizer.step()
+            self.state.nonfinite_streak = 0
+        else:
+            self.state.skipped_steps += 1
+            self.state.nonfinite_streak += 1
+        self._advance_schedule()
+        metrics["skipped_steps"] = float(self.state.skipped_steps)
+        return reduce_metrics(metrics, self.dist, weight=tokens)
+
+    def _advance_schedule(self) -> None:
+        with warnings.catch_warnings():  # a skipped step's schedule still advances, on purpose
+            warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _no_update(self) -> list[dict[str, float]]:
+        """A round whose groups all had equal rewards has nothing to learn from: no gradient,
+        but it still counts num_iterations steps, as :func:`total_steps` and the schedule do."""
+        self.log(
+            f"step {self.state.global_step + 1}: every group had equal rewards; no update "
+            "(see frac_reward_zero_std; grpokit preflight explains the cold start)"
+        )
+        records = []
+        for _ in range(self.args.num_iterations):
+            self._advance_schedule()
+            records.append({"loss": 0.0, "grad_norm": 0.0})
+        return records
+
+    def _joined(self, exp: Experience | None) -> Experience | None:
+        """With several processes, a rank whose groups all had equal rewards joins the others'
+        update with no rows (its collectives pair with theirs); alone, None means no update."""
+        anyone = all_reduce_scalars([float(exp is not None)], self.dist, "max")[0]
+        if exp is None and anyone:
+            return Experience([], [], torch.zeros(0), torch.zeros(0))
+        return exp
 
     def step(self) -> list[dict[str, Any]]:
         """One generation round and its num_iterations optimizer steps; returns their metrics."""
         t0 = time.perf_counter()
         collected = self.collect()
-        exp, scored = collected.experience, collected.scored
+        scored = collected.scored
         t1 = time.perf_counter()
         shared = self._rollout_metrics(scored) | collected.timings
-        if self.dist.enabled:
-            anyone = all_reduce_scalars([float(exp is not None)], self.dist, "max")[0]
-            if exp is None and anyone:  # others kept groups: join their update with no rows
-                exp = Experience([], [], torch.zeros(0), torch.zeros(0))
-        updates = self.update(exp) if exp is not None else []
-        if updates:  # an engine holding its own copy of the weights (vLLM) takes the new ones
-            self.engine.sync_weights()
-        if exp is None:
-            self.log(
-                f"step {self.state.global_step + 1}: every group had equal rewards; no update "
-                "(see frac_reward_zero_std; grpokit preflight explains the cold start)"
-            )
-            updates = [{"loss": 0.0, "grad_norm": 0.0}]
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scheduler.step()
+        exp = self._joined(collected.experience)
+        updates = self.update(exp) if exp is not None else self._no_update()
         shared["time/update"] = time.perf_counter() - t1
         if self.state.global_step == 0:
             shared.update(self._forecast(shared))
@@ -489,14 +485,15 @@ class GRPOTrainer:
         out = []
         for metrics in updates:
             self.state.global_step += 1
-            record = {
-                "epoch": self.stream.epoch_float,
-                **shared,
-                **metrics,
-                "learning_rate": self.scheduler.get_last_lr()[0],
-                "step_time": time.perf_counter() - t0,
-            }
-            out.append(record)
+            out.append(
+                {
+                    "epoch": self.stream.epoch_float,
+                    **shared,
+                    **metrics,
+                    "learning_rate": self.scheduler.get_last_lr()[0],
+                    "step_time": time.perf_counter() - t0,
+                }
+            )
         self._log_completions(scored, collected.advantages)
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
         return out
