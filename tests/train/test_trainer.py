@@ -118,6 +118,31 @@ def test_masking_truncated_completions_removes_them_from_the_loss(
     assert all(torch.equal(before[n], p) for n, p in _params(trainer).items())
 
 
+def test_a_round_without_signal_still_counts_num_iterations_steps(
+    make_config: Callable[..., GRPOKitConfig],
+) -> None:
+    # Every group has equal rewards, so no round updates; each round must still count its
+    # num_iterations = 2 steps, as total_steps and the learning-rate schedule assume.
+    cfg = make_config(
+        rewards=[{"type": "python", "name": "c", "function": "my_rewards.py:constant"}],
+        num_iterations=2,
+        max_steps=-1,
+        num_train_epochs=1,
+        lr_scheduler_type="linear",
+    )
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    assert trainer.total_steps == 2 * 4  # 8 prompts, 2 per round, 2 steps a round
+    result = trainer.train()
+    assert result.global_step == trainer.total_steps
+    assert [h["step"] for h in result.history] == list(range(1, 9))
+    assert all(h["frac_reward_zero_std"] == 1.0 and h["loss"] == 0.0 for h in result.history)
+    # The linear schedule reached its end exactly when the run did.
+    assert result.history[-1]["learning_rate"] == 0.0
+    # One pass over the 8 prompts in 4 generation rounds, not two passes in 8 rounds.
+    assert trainer.state.generation_round == 4
+    assert result.history[-1]["epoch"] == pytest.approx(1.0)
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(
     make_config: Callable[..., GRPOKitConfig], tmp_path: Path
 ) -> None:
