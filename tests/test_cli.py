@@ -33,7 +33,6 @@ def test_help_lists_every_command() -> None:
     assert grpokit("train", "--help").returncode == 0
 
 
-
 def test_a_listed_command_that_is_missing_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A renamed command (or a moved command module) stops the CLI with a message naming it,
     instead of vanishing from `grpokit --help`."""
@@ -47,6 +46,7 @@ def test_a_listed_command_that_is_missing_is_an_error(monkeypatch: pytest.Monkey
         register_commands(click.Group())
     with pytest.raises(ModuleNotFoundError, match="grpokit.no_such_cli"):
         register_commands(click.Group(), (("grpokit.no_such_cli", "some_cmd"),))
+
 
 def test_help_config_groups_the_training_fields() -> None:
     result = CliRunner().invoke(main, ["train", "--help-config"])

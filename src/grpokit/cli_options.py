@@ -14,33 +14,32 @@ from typing import Any, TypeVar
 import click
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-Decorator = Callable[[_F], _F]
 
 
 def _path() -> click.Path:
     return click.Path(path_type=Path)
 
 
-def seed_option(help: str, *, default: int | None = 0) -> Decorator[_F]:
+def seed_option(help: str, *, default: int | None = 0) -> Callable[[_F], _F]:
     """``--seed``: an integer; ``default=None`` means the config's ``training.seed``."""
     return click.option(
         "--seed", type=int, default=default, show_default=default is not None, help=help
     )
 
 
-def overrides_option(help: str) -> Decorator[_F]:
+def overrides_option(help: str) -> Callable[[_F], _F]:
     """``--set KEY=VALUE`` (repeatable), passed on as ``overrides``: config values to override."""
     return click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help=help)
 
 
-def config_option(help: str) -> Decorator[_F]:
+def config_option(help: str) -> Callable[[_F], _F]:
     """``--config``: an optional grpokit config file."""
     return click.option("--config", type=_path(), default=None, help=help)
 
 
 def out_option(
     help: str, *, dest: str = "out", default: Path | None = None, required: bool = False
-) -> Decorator[_F]:
+) -> Callable[[_F], _F]:
     """``--out``: where a command writes its result (a file or a directory, as ``help`` says)."""
     return click.option(
         "--out",
@@ -53,19 +52,19 @@ def out_option(
     )
 
 
-def models_option(help: str) -> Decorator[_F]:
+def models_option(help: str) -> Callable[[_F], _F]:
     """``--model [LABEL=]MODEL`` (repeatable, at least one), passed on as ``models``."""
     return click.option("--model", "models", multiple=True, required=True, help=help)
 
 
-def prompt_count_option(default: int, help: str) -> Decorator[_F]:
+def prompt_count_option(default: int, help: str) -> Callable[[_F], _F]:
     """``--prompts N``, passed on as ``n_prompts``: how many training prompts to sample."""
     return click.option(
         "--prompts", "n_prompts", type=int, default=default, show_default=True, help=help
     )
 
 
-def generations_option(help: str) -> Decorator[_F]:
+def generations_option(help: str) -> Callable[[_F], _F]:
     """``--generations``: completions per prompt; default the config's num_generations."""
     return click.option("--generations", type=int, default=None, help=help)
 
@@ -88,6 +87,6 @@ def _check_device(_ctx: click.Context, _param: click.Parameter, value: str | Non
     return value
 
 
-def device_option(help: str) -> Decorator[_F]:
+def device_option(help: str) -> Callable[[_F], _F]:
     """``--device``: checked when the command starts, as ``model.device`` is."""
     return click.option("--device", default=None, callback=_check_device, help=help)

@@ -147,7 +147,7 @@ def run_generate(
     samples: int,
     config: Path | None = None,
     seed: int = 0,
-    overrides: dict[str, float | int | None] | None = None,
+    overrides: dict[str, Any] | None = None,
     system_prompt: str | None = None,
     device: str | None = None,
     log: Callable[[str], None] = print,
