@@ -7,10 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
+import pytest
 import yaml
 from click.testing import CliRunner
 
-from grpokit.cli import main
+from grpokit.cli import main, register_commands
 
 
 def grpokit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -29,6 +31,21 @@ def test_help_lists_every_command() -> None:
     for command in ("train", "demo", "rewards"):
         assert command in out.stdout
     assert grpokit("train", "--help").returncode == 0
+
+
+def test_a_listed_command_that_is_missing_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renamed command (or a moved command module) stops the CLI with a message naming it,
+    instead of vanishing from `grpokit --help`."""
+    import grpokit.models.cli
+
+    group = click.Group()
+    register_commands(group)
+    assert set(group.commands) == set(main.commands) - {"train", "demo"}
+    monkeypatch.delattr(grpokit.models.cli, "export_cmd")
+    with pytest.raises(ImportError, match="grpokit.models.cli has no click command 'export_cmd'"):
+        register_commands(click.Group())
+    with pytest.raises(ModuleNotFoundError, match="grpokit.no_such_cli"):
+        register_commands(click.Group(), (("grpokit.no_such_cli", "some_cmd"),))
 
 
 def test_help_config_groups_the_training_fields() -> None:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import click
 
+from grpokit.cli_options import overrides_option, seed_option
 from grpokit.errors import RunFailed, RunStopped, UserError
 
 # peft still calls transformers' renamed gradient-checkpointing helpers; the warning is theirs to
@@ -86,13 +87,9 @@ def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool)
 
 @main.command()
 @click.argument("config", type=click.Path(path_type=Path))
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override a config value, e.g. --set training.beta=0.04 (repeatable). With a run "
-    "directory: change what may change mid-run, e.g. --set training.max_steps=200.",
+@overrides_option(
+    "Override a config value, e.g. --set training.beta=0.04 (repeatable). With a run "
+    "directory: change what may change mid-run, e.g. --set training.max_steps=200."
 )
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run directory.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (for logs and CI).")
@@ -142,13 +139,20 @@ def train(
             args += ["--output-dir", str(output_dir)]
         sys.exit(launch(nproc, args))
 
+    from grpokit.evaluate.report import build_report
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():
-        result = resume_run(config, list(overrides), progress=not no_progress)
+        result = resume_run(
+            config, list(overrides), progress=not no_progress, build_report=build_report
+        )
     else:
         result = train_from_config(
-            config, list(overrides), output_dir=output_dir, progress=not no_progress
+            config,
+            list(overrides),
+            output_dir=output_dir,
+            progress=not no_progress,
+            build_report=build_report,
         )
     click.echo(f"done: {result.global_step} steps; checkpoint {result.checkpoint}")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}")
@@ -171,13 +175,7 @@ def train(
     help="A longer SFT and twice the GRPO steps, in float32: about 93% correct on the 200 fresh "
     "problems instead of about 88%, for about 30 CPU-minutes instead of 13 (docs/demo.md).",
 )
-@click.option(
-    "--seed",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Seeds the SFT's order and GRPO's sampling; the problems stay the same.",
-)
+@seed_option("Seeds the SFT's order and GRPO's sampling; the problems stay the same.")
 @click.option(
     "--dtype",
     type=click.Choice(["auto", "float32"]),
@@ -213,35 +211,35 @@ def demo(
     run_demo(output_dir, settings)
 
 
-def _register_optional() -> None:
-    """Commands that live with their feature; each module is imported only when present."""
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("grpokit.rewards.cli", "rewards_cli"),
+    ("grpokit.rewards.judge.cli", "judge_cli"),
+    ("grpokit.evaluate.cli", "report_cmd"),
+    ("grpokit.evaluate.cli", "compare_cmd"),
+    ("grpokit.evaluate.cli", "eval_cmd"),
+    ("grpokit.preflight.cli", "preflight_cmd"),
+    ("grpokit.preflight.cli", "theory_cmd"),
+    ("grpokit.train.sft_cli", "sft_cmd"),
+    ("grpokit.models.cli", "export_cmd"),
+    ("grpokit.evaluate.generate_cli", "generate_cmd"),
+    ("grpokit.recipes.cli", "recipes_cli"),
+)
+"""The commands that live with their feature: (module, attribute) of each."""
+
+
+def register_commands(group: click.Group, commands: tuple[tuple[str, str], ...] = COMMANDS) -> None:
+    """Add each command to ``group``. All of them ship with grpokit, so a module or attribute
+    that is missing (a renamed command) is an error here, not a command that quietly vanishes."""
     import importlib
 
-    for module, attr in (
-        ("grpokit.rewards.cli", "rewards_cli"),
-        ("grpokit.rewards.judge.cli", "judge_cli"),
-        ("grpokit.evaluate.cli", "report_cmd"),
-        ("grpokit.evaluate.cli", "compare_cmd"),
-        ("grpokit.evaluate.cli", "eval_cmd"),
-        ("grpokit.preflight.cli", "preflight_cmd"),
-        ("grpokit.preflight.cli", "theory_cmd"),
-        ("grpokit.train.sft_cli", "sft_cmd"),
-        ("grpokit.models.cli", "export_cmd"),
-        ("grpokit.evaluate.generate_cli", "generate_cmd"),
-        ("grpokit.recipes.cli", "recipes_cli"),
-    ):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue
-            raise
-        cmd = getattr(mod, attr, None)
-        if cmd is not None:
-            main.add_command(cmd)
+    for module, attr in commands:
+        command = getattr(importlib.import_module(module), attr, None)
+        if not isinstance(command, click.Command):
+            raise ImportError(f"{module} has no click command {attr!r} (listed in grpokit.cli)")
+        group.add_command(command)
 
 
-_register_optional()
+register_commands(main)
 
 
 if __name__ == "__main__":

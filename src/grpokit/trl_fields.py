@@ -532,15 +532,6 @@ TRL_SCRIPT_KEYS: dict[str, str] = {
 """Keys of a flat `trl grpo --config` YAML (TRL's script and model arguments) and where they go."""
 
 
-def trl_refusal(key: str, value: Any) -> str | None:
-    """The message for ``training.<key>: value`` when ``key`` is a TRL field grpokit refuses at
-    this value; None when the key is not one of them, or the value is accepted."""
-    field = TRL_FIELDS.get(key)
-    if field is None or field.accepts(value):
-        return None
-    return field.refusal()
-
-
 def drop_accepted_trl_fields(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` without the TRL fields given at a value grpokit accepts (they change nothing);
     refused values stay, for the config's own check to report with their line."""

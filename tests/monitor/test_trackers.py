@@ -194,6 +194,7 @@ def test_training_run_reaches_wandb_offline_and_local_mlflow_and_resumes_them(
     import torch
     from mlflow.tracking import MlflowClient
 
+    from grpokit.evaluate.report import build_report
     from grpokit.monitor.sinks import read_metrics
     from grpokit.train.trainer import GRPOTrainer
 
@@ -205,7 +206,9 @@ def test_training_run_reaches_wandb_offline_and_local_mlflow_and_resumes_them(
     monkeypatch.chdir(tmp_path)
 
     result = GRPOTrainer(
-        load_config(_tiny_config(tmp_path, tiny_model_dir)), progress=False
+        load_config(_tiny_config(tmp_path, tiny_model_dir)),
+        progress=False,
+        build_report=build_report,
     ).train()
     run_dir = result.run_dir
     ids = json.loads((run_dir / IDS_FILE).read_text())
@@ -237,7 +240,9 @@ def test_training_run_reaches_wandb_offline_and_local_mlflow_and_resumes_them(
 
     # Resuming continues the same tracker runs.
     cfg = load_config(_tiny_config(tmp_path, tiny_model_dir, max_steps=3))
-    GRPOTrainer(cfg, run_dir=run_dir, resume=True, progress=False).train()
+    GRPOTrainer(
+        cfg, run_dir=run_dir, resume=True, progress=False, build_report=build_report
+    ).train()
     assert json.loads((run_dir / IDS_FILE).read_text()) == ids
     assert set(mlflow_history(client, ids["mlflow"], "reward")) == {1, 2, 3}
     again = read_wandb_offline(run_dir)

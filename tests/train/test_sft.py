@@ -18,7 +18,7 @@ from grpokit.errors import UserError
 from grpokit.models.loading import load_policy
 from grpokit.train.forward import completion_logprobs, pack
 from grpokit.train.sft import Demonstration, load_demonstrations
-from grpokit.train.sft_cli import ROLLOUTS_FILE, Criterion, run_sft_from_config
+from grpokit.train.sft_run import ROLLOUTS_FILE, Criterion, run_sft_from_config
 from grpokit.train.trainer import GRPOTrainer
 
 PARITY = '''

@@ -15,6 +15,7 @@ from __future__ import annotations
 from grpokit.config.loading import (
     format_validation_error,
     load_config,
+    load_reward_specs,
     read_config_data,
     validate_config,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "TrainingConfig",
     "format_validation_error",
     "load_config",
+    "load_reward_specs",
     "read_config_data",
     "validate_config",
 ]

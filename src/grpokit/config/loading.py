@@ -16,6 +16,7 @@ from pydantic import (
 from grpokit.config.root import GRPOKitConfig
 from grpokit.config.training import TrainingConfig
 from grpokit.errors import UserError, read_utf8
+from grpokit.rewards.spec import RewardSpec, parse_reward_specs
 from grpokit.trl_fields import TRL_FIELDS, TRL_SCRIPT_KEYS
 
 
@@ -218,3 +219,25 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKit
     path = Path(path)
     data, lines = read_config_data(path)
     return validate_config(data, path, lines, overrides)
+
+
+def load_reward_specs(path: Path) -> tuple[list[RewardSpec], Path]:
+    """The reward specs of a config file and the directory their relative paths resolve against.
+
+    A full grpokit config is read with :func:`load_config`; a YAML holding only a ``rewards:``
+    list is accepted too, to try rewards before the rest of the config exists.
+    """
+    # The reader `rewards check` reads completions with, so both files' encoding errors read
+    # alike; imported here since it brings the rewards' scoring (torch) that loading skips.
+    from grpokit.rewards.check import read_utf8 as read_rewards_file
+
+    if not path.is_file():
+        raise UserError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(read_rewards_file(path))
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    if isinstance(data, dict) and set(data) == {"rewards"}:
+        return parse_reward_specs(data["rewards"], source=str(path)), path.resolve().parent
+    cfg = load_config(path)
+    return list(cfg.rewards), cfg.config_dir

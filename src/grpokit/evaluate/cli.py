@@ -6,6 +6,13 @@ from pathlib import Path
 
 import click
 
+from grpokit.cli_options import (
+    config_option,
+    device_option,
+    models_option,
+    out_option,
+    seed_option,
+)
 from grpokit.evaluate.compare import compare_runs
 from grpokit.evaluate.report import build_report
 
@@ -19,12 +26,7 @@ from grpokit.evaluate.report import build_report
     default=None,
     help="Directory written by `grpokit eval` (its eval.json becomes the eval section).",
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="HTML file to write; default RUN_DIR/report/report.html.",
-)
+@out_option("HTML file to write; default RUN_DIR/report/report.html.")
 def report_cmd(run_dir: Path, eval_dir: Path | None, out: Path | None) -> None:
     """One self-contained HTML report of a run (plots also as PNG in RUN_DIR/report/)."""
     path = build_report(run_dir, eval_dir=eval_dir, out=out)
@@ -33,12 +35,8 @@ def report_cmd(run_dir: Path, eval_dir: Path | None, out: Path | None) -> None:
 
 @click.command("compare")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=Path("compare.html"),
-    show_default=True,
-    help="HTML file to write; the PNGs go to <name>_plots/ beside it.",
+@out_option(
+    "HTML file to write; the PNGs go to <name>_plots/ beside it.", default=Path("compare.html")
 )
 def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     """Overlay the key curves of several runs and list how their configs differ."""
@@ -46,32 +44,10 @@ def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     click.echo(f"compare: {path}")
 
 
-def _device_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """The device name checked as model.device is, and present on this machine."""
-    if value is None:
-        return None
-    from pydantic import ValidationError
-
-    from grpokit.config import ModelConfig
-    from grpokit.errors import UserError
-
-    try:
-        ModelConfig.model_validate({"device": value}).check_device(option="--device")
-    except ValidationError as e:
-        raise click.BadParameter(e.errors()[0]["msg"].removeprefix("Value error, ")) from None
-    except UserError as e:
-        raise click.BadParameter(str(e)) from None
-    return value
-
-
 @click.command("eval")
-@click.option(
-    "--model",
-    "models",
-    multiple=True,
-    required=True,
-    help="[LABEL=]MODEL: the embedded model's name, a model directory, a checkpoint-N/ or a run "
-    "directory (latest checkpoint). Repeat it; the first is the base the others are compared with.",
+@models_option(
+    "[LABEL=]MODEL: the embedded model's name, a model directory, a checkpoint-N/ or a run "
+    "directory (latest checkpoint). Repeat it; the first is the base the others are compared with."
 )
 @click.option(
     "--prompts",
@@ -87,21 +63,15 @@ def _device_option(_ctx: click.Context, _param: click.Parameter, value: str | No
     show_default=True,
     help="Samples per prompt (K).",
 )
-@click.option(
-    "--config",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Config whose rewards score the samples and whose training section sets the sampling; "
-    "default: the config.yaml of a --model run directory.",
+@config_option(
+    "Config whose rewards score the samples and whose training section sets the sampling; "
+    "default: the config.yaml of a --model run directory."
 )
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Output directory (eval.json, completions.jsonl, eval.md); default runs/eval-<prompts>.",
+@out_option(
+    "Output directory (eval.json, completions.jsonl, eval.md); default runs/eval-<prompts>.",
+    dest="out_dir",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (all models).")
+@seed_option("Sampling seed (all models).")
 @click.option(
     "--max-prompts", type=click.IntRange(min=1), default=None, help="Use only the first N prompts."
 )
@@ -119,12 +89,7 @@ def _device_option(_ctx: click.Context, _param: click.Parameter, value: str | No
     show_default=True,
     help="Completions sampled at once.",
 )
-@click.option(
-    "--device",
-    default=None,
-    callback=_device_option,
-    help="cpu, cuda, cuda:N or mps; default: the config's model.device.",
-)
+@device_option("cpu, cuda, cuda:N or mps; default: the config's model.device.")
 def eval_cmd(
     models: tuple[str, ...],
     prompts: Path,

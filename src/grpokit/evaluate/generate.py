@@ -139,6 +139,72 @@ def generate_samples(
     )
 
 
+def run_generate(
+    models: Sequence[str],
+    prompts_file: Path | None,
+    texts: Sequence[str],
+    *,
+    samples: int,
+    config: Path | None = None,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
+    device: str | None = None,
+    log: Callable[[str], None] = print,
+) -> GenerateResult:
+    """``grpokit generate``: the prompts answered by every model, scored by the config's rewards.
+
+    With ``config``, its sampling settings, system prompt, prompt column, prompt length and model
+    settings are used and its rewards score the samples; without one, plain sampling (128 new
+    tokens). ``overrides`` (SamplingParams fields; None: not given) and ``system_prompt`` and
+    ``device`` (None: not given) take precedence over both.
+    """
+    from dataclasses import replace
+
+    from grpokit.config import load_config
+    from grpokit.rewards.compose import build_reward_set
+    from grpokit.rewards.registry import BuildContext
+    from grpokit.sampling import sampling_params
+
+    reward_set: RewardSet | None = None
+    prompt_column, config_device = "prompt", "auto"
+    max_prompt_length: int | None = None
+    model_config: ModelConfig | None = None
+    defaults = SamplingParams(max_completion_length=128)
+    if config is not None:
+        cfg = load_config(config)
+        defaults = sampling_params(cfg.training)
+        system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
+        prompt_column, max_prompt_length = cfg.data.prompt_column, cfg.training.max_prompt_length
+        config_device, model_config = cfg.model.device, cfg.model
+        reward_set = build_reward_set(
+            cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=None, seed=seed)
+        )
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    try:
+        try:
+            sampling = replace(defaults, **given)
+        except ValueError as exc:
+            raise UserError(f"sampling settings: {exc}") from exc
+        rows = prompt_rows(prompts_file, texts, prompt_column=prompt_column)
+        return generate_samples(
+            models,
+            rows,
+            samples=samples,
+            sampling=sampling,
+            seed=seed,
+            system_prompt=system_prompt,
+            max_prompt_length=max_prompt_length,
+            reward_set=reward_set,
+            device=device or config_device,
+            model_config=model_config,
+            log=log,
+        )
+    finally:
+        if reward_set is not None:
+            reward_set.close()
+
+
 def _score_line(sample: Sample, names: Sequence[str]) -> str:
     parts = [f"{n} {_fmt(sample.rewards.get(n))}" for n in names]
     if names:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from grpokit.cli_options import out_option
+
 
 @click.command("export")
 @click.argument("checkpoint")
@@ -17,12 +19,10 @@ import click
     help="hf: a Hugging Face model directory (LoRA merged, tokenizer and chat template "
     "included); gguf: one file for llama.cpp and the tools built on it.",
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    required=True,
-    help="Directory to write (hf), or .gguf file (gguf; an existing directory gets a file named "
+@out_option(
+    "Directory to write (hf), or .gguf file (gguf; an existing directory gets a file named "
     "after the checkpoint).",
+    required=True,
 )
 @click.option(
     "--outtype",

@@ -94,7 +94,8 @@ def numeric_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 ReportBuilder = Callable[[Path], object]
 """Builds ``<run_dir>/report/report.html`` (``grpokit.evaluate.report.build_report``); passed in
-by the trainer, since monitors sit below the report that draws their metrics."""
+by the ``train`` command through the trainer, since monitors and training sit below the report
+that draws their metrics."""
 
 
 def final_files(

@@ -7,23 +7,19 @@ from pathlib import Path
 
 import click
 
+from grpokit.cli_options import (
+    generations_option,
+    out_option,
+    overrides_option,
+    prompt_count_option,
+    seed_option,
+)
+
 
 @click.command("preflight")
 @click.argument("config", type=click.Path(path_type=Path))
-@click.option(
-    "--prompts",
-    "n_prompts",
-    type=int,
-    default=8,
-    show_default=True,
-    help="Training prompts to sample (drawn with the config's seed).",
-)
-@click.option(
-    "--generations",
-    type=int,
-    default=None,
-    help="Completions per prompt (default: training.num_generations).",
-)
+@prompt_count_option(8, "Training prompts to sample (drawn with the config's seed).")
+@generations_option("Completions per prompt (default: training.num_generations).")
 @click.option(
     "--checkpoint",
     type=click.Path(path_type=Path),
@@ -31,21 +27,12 @@ import click
     help="Measure this checkpoint (checkpoint-N of a run, or an SFT output) instead of "
     "the config's model.init_from, e.g. after training.",
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Where to write the JSON: a directory (preflight.json inside) or a .json "
-    "file. Default: the run directory (training.output_dir).",
+@out_option(
+    "Where to write the JSON: a directory (preflight.json inside) or a .json "
+    "file. Default: the run directory (training.output_dir)."
 )
-@click.option("--seed", type=int, default=None, help="Sampling seed (default: training.seed).")
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override a config value, e.g. --set training.temperature=1.2 (repeatable).",
-)
+@seed_option("Sampling seed (default: training.seed).", default=None)
+@overrides_option("Override a config value, e.g. --set training.temperature=1.2 (repeatable).")
 def preflight_cmd(
     config: Path,
     n_prompts: int,

@@ -13,14 +13,9 @@ from grpokit.config import GRPOKitConfig
 from grpokit.files import write_json
 from grpokit.preflight.measure import Measurement, measure
 from grpokit.preflight.report import preflight_json, render
-from grpokit.preflight.sampling import (
-    choose_prompts,
-    open_sampler,
-    reward_infos,
-    sample_groups,
-    sampling_settings,
-)
+from grpokit.preflight.sampling import reward_infos, sampling_settings
 from grpokit.preflight.verdict import Verdict, decide
+from grpokit.sampling.groups import choose_prompts, open_sampler, sample_groups
 
 DEFAULT_PROMPTS = 8
 

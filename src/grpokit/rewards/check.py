@@ -195,6 +195,27 @@ def _cell(value: float, gated: bool) -> str:
     return f"{text} (gated)" if gated else text
 
 
+def score_records(scores: RewardScores) -> list[dict[str, Any]]:
+    """One JSON-ready record per completion (``--json``): its 1-based row, each reward's score
+    (None where it did not apply), the rewards its gates kept out, and the total (None when no
+    reward applied)."""
+    values, gated = scores.per_function.tolist(), scores.gated_out.tolist()
+    records = []
+    for i, total in enumerate(scores.total.tolist()):
+        records.append(
+            {
+                "row": i + 1,
+                "rewards": {
+                    name: None if math.isnan(v) else v
+                    for name, v in zip(scores.names, values[i], strict=True)
+                },
+                "gated_out": [n for n, g in zip(scores.names, gated[i], strict=True) if g],
+                "total": None if math.isnan(total) else total,
+            }
+        )
+    return records
+
+
 def format_table(scores: RewardScores, rows: list[dict[str, Any]], *, max_chars: int = 60) -> Table:
     """A table: one line per completion, one column per reward, the weighted total, and a footer
     with each reward's mean, share of None and share gated out."""

@@ -21,6 +21,7 @@ from grpokit.config import GRPOKitConfig, load_config, read_config_data, validat
 from grpokit.errors import UserError
 from grpokit.files import write_atomic
 from grpokit.models.loading import check_context_length
+from grpokit.monitor.trackers import ReportBuilder
 from grpokit.sampling import latest_checkpoint
 from grpokit.train.trainer import GRPOTrainer, TrainResult
 
@@ -96,10 +97,12 @@ def train_from_config(
     *,
     output_dir: Path | None = None,
     progress: bool = True,
+    build_report: ReportBuilder | None = None,
 ) -> TrainResult:
+    """Train from a config file; ``build_report`` writes the HTML report the trackers upload."""
     cfg = load_config(config, overrides)
     _check_can_run(cfg, config)
-    trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress)
+    trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress, build_report=build_report)
     return trainer.train()
 
 
@@ -143,7 +146,11 @@ def _record_changes(run_dir: Path, cfg: GRPOKitConfig, changes: list[tuple[str, 
 
 
 def resume_run(
-    run_dir: Path, overrides: list[str] | None = None, *, progress: bool = True
+    run_dir: Path,
+    overrides: list[str] | None = None,
+    *,
+    progress: bool = True,
+    build_report: ReportBuilder | None = None,
 ) -> TrainResult:
     """Continue a run from its latest checkpoint, with the config it was started with and the
     ``--set`` changes that can apply mid-run (see :data:`RESUMABLE`)."""
@@ -172,5 +179,7 @@ def resume_run(
     _check_can_run(cfg, cfg_path)
     if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
         _record_changes(run_dir, cfg, changes)
-    trainer = GRPOTrainer(cfg, run_dir=run_dir, resume=True, progress=progress)
+    trainer = GRPOTrainer(
+        cfg, run_dir=run_dir, resume=True, progress=progress, build_report=build_report
+    )
     return trainer.train()

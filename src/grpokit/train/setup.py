@@ -22,7 +22,7 @@ from grpokit.errors import UserError
 from grpokit.files import write_atomic, write_json
 from grpokit.models.loading import Policy
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
-from grpokit.monitor.trackers import tracker_sinks
+from grpokit.monitor.trackers import ReportBuilder, tracker_sinks
 from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import load_model_policy, torch_engine
 from grpokit.train.distributed import DistContext, broadcast_parameters, shard_slice
@@ -162,12 +162,16 @@ def write_run_files(cfg: GRPOKitConfig, run_dir: Path) -> None:
 
 
 def open_sinks(
-    cfg: GRPOKitConfig, run_dir: Path, *, resume_step: int | None, log: Callable[[str], None]
+    cfg: GRPOKitConfig,
+    run_dir: Path,
+    *,
+    resume_step: int | None,
+    log: Callable[[str], None],
+    build_report: ReportBuilder | None = None,
 ) -> list[MetricsSink]:
     """metrics.jsonl (cut back to ``resume_step`` on a resume), TensorBoard and the trackers
-    ``report_to`` names."""
-    from grpokit.evaluate.report import build_report
-
+    ``report_to`` names; they upload the HTML report ``build_report`` writes (the command's, as
+    the report sits above training), or none without it."""
     report_to = cfg.training.report_to
     sinks: list[MetricsSink] = [
         JsonlSink(run_dir / "metrics.jsonl", resume_from_step=resume_step or 0)

@@ -25,6 +25,11 @@ from grpokit.models.loading import pad_token_id
 from grpokit.progress import progress
 from grpokit.train.forward import completion_logprobs, pack
 
+DEFAULT_STEPS = 16
+"""Few on purpose: a long SFT makes sampling deterministic and GRPO's groups equal."""
+DEFAULT_LR_FULL = 2e-5
+DEFAULT_LR_LORA = 2e-4
+
 
 @dataclass(frozen=True)
 class Demonstration:

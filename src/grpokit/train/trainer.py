@@ -32,7 +32,7 @@ from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
 from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
-from grpokit.monitor.trackers import missing_tracker_packages
+from grpokit.monitor.trackers import ReportBuilder, missing_tracker_packages
 from grpokit.progress import Progress, eta_text, on_terminal, progress
 from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
@@ -125,6 +125,7 @@ class GRPOTrainer:
         resume: bool = False,
         progress: bool = True,
         log: Callable[[str], None] = print,
+        build_report: ReportBuilder | None = None,
     ) -> None:
         self.run_dir = (run_dir or cfg.output_dir).resolve()
         self.log = log
@@ -186,6 +187,7 @@ class GRPOTrainer:
                 self.run_dir,
                 resume_step=self.state.global_step if resume else None,
                 log=self.log,
+                build_report=build_report,
             )
         self.monitors = MonitorSet(
             self.cfg.monitors,

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from grpokit.cli_options import seed_option
+
 if TYPE_CHECKING:
     from grpokit.rewards.judge.audit import AuditReport
     from grpokit.rewards.reward_model_audit import RewardModelAudit
@@ -20,8 +22,9 @@ def judge_cli() -> None:
     """Inspect LLM-as-a-judge rewards and trained reward models."""
 
 
-def _audit_options(kind: str) -> Callable[[_F], _F]:
-    """The options every audit takes; ``kind`` names the reward type in the help."""
+def _audit_options(kind: str, *, k: int, k_help: str) -> Callable[[_F], _F]:
+    """The options every audit takes; ``kind`` names the reward type in the help, ``k`` and
+    ``k_help`` are the default and meaning of --k (how often each completion is scored)."""
 
     def decorate(command: _F) -> _F:
         for option in reversed(
@@ -53,19 +56,21 @@ def _audit_options(kind: str) -> Callable[[_F], _F]:
                     type=click.IntRange(min=1),
                     help="For how many distinct prompts the planted answers are built.",
                 ),
-                click.option(
-                    "--seed",
-                    default=0,
-                    show_default=True,
-                    type=int,
-                    help="Seed for the planted gibberish.",
-                ),
+                seed_option("Seed for the planted gibberish."),
                 click.option(
                     "--output",
                     "output",
                     default=None,
                     type=click.Path(path_type=Path),
                     help="Also write the full report as JSON to this file.",
+                ),
+                click.option(
+                    "--k",
+                    "k",
+                    default=k,
+                    show_default=True,
+                    type=click.IntRange(min=1),
+                    help=k_help,
                 ),
             ]
         ):
@@ -86,14 +91,8 @@ def _write_report(output: Path | None, text: str) -> None:
 
 
 @judge_cli.command(name="audit")
-@_audit_options("judge")
-@click.option(
-    "--k",
-    "k",
-    default=3,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="How many times each completion is scored (the judge's noise).",
+@_audit_options(
+    "judge", k=3, k_help="How many times each completion is scored (the judge's noise)."
 )
 @click.option(
     "--temperature",
@@ -131,14 +130,10 @@ def audit_command(
 
 
 @judge_cli.command(name="audit-reward-model")
-@_audit_options("reward_model")
-@click.option(
-    "--k",
-    "k",
-    default=2,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="How many times each completion is scored, each time in other batches (the noise).",
+@_audit_options(
+    "reward_model",
+    k=2,
+    k_help="How many times each completion is scored, each time in other batches (the noise).",
 )
 def audit_reward_model_command(
     config: Path,
