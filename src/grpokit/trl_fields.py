@@ -241,18 +241,8 @@ TRL_FIELDS: dict[str, TrlField] = {
         ),
         *_group(
             "refused",
-            "grpokit does not correct for the difference between vLLM's and the trainer's "
-            "log-probabilities",
-            accepted=(False,),
-            vllm_importance_sampling_correction=True,
-        ),
-        *_group(
-            "refused",
-            "grpokit does not correct for the difference between vLLM's and the trainer's "
-            "log-probabilities",
-            vllm_importance_sampling_mode="sequence_mask",
-            vllm_importance_sampling_clip_max=3.0,
-            vllm_importance_sampling_clip_min=None,
+            "TRL's older name for vllm_importance_sampling_clip_max",
+            "training.vllm_importance_sampling_clip_max",
             vllm_importance_sampling_cap=None,
         ),
         # ---- loss

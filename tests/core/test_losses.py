@@ -15,6 +15,7 @@ from grpokit.core.losses import (
     LossInputs,
     LossOutput,
     LossSettings,
+    MismatchCorrection,
     StepCounts,
     policy_loss,
     reduce,
@@ -483,3 +484,59 @@ def test_every_registered_loss_type_is_a_config_choice() -> None:
     from grpokit.core.losses import LossTypeName
 
     assert set(get_args(LossTypeName)) == set(REGISTERED)
+
+
+@pytest.mark.parametrize(
+    ("mode", "weights", "affected"),
+    [
+        # Token ratios pi_old / pi_sampler = (2, 0.5, 4), clip_max 3.
+        ("token_truncate", [2.0, 0.5, 3.0], 1 / 3),
+        ("token_mask", [2.0, 0.5, 0.0], 1 / 3),
+        # Their product 4 is above 3 for every token of the sequence.
+        ("sequence_truncate", [3.0, 3.0, 3.0], 1.0),
+        ("sequence_mask", [0.0, 0.0, 0.0], 1.0),
+    ],
+)
+def test_mismatch_correction_hand_computed(
+    mode: str, weights: list[float], affected: float
+) -> None:
+    # On-policy for the trainer (ratio 1, so the clipped term is -A = -1 per token), but the
+    # sampler gave the tokens log-probs old - ln r. bnpo over 3 tokens: loss -sum(w) / 3,
+    # d/dlogp = -w / 3. The KL term (beta 0.5, ref = logp + ln 2: k3 = 2 - ln 2 - 1) is added
+    # unweighted: + 0.5 * k3, gradient 0.5 * (1 - 2) / 3 per token.
+    logp = tensor([[-1.0, -2.0, -0.5]])
+    ratios = tensor([[2.0, 0.5, 4.0]])
+    sampler = logp - ratios.log()
+    ref = logp + math.log(2.0)
+    correction = MismatchCorrection(mode=mode, clip_max=3.0)  # type: ignore[arg-type]
+    leaf = logp.clone().requires_grad_(True)
+    out = policy_loss(
+        LossInputs(leaf, None, tensor([1.0]), torch.ones(1, 3), ref, sampler_logp=sampler),
+        LossSettings(loss_type="bnpo", beta=0.5, mismatch=correction),
+    )
+    (grad,) = torch.autograd.grad(out.loss, leaf)
+    w = tensor([weights])
+    k3_value = 2 - math.log(2.0) - 1
+    assert out.loss.item() == pytest.approx(float(-w.sum() / 3 + 0.5 * k3_value))
+    torch.testing.assert_close(grad, -w / 3 + 0.5 * (1 - 2) / 3)
+    kind = "truncated" if mode.endswith("truncate") else "masked"
+    assert float(out.metrics[f"mismatch/{kind}_frac"]) == pytest.approx(affected)
+    # The gap: the k3 estimate of KL(sampler || trainer), r - ln r - 1 averaged over tokens.
+    gap = sum(r - math.log(r) - 1 for r in (2.0, 0.5, 4.0)) / 3
+    assert float(out.metrics["mismatch/kl"]) == pytest.approx(gap)
+    assert float(out.metrics["mismatch/max_ratio"]) == pytest.approx(4.0)
+
+
+def test_mismatch_is_measured_without_changing_the_loss_when_not_corrected() -> None:
+    batch = random_batch(seed=11)
+    logp, mask, adv = batch["logp"], batch["mask"], batch["adv"]
+    sampler = logp + 0.1 * torch.randn(
+        logp.shape, generator=torch.Generator().manual_seed(1), dtype=F64
+    )
+    plain = compute(logp, None, adv, mask, loss_type="dapo")
+    measured = policy_loss(
+        LossInputs(logp, None, adv, mask, sampler_logp=sampler), LossSettings(loss_type="dapo")
+    )
+    torch.testing.assert_close(measured.loss, plain.loss)
+    assert float(measured.metrics["mismatch/kl"]) > 0
+    assert "mismatch/masked_frac" not in measured.metrics

@@ -20,7 +20,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
-from grpokit.core.losses import LossSettings, LossTypeName
+from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
 from grpokit.trl_fields import drop_accepted_trl_fields
 
 _FSDP_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap")
@@ -207,6 +207,34 @@ class TrainingConfig(_Strict):
     delta: float | None = Field(
         None,
         description="Upper clamp of the ratio for negative advantages (two-sided clip).",
+        json_schema_extra=_LOSS,
+    )
+    vllm_importance_sampling_correction: bool = Field(
+        True,
+        description="Correct for the difference between the sampler's and the trainer's "
+        "log-probabilities (vLLM computes with other kernels and often another dtype): each "
+        "token's policy term is weighted by pi_trainer / pi_sampler, truncated or masked as "
+        "vllm_importance_sampling_mode says. Applies to the vLLM engine; the gap is logged "
+        "(mismatch/kl, mismatch/max_ratio) with every engine.",
+        json_schema_extra=_LOSS,
+    )
+    vllm_importance_sampling_mode: MismatchMode = Field(
+        "sequence_mask",
+        description="token_truncate / token_mask: each token's own ratio, clipped to "
+        "[clip_min, clip_max] or zeroed outside it; sequence_truncate / sequence_mask: the "
+        "product of a completion's ratios for all its tokens.",
+        json_schema_extra=_LOSS,
+    )
+    vllm_importance_sampling_clip_min: float | None = Field(
+        None,
+        ge=0,
+        description="Lower bound of the mismatch ratio (null: 0, no lower bound).",
+        json_schema_extra=_LOSS,
+    )
+    vllm_importance_sampling_clip_max: float = Field(
+        3.0,
+        gt=0,
+        description="Upper bound of the mismatch ratio.",
         json_schema_extra=_LOSS,
     )
     num_iterations: int = Field(
@@ -623,6 +651,13 @@ class TrainingConfig(_Strict):
             delta=self.delta,
             sapo_temperature_pos=self.sapo_temperature_pos,
             sapo_temperature_neg=self.sapo_temperature_neg,
+            mismatch=MismatchCorrection(
+                mode=self.vllm_importance_sampling_mode,
+                clip_min=self.vllm_importance_sampling_clip_min,
+                clip_max=self.vllm_importance_sampling_clip_max,
+            )
+            if self.use_vllm and self.vllm_importance_sampling_correction
+            else None,
         )
 
     @property

@@ -19,6 +19,13 @@ A ``loss_type`` is two registered parts (:data:`LOSS_TYPES`):
       step_tokens  sum l M / (active tokens of the step)         dapo, cispo
       fixed        sum l M / (num_sequences * max_completion_length)   dr_grpo
 
+When the sampler is not the trainer (vLLM, another dtype or kernel), the tokens were drawn from
+pi_sampler, not from the trainer's pi_old. With the sampler's log-probs the loss logs the gap
+(``mismatch/*``) and, with a :class:`MismatchCorrection`, multiplies each token's policy term by a
+truncated importance weight rho = pi_old / pi_sampler (per token, or the product over the
+sequence), clipped to clip_max or zeroed outside [clip_min, clip_max] (TRL's
+vllm_importance_sampling_* modes; verl's rollout_is). The KL term is not reweighted.
+
 A new loss is a surrogate function and one line in :data:`LOSS_TYPES`; the trainer asks the loss
 what it needs (:attr:`PolicyLoss.needs`) and weights micro-batches as it says.
 
@@ -49,6 +56,8 @@ __all__ = [
     "LossOutput",
     "LossSettings",
     "LossTypeName",
+    "MismatchCorrection",
+    "MismatchMode",
     "Normaliser",
     "PolicyLoss",
     "StepCounts",
@@ -56,6 +65,7 @@ __all__ = [
     "SurrogateInputs",
     "masked_mean",
     "micro_batch_weight",
+    "mismatch_weights",
     "policy_loss",
     "reduce",
 ]
@@ -63,6 +73,7 @@ __all__ = [
 LossTypeName = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 """The registered loss types (:data:`LOSS_TYPES`), for the config's field type."""
 Normaliser = Literal["sequence", "tokens", "step_tokens", "fixed"]
+MismatchMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
@@ -148,6 +159,58 @@ IMPORTANCE_SAMPLING_LEVELS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]
 """importance_sampling_level -> (logp, old_logp, active) -> log importance weights (B, T)."""
 
 
+# ---- sampler / trainer mismatch -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MismatchCorrection:
+    """Truncated importance sampling from the sampler's distribution to the trainer's (TRL's
+    ``vllm_importance_sampling_mode`` / ``_clip_min`` / ``_clip_max``).
+
+    mode: ``token_*`` weighs each token by its own ratio, ``sequence_*`` every token of a
+    completion by the product of its ratios; ``*_truncate`` clips the weight to
+    [clip_min, clip_max], ``*_mask`` sets it to 0 outside that range. clip_min None means 0.
+    """
+
+    mode: MismatchMode = "sequence_mask"
+    clip_min: float | None = None
+    clip_max: float = 3.0
+
+    def __post_init__(self) -> None:
+        if not self.clip_max > 0:
+            raise ValueError(f"the mismatch clip_max must be > 0, got {self.clip_max!r}")
+        if self.clip_min is not None and not 0 <= self.clip_min < self.clip_max:
+            raise ValueError(
+                f"the mismatch clip_min must be in [0, clip_max = {self.clip_max}), got "
+                f"{self.clip_min!r}"
+            )
+
+
+def mismatch_weights(
+    old_logp: Tensor, sampler_logp: Tensor, active: Tensor, c: MismatchCorrection
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Importance weights from the sampler to the trainer. (B, T) each, 0 on padding.
+
+    Returns (weight, ratio, outside): the (B, T) weight each token's policy term is multiplied
+    by; the (B, T) ratio pi_old / pi_sampler it comes from (per token, or the sequence's product
+    at each of its tokens); and (B, T) bool, where the ratio fell outside [clip_min, clip_max].
+    All detached.
+    """
+    diff = torch.where(
+        active, old_logp.detach() - sampler_logp.detach(), torch.zeros_like(old_logp)
+    )
+    if c.mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True).expand_as(old_logp)
+    ratio = torch.exp(diff)
+    low = 0.0 if c.clip_min is None else c.clip_min
+    outside = ((ratio > c.clip_max) | (ratio < low)) & active
+    if c.mode.endswith("truncate"):
+        weight = ratio.clamp(min=low, max=c.clip_max)
+    else:
+        weight = torch.where(outside, torch.zeros_like(ratio), ratio)
+    return weight, ratio, outside
+
+
 # ---- surrogates ----------------------------------------------------------------------------------
 
 
@@ -169,6 +232,9 @@ class LossSettings:
     delta: float | None = None
     sapo_temperature_pos: float = 1.0
     sapo_temperature_neg: float = 1.05
+    mismatch: MismatchCorrection | None = None
+    """Correct for the sampler's numerics (None: only measure the gap, when its log-probs are
+    given)."""
 
     @property
     def eps_high(self) -> float:
@@ -326,6 +392,9 @@ class LossInputs:
     mask: Tensor
     ref_logp: Tensor | None = None
     counts: StepCounts = field(default_factory=StepCounts)
+    sampler_logp: Tensor | None = None
+    """(B, T) the sampler's log-probs of the same tokens (temperature-scaled, as logp): the gap
+    is measured, and corrected where the settings say so."""
 
 
 @dataclass(frozen=True)
@@ -346,7 +415,13 @@ def _check_shapes(x: LossInputs) -> None:
     if not logp.is_floating_point():
         raise ValueError(f"logp must be a floating tensor, got {logp.dtype}")
     expected = tuple(logp.shape)
-    for name, other in (("old_logp", x.old_logp), ("mask", x.mask), ("ref_logp", x.ref_logp)):
+    others = (
+        ("old_logp", x.old_logp),
+        ("mask", x.mask),
+        ("ref_logp", x.ref_logp),
+        ("sampler_logp", x.sampler_logp),
+    )
+    for name, other in others:
         if other is not None and tuple(other.shape) != expected:
             raise ValueError(
                 f"{name} has shape {tuple(other.shape)} but logp has shape {expected}; "
@@ -389,6 +464,9 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
         SurrogateInputs(weight=weight, logp=logp_safe, advantages=adv, active=active), s
     )
     metrics = {k: masked_mean(v.detach(), active) for k, v in per_token_metrics.items()}
+    if x.sampler_logp is not None:
+        sampler_safe = torch.where(active, x.sampler_logp.detach().to(logp.dtype), zeros)
+        per_token = per_token * _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
     if x.ref_logp is not None:
         ref_safe = torch.where(active, x.ref_logp.detach().to(logp.dtype), zeros)
         kl_per_token = k3(logp_safe, ref_safe)
@@ -401,6 +479,28 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
         counts = StepCounts(counts.num_active_tokens, counts.num_sequences, s.max_completion_length)
     loss = reduce(per_token, active.to(logp.dtype), kind.normaliser, counts)
     return LossOutput(loss=loss, metrics=metrics)
+
+
+def _mismatch(
+    old: Tensor,
+    sampler: Tensor,
+    active: Tensor,
+    correction: MismatchCorrection | None,
+    metrics: dict[str, Tensor],
+) -> Tensor:
+    """The (B, T) weight of each token's policy term (1 without a correction); adds the gap's
+    metrics: the k3 estimate of KL(pi_sampler || pi_old), the largest ratio, and the share of
+    tokens the correction truncated or masked."""
+    metrics["mismatch/kl"] = masked_mean(k3(sampler, old), active)
+    weight, ratio, outside = mismatch_weights(
+        old, sampler, active, correction or MismatchCorrection(mode="token_truncate")
+    )
+    metrics["mismatch/max_ratio"] = torch.where(active, ratio, torch.zeros_like(ratio)).max()
+    if correction is None:
+        return torch.ones_like(old)
+    kind = "truncated" if correction.mode.endswith("truncate") else "masked"
+    metrics[f"mismatch/{kind}_frac"] = masked_mean(outside.to(old.dtype), active)
+    return weight
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ class Experience:
 
     prompt_ids / completion_ids: B token lists; advantages: (B,); loss_mask_rows: (B,) float, 0
     for completions excluded from the loss (truncated, with mask_truncated_completions).
+    sampler_logps: B tensors (len(completion_ids[b]),), the sampler's log-probs of the sampled
+    tokens (None when the engine gave none).
     """
 
     prompt_ids: list[list[int]]
     completion_ids: list[list[int]]
     advantages: torch.Tensor
     loss_mask_rows: torch.Tensor
+    sampler_logps: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -49,6 +52,17 @@ class Experience:
 
     def micro_batch(self, rows: slice, pad_token_id: int) -> TokenBatch:
         return pack(self.prompt_ids[rows], self.completion_ids[rows], pad_token_id)
+
+    def sampler_logprobs(self, rows: slice) -> torch.Tensor | None:
+        """(B, C) the sampler's log-probs of a micro-batch's completions, right-padded with 0 as
+        :func:`~grpokit.train.forward.pack` lays the completions out; None without them."""
+        if self.sampler_logps is None:
+            return None
+        picked = self.sampler_logps[rows]
+        out = torch.zeros((len(picked), max(1, *(len(x) for x in picked))), dtype=torch.float32)
+        for i, values in enumerate(picked):
+            out[i, : len(values)] = values
+        return out
 
     def active_tokens(self) -> int:
         lengths = torch.tensor([float(len(c)) for c in self.completion_ids])

@@ -78,8 +78,9 @@ class LossSums:
     the host once (:meth:`to_host`), so the micro-batch loop never waits on the device.
 
     loss: the weighted micro-batch losses sum to the step's loss. Each loss metric is a mean over
-    a micro-batch's active tokens, so the step's is their token-weighted mean. entropy: the mean
-    of the micro-batches' means (over those with active tokens).
+    a micro-batch's active tokens, so the step's is their token-weighted mean, except a metric
+    whose last name part holds ``max``: the step's is the largest. entropy: the mean of the
+    micro-batches' means (over those with active tokens).
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -89,6 +90,7 @@ class LossSums:
         self._zero = zero
         self.loss, self.tokens, self.entropy, self.entropy_batches = zero(), zero(), zero(), zero()
         self.weighted: dict[str, torch.Tensor] = {}
+        self.largest: dict[str, torch.Tensor] = {}
 
     def add(
         self, out: LossOutput, weight: float, mask: torch.Tensor, entropy: torch.Tensor | None
@@ -99,7 +101,12 @@ class LossSums:
         self.loss = self.loss + out.loss.detach().double() * weight
         self.tokens = self.tokens + n
         for key, value in out.metrics.items():
-            self.weighted[key] = self.weighted.get(key, self._zero()) + value.double() * n
+            if "max" in key.rsplit("/", 1)[-1]:
+                largest = self.largest.get(key)
+                value = value.detach().double()
+                self.largest[key] = value if largest is None else torch.maximum(largest, value)
+            else:
+                self.weighted[key] = self.weighted.get(key, self._zero()) + value.double() * n
         if entropy is not None:
             has_tokens = (n > 0).double()
             mean = (entropy.detach().double() * mask).sum() / n.clamp(min=1.0)
@@ -109,7 +116,7 @@ class LossSums:
     def to_host(self, grad_norm: torch.Tensor) -> tuple[dict[str, float], float]:
         """(metrics: loss, grad_norm, each loss metric, entropy; the step's active tokens), in
         one transfer."""
-        keys = sorted(self.weighted)
+        keys, extremes = sorted(self.weighted), sorted(self.largest)
         values = torch.stack(
             [
                 self.loss,
@@ -118,11 +125,14 @@ class LossSums:
                 self.entropy,
                 self.entropy_batches,
                 *(self.weighted[k] for k in keys),
+                *(self.largest[k] for k in extremes),
             ]
         ).tolist()
-        loss, norm, tokens, entropy, batches, *weighted = values
+        loss, norm, tokens, entropy, batches, *rest = values
         metrics = {"loss": loss, "grad_norm": norm}
+        weighted, largest = rest[: len(keys)], rest[len(keys) :]
         metrics.update({k: v / max(tokens, 1.0) for k, v in zip(keys, weighted, strict=True)})
+        metrics.update(zip(extremes, largest, strict=True))
         metrics["entropy"] = entropy / batches if batches else float("nan")
         return metrics, tokens
 

@@ -315,6 +315,7 @@ class GRPOTrainer:
         completion_ids: list[list[int]] = []
         adv: list[torch.Tensor] = []
         rows_mask: list[float] = []
+        sampler_logps: list[torch.Tensor] = []
         for scored, advantages, keep in kept:
             expanded = scored.expanded_prompt_ids()
             for i in range(len(scored.rows)):
@@ -323,6 +324,7 @@ class GRPOTrainer:
                 for j in range(i * g, (i + 1) * g):
                     prompt_ids.append(expanded[j])
                     completion_ids.append(scored.rollout.completion_ids[j])
+                    sampler_logps.append(scored.rollout.logprobs[j])
                     truncated = scored.rollout.finish_reason[j] == "length"
                     rows_mask.append(
                         0.0 if (truncated and self.args.mask_truncated_completions) else 1.0
@@ -330,7 +332,9 @@ class GRPOTrainer:
                 adv.append(advantages[i * g : (i + 1) * g])
         if not completion_ids:
             return None
-        return Experience(prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask))
+        return Experience(
+            prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask), sampler_logps
+        )
 
     def _fixed_logprobs(
         self, exp: Experience, micro_batches: list[slice]
@@ -414,7 +418,11 @@ class GRPOTrainer:
         mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
         logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
         advantages = exp.advantages[rows].to(self.device)
-        out = self.loss(LossInputs(logp, old_logp, advantages, mask, ref_logp, counts))
+        sampler = exp.sampler_logprobs(rows)
+        sampler_logp = None if sampler is None else sampler.to(self.device)
+        out = self.loss(
+            LossInputs(logp, old_logp, advantages, mask, ref_logp, counts, sampler_logp)
+        )
         assert counts.num_sequences is not None
         weight = self.loss.micro_batch_weight(rows.stop - rows.start, counts.num_sequences)
         torch.autograd.backward(out.loss * weight)
