@@ -65,6 +65,8 @@ def make_run(run_dir: Path, *, steps: int = 30, beta: float = 0.01, seed: int = 
             "clip_ratio/low_mean": 0.0,
             "clip_ratio/high_mean": abs(rng.gauss(0.01, 0.005)),
             "clip_ratio/region_mean": abs(rng.gauss(0.01, 0.005)),
+            "mismatch/kl": 0.0125 + abs(rng.gauss(0, 0.001)),
+            "mismatch/max_ratio": 1.5,
             "completions/mean_length": 60 + 60 * frac + rng.gauss(0, 3),
             "completions/min_length": 30 + 20 * frac,
             "completions/max_length": min(128, 90 + 40 * frac),

@@ -46,6 +46,7 @@ def test_report_has_every_section_and_png(run_dir: Path) -> None:
     assert "length grew 45%" in html and "repeated n-gram share rose" in html
     assert "2 monitor alert(s)" in html
     assert "measured_pass_rate" in html
+    assert "mismatch/kl" in html  # the sampler/trainer gap in the summary
     assert "Skipped" not in html
 
 

@@ -129,11 +129,16 @@ def fig_rewards(run: RunData, alerts: Sequence[dict[str, Any]]) -> Figure:
 
 
 def fig_dynamics(run: RunData, alerts: Sequence[dict[str, Any]]) -> Figure:
-    """KL, entropy, frac_reward_zero_std and clip ratios, 2 x 2."""
+    """KL (to the reference, and between the sampler and the trainer), entropy,
+    frac_reward_zero_std and the shares of clipped or corrected tokens, 2 x 2."""
     fig = Figure(figsize=(WIDTH, 5.6), layout="constrained")
     axes = fig.subplots(2, 2)
     panels: list[tuple[Axes, str, list[tuple[str, str]]]] = [
-        (axes[0][0], "KL to the reference", [("kl", "kl")]),
+        (
+            axes[0][0],
+            "KL to the reference; sampler vs trainer",
+            [("kl", "kl"), ("mismatch/kl", "mismatch/kl")],
+        ),
         (axes[0][1], "Entropy (nats / token)", [("entropy", "entropy")]),
         (
             axes[1][0],
@@ -142,11 +147,14 @@ def fig_dynamics(run: RunData, alerts: Sequence[dict[str, Any]]) -> Figure:
         ),
         (
             axes[1][1],
-            "Clip ratios",
+            "Clipped or corrected tokens",
             [
                 ("clip_ratio/low_mean", "low"),
                 ("clip_ratio/high_mean", "high"),
                 ("clip_ratio/region_mean", "region"),
+                ("cispo_clip_ratio", "cispo cap"),
+                ("mismatch/masked_frac", "mismatch masked"),
+                ("mismatch/truncated_frac", "mismatch truncated"),
             ],
         ),
     ]

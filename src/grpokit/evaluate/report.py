@@ -164,7 +164,7 @@ def summary_rows(run: RunData, alerts: Sequence[dict[str, Any]]) -> list[list[ob
     steps = run.steps
     rows: list[list[object]] = [["steps logged", f"{len(steps)} ({steps[0]} - {steps[-1]})"]]
     for key in ["reward", *[f"rewards/{n}/mean" for n in run.reward_names()], "kl", "entropy",
-                "frac_reward_zero_std", "completions/mean_length"]:  # fmt: skip
+                "frac_reward_zero_std", "completions/mean_length", "mismatch/kl"]:  # fmt: skip
         first, last = _first_last(run, key)
         if first is not None and last is not None:
             rows.append([key, f"{first:.3g} → {last:.3g} (smoothed)"])
