@@ -26,7 +26,7 @@ from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
 from grpokit.core.losses import LossInputs, StepCounts
 from grpokit.core.stats import cluster_mean_stderr
-from grpokit.data.prompts import PromptRow, check_columns
+from grpokit.data.prompts import check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
@@ -145,7 +145,8 @@ class GRPOTrainer:
             )
 
         # Data and rewards first: their errors are cheap to find and must come before model loading.
-        self.rows, self.heldout = self._load_prompts()
+        self.rows = self.cfg.prompts("train")
+        self.heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
         system_prompt = self.cfg.system_prompt
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.dist.is_main:
@@ -209,10 +210,6 @@ class GRPOTrainer:
         self._last_save = time.monotonic()
 
     # ---- set-up helpers ------------------------------------------------------------------------
-
-    def _load_prompts(self) -> tuple[list[PromptRow], list[PromptRow]]:
-        heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
-        return self.cfg.prompts("train"), heldout
 
     def _build_rewards(self) -> RewardSet:
         rewards = build_reward_set(
@@ -481,12 +478,16 @@ class GRPOTrainer:
         collected = self.collect()
         scored = collected.scored
         t1 = time.perf_counter()
-        shared = self._rollout_metrics(scored) | collected.timings
+        text_ngram = self.cfg.monitors.text_ngram
+        shared = rollout_metrics(scored, self.rewards.max_values, text_ngram=text_ngram)
+        shared |= collected.timings
         exp = self._joined(collected.experience)
         updates = self.update(exp) if exp is not None else self._no_update()
         shared["time/update"] = time.perf_counter() - t1
         if self.state.global_step == 0:
-            shared.update(self._forecast(shared))
+            a = self.args
+            names = self.rewards.names
+            shared |= forecast_metrics(shared, names, beta=a.beta, scale_rewards=a.scale_rewards)
         shared["num_tokens"] = float(
             sum(len(p) for p in scored.prompt_ids) * scored.group_size
             + sum(len(c) for c in scored.rollout.completion_ids)
@@ -507,16 +508,6 @@ class GRPOTrainer:
         self._log_completions(scored, collected.advantages)
         self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
         return out
-
-    def _rollout_metrics(self, scored: ScoredBatch) -> dict[str, float]:
-        return rollout_metrics(
-            scored, self.rewards.max_values, text_ngram=self.cfg.monitors.text_ngram
-        )
-
-    def _forecast(self, metrics: dict[str, float]) -> dict[str, float]:
-        return forecast_metrics(
-            metrics, self.rewards.names, beta=self.args.beta, scale_rewards=self.args.scale_rewards
-        )
 
     def _log_completions(self, scored: ScoredBatch, advantages: torch.Tensor) -> None:
         a = self.args
