@@ -209,8 +209,8 @@ class LockStep:
     Under FSDP (``sharded``) every forward and backward is a collective: :meth:`plan` counts the
     micro-batches this rank lacks against the busiest rank, and :meth:`finish` runs that many
     :func:`idle_pass` es after a loop over its own; FSDP reduce-scatters gradients in backward, so
-    :meth:`reduce_gradients` does nothing. Without FSDP, :meth:`finish` runs nothing and
-    :meth:`reduce_gradients` all-reduces (a no-op for one process).
+    :meth:`clip_gradients` only clips. Without FSDP, :meth:`finish` runs nothing and
+    :meth:`clip_gradients` all-reduces first (a no-op for one process).
     """
 
     def __init__(
@@ -229,10 +229,15 @@ class LockStep:
         for _ in range(self.idle):
             idle_pass(model, self.pad_token_id, self.device, backward=backward)
 
-    def reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
-        """Sum the gradients over ranks, unless FSDP already reduce-scattered them."""
+    def clip_gradients(self, parameters: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+        """Sum the gradients over ranks (unless FSDP already reduce-scattered them), clip them to
+        ``max_norm``; returns the global norm as a plain 0-d tensor."""
         if not self.sharded:
             all_reduce_gradients(parameters, self.dist)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+        # Under FSDP the norm is a DTensor, replicated on every rank: its local value is global.
+        full_tensor = getattr(norm, "full_tensor", None)
+        return full_tensor() if full_tensor is not None else norm
 
 
 # ---- checkpoints -------------------------------------------------------------------------------

@@ -429,8 +429,7 @@ class GRPOTrainer:
         """Reduce, clip and apply the summed gradients, unless the loss or the norm is not finite
         (the step is then skipped and counted); advance the schedule either way."""
         parameters = self.policy.trainable_parameters()
-        self.lockstep.reduce_gradients(parameters)
-        grad_norm = torch.nn.utils.clip_grad_norm_(parameters, self.args.max_grad_norm)
+        grad_norm = self.lockstep.clip_gradients(parameters, self.args.max_grad_norm)
         metrics, tokens = sums.to_host(grad_norm)  # the step's one wait on the device
         # A NaN or infinite loss or norm would poison the weights and Adam's moments: skip the
         # step (all ranks agree: the norm is of the reduced gradients).
