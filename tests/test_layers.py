@@ -18,6 +18,7 @@ RANKS: dict[str, int] = {
     "files": 0,
     "progress": 0,
     "core": 0,
+    "model_files": 0,
     "models": 1,
     "data": 1,
     "rewards": 1,

@@ -28,7 +28,7 @@ def _load_specs(config: Path) -> tuple[list[RewardSpec], Path]:
     """
     import yaml
 
-    from grpokit.rewards.check import read_utf8
+    from grpokit.rewards.audit.common import read_utf8
     from grpokit.rewards.spec import parse_reward_specs
 
     if not config.is_file():
@@ -67,7 +67,7 @@ def check_cmd(config: Path, completions_path: Path, width: int, as_json: bool) -
     """
     from rich.console import Console
 
-    from grpokit.rewards.check import check_completions, format_table
+    from grpokit.rewards.audit.check import check_completions, format_table
 
     specs, base_dir = _load_specs(config)
     result = check_completions(specs, completions_path, base_dir=base_dir)
