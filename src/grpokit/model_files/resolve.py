@@ -40,8 +40,8 @@ def resolve_model_path(name_or_path: str) -> str:
         if path.suffix == ".gguf":
             raise UserError(
                 f"Model '{name_or_path}' is a GGUF file: it loads quantised and cannot be "
-                "trained. Convert it once with grpokit.model_files.embedded.convert_gguf(path, out_dir) "
-                "and use out_dir."
+                "trained. Convert it once with "
+                "grpokit.model_files.embedded.convert_gguf(path, out_dir) and use out_dir."
             )
         raise UserError(
             f"Model '{name_or_path}' is a file; give a model directory (with config.json), a hub "

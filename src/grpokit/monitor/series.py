@@ -1,5 +1,6 @@
-"""Small statistics on metric series: trend (rank correlation with time), smoothing, reading a
-metric, step-to-step noise, level shifts measured against it and the level of the monitors' tests."""
+"""Small statistics on metric series: trend (rank correlation with time), smoothing, reading
+a metric, step-to-step noise, level shifts measured against it and the level of the monitors'
+tests."""
 
 from __future__ import annotations
 

@@ -4,6 +4,12 @@ Every reward follows TRL's convention ``fn(prompts, completions, **columns) -> l
 and is usable from YAML by its type name (see :mod:`grpokit.rewards.registry`) or from Python by
 the factory of the same name, e.g. ``grpokit.rewards.xml_format(tags=["thinking", "answer"])``.
 
+Here: the contract (:class:`~grpokit.rewards._base.Reward`), the text a reward scores
+(``text``), the registry of types, the YAML entries (``spec``) and their composition with
+weights and gates (``compose``). Below: the built-in types (:mod:`.builtin`), the LLM judge
+(:mod:`.judge`), the sandbox that runs code for ``code_tests`` (:mod:`.sandbox`) and the checks
+a user runs on a reward before training (:mod:`.audit`).
+
 Importing this package is cheap: reward modules (and math-verify, jsonschema, ...) are imported
 on first use.
 """
