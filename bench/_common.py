@@ -52,10 +52,10 @@ def model_path(smoke: bool, model: str | None) -> str:
     """The model a benchmark runs: the given one, the embedded SmolLM2 (converted once), or with
     ``smoke`` a tiny random model with SmolLM2's tokenizer (a temporary directory)."""
     if model:
-        from grpokit.models.loading import resolve_model_path
+        from grpokit.model_files.resolve import resolve_model_path
 
         return resolve_model_path(model)
-    from grpokit.models.embedded import embedded_model_dir
+    from grpokit.model_files.embedded import embedded_model_dir
 
     if smoke:
         from grpokit.models.tiny import make_tiny_model_dir

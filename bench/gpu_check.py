@@ -234,7 +234,7 @@ def fill_wheels(dest: Path, python_versions: list[str], assumed: list[str]) -> N
                 print(f"  no wheel of {pin} for Python {pv}: add one to {dest} by hand")
     from transformers import AutoTokenizer
 
-    from grpokit.models.embedded import embedded_model_dir
+    from grpokit.model_files.embedded import embedded_model_dir
 
     AutoTokenizer.from_pretrained(embedded_model_dir()).save_pretrained(dest / TOKENIZER_DIR)
     size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
@@ -294,7 +294,7 @@ def default_tokenizer() -> Path:
     carried = WHEELS / TOKENIZER_DIR
     if (carried / "tokenizer_config.json").is_file():
         return carried
-    from grpokit.models.embedded import embedded_model_dir
+    from grpokit.model_files.embedded import embedded_model_dir
 
     return embedded_model_dir()
 

@@ -47,7 +47,7 @@ case "$cmd" in
         "'llama-cpp-python[server]')" >&2
       exit 2
     fi
-    gguf=$("$PY" -c 'from grpokit.models.embedded import find_embedded_gguf as f; print(f())')
+    gguf=$("$PY" -c 'from grpokit.model_files.embedded import find_embedded_gguf as f; print(f())')
     if [ -z "$port" ]; then
       port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     fi

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from grpokit.recipes import recipe_dir
-from grpokit.rewards.format_rewards import xml_format_score
+from grpokit.rewards.builtin.format import xml_format_score
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "judge_gate.py"
 
@@ -59,8 +59,8 @@ def test_too_few_demos_is_an_error(tmp_path: Path) -> None:
 
 def test_audit_configs_load(tmp_path: Path) -> None:
     from grpokit.config import load_config
+    from grpokit.rewards.audit.common import pick_reward
     from grpokit.rewards.judge import JudgeParams
-    from grpokit.rewards.spec import pick_reward
 
     def judge_params(path: Path) -> JudgeParams:
         params = pick_reward(load_config(path).rewards, "judge", None, source=str(path)).params

@@ -16,6 +16,9 @@ from grpokit.core.stats import (
     design_effect,
     paired_difference,
     pass_at_k,
+    pearson,
+    ranks,
+    spearman,
     student_t_quantile,
     student_t_sf,
     t_quantile_975,
@@ -231,3 +234,25 @@ def test_paired_difference_over_prompt_means_covers_with_correlated_samples() ->
         lo <= truth <= hi for _, lo, hi in (paired_difference(b[r], a[r]) for r in range(reps))
     )
     assert 0.93 <= covered / reps <= 0.97
+
+
+def test_ranks_and_correlations_hand_computed() -> None:
+    assert ranks([10.0, 30.0, 20.0, 20.0]) == [1.0, 4.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    # x = 1, 2, 3; y = 1, 3, 2: deviations (-1, 0, 1) and (-1, 1, 0): 1 / sqrt(2 * 2) = 0.5.
+    assert pearson([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    xs, ys = [0.3, 1.7, 2.2, 5.0, 4.1], [1.0, 0.2, 2.5, 3.9, 3.0]
+    assert pearson(xs, ys) == pytest.approx(float(np.corrcoef(xs, ys)[0, 1]), abs=1e-12)
+    assert pearson(xs, ys) == pytest.approx(statistics.correlation(xs, ys), abs=1e-12)
+
+
+def test_correlation_is_nan_where_undefined() -> None:
+    # One rule for every caller: a constant series has no variance to correlate.
+    assert math.isnan(pearson([1, 2, 3], [5, 5, 5]))
+    assert math.isnan(pearson([2, 2], [1, 3]))
+    assert math.isnan(spearman([1, 2, 3], [5, 5, 5]))
+    assert math.isnan(pearson([1.0], [2.0]))
+    assert math.isnan(pearson([], []))
+    with pytest.raises(ValueError, match="different lengths"):
+        pearson([1, 2], [1, 2, 3])

@@ -11,7 +11,8 @@ from synthetic_run import PROMPT_JA, SCRIPT, make_run
 from grpokit.errors import UserError
 from grpokit.evaluate.cli import compare_cmd, report_cmd
 from grpokit.evaluate.compare import compare_runs, config_differences, run_labels
-from grpokit.evaluate.report import build_report, pick_samples
+from grpokit.evaluate.html import esc
+from grpokit.evaluate.report import build_report, pick_samples, samples_html
 from grpokit.evaluate.rundir import load_run
 from grpokit.evaluate.schema import (
     EvalResult,
@@ -20,6 +21,8 @@ from grpokit.evaluate.schema import (
     PromptResult,
     RewardSummary,
 )
+from grpokit.rewards.builtin.format import xml_format
+from grpokit.rewards.text import completion_text
 
 PLOTS = {"rewards", "dynamics", "completions", "timing", "pass_rates", "heldout"}
 
@@ -69,6 +72,29 @@ def test_samples_pair_the_same_prompt_early_and_late(run_dir: Path) -> None:
     assert early_prompt == late_prompt == PROMPT_JA
     assert len(early) == len(late) == 4
     assert any(r["completion"] == SCRIPT for r in early)
+
+
+def test_a_report_shows_the_text_the_rewards_scored() -> None:
+    # Chat completions as TRL hands them over: content given as parts, and a reply in two
+    # messages. The page must show what the rewards read, not the last message or a repr.
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "<thinking>t</thinking>"}]}]
+    split = [
+        {"role": "assistant", "content": "<thinking>add</thinking>"},
+        {"role": "assistant", "content": "<answer>4</answer>"},
+    ]
+    rows = [
+        {"step": step, "prompt": "2+2?", "completion": completion, "reward": 0.5}
+        for step in (1, 2)
+        for completion in (parts, split)
+    ]
+    html = samples_html(rows)
+    scored = xml_format(tags=["thinking", "answer"])(
+        prompts=["2+2?", "2+2?"], completions=[parts, split]
+    )
+    assert scored == [0.0, 1.0]  # the reward read both messages of the split reply
+    for completion in (parts, split):
+        assert f"<pre>{esc(completion_text(completion))}</pre>" in html
+    assert "&#x27;type&#x27;" not in html and "'type'" not in html
 
 
 def test_truncated_metrics_still_report_and_say_so(run_dir: Path) -> None:

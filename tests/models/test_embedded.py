@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from grpokit.errors import UserError
-from grpokit.models import embedded
-from grpokit.models.embedded import (
+from grpokit.model_files import embedded
+from grpokit.model_files.embedded import (
     EMBEDDED_MODEL,
     MARKER_FILE,
     cache_root,
@@ -81,7 +81,7 @@ def test_incomplete_dir_is_replaced_and_complete_one_kept(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_two_processes_convert_into_a_fresh_cache(tmp_path: Path) -> None:
     code = (
-        "from grpokit.models.embedded import embedded_model_dir; "
+        "from grpokit.model_files.embedded import embedded_model_dir; "
         "import sys; print(embedded_model_dir())"
     )
     env = {**os.environ, "GRPOKIT_CACHE": str(tmp_path)}

@@ -8,15 +8,9 @@ import pytest
 import torch
 
 from grpokit.errors import UserError
-from grpokit.models.embedded import EMBEDDED_MODEL
-from grpokit.models.loading import (
-    POLICY_FILE,
-    LoraSettings,
-    Policy,
-    load_policy,
-    load_tokenizer,
-    resolve_model_path,
-)
+from grpokit.model_files.embedded import EMBEDDED_MODEL
+from grpokit.model_files.resolve import load_tokenizer, resolve_model_path
+from grpokit.models.loading import POLICY_FILE, LoraSettings, Policy, load_policy
 
 PROMPT = torch.tensor([[1, 520, 3012, 314, 1875, 42, 7, 99]])
 LORA = LoraSettings(r=4, alpha=8.0, dropout=0.0, target_modules="all-linear")

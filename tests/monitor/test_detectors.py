@@ -31,7 +31,7 @@ from grpokit.monitor.detectors import (
     RepetitionDetector,
     SaturationDetector,
 )
-from grpokit.monitor.series import ChangeTest, ema, ranks, shift, spearman, step_noise
+from grpokit.monitor.series import ChangeTest, ema, shift, step_noise, trend
 
 REARM = 3
 
@@ -50,11 +50,13 @@ def fired(alerts: list[Alert]) -> list[tuple[str, int]]:
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def test_ranks_and_spearman_hand_computed() -> None:
-    assert ranks([10.0, 30.0, 20.0, 20.0]) == [1.0, 4.0, 2.5, 2.5]
-    assert spearman([1, 2, 3, 4], [1, 4, 9, 16]) == pytest.approx(1.0)
-    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
-    assert spearman([1, 2, 3], [5, 5, 5]) == 0.0
+def test_trend_hand_computed_and_zero_for_a_constant_series() -> None:
+    assert trend([1, 4, 9, 16]) == pytest.approx(1.0)
+    assert trend([4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert trend([1.0, 3.0, 2.0]) == pytest.approx(0.5)
+    # The correlation is undefined (core.stats gives NaN); a monitor reads it as no trend.
+    assert trend([5, 5, 5]) == 0.0
+    assert trend([7.0]) == 0.0
 
 
 def test_ema_bias_corrected_and_skips_missing() -> None:

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from synthetic_metrics import REWARD_MAX, REWARDS, demo_metrics
 
+from grpokit.core.stats import spearman
 from grpokit.monitor import Alert, MonitorConfig, MonitorSet
-from grpokit.monitor.series import spearman
 
 
 def alerts_of(rows: Iterable[Mapping[str, object]], config: MonitorConfig) -> list[Alert]:

@@ -12,8 +12,8 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.rewards import BuildContext, RewardSpec, build_reward_set
+from grpokit.rewards.builtin.python_fn import load_function
 from grpokit.rewards.compose import RewardError
-from grpokit.rewards.python_fn import load_function
 
 USER_REWARDS = """
 CALLS = []

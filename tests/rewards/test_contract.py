@@ -79,8 +79,8 @@ def test_every_built_reward_is_a_reward(type_name: str, ctx: BuildContext) -> No
 
 
 def test_judge_and_reward_model_classes_are_rewards() -> None:
+    from grpokit.rewards.builtin.reward_model import RewardModelReward
     from grpokit.rewards.judge.reward import JudgeReward
-    from grpokit.rewards.reward_model import RewardModelReward
 
     assert issubclass(JudgeReward, Reward)
     assert issubclass(RewardModelReward, Reward)
@@ -93,7 +93,7 @@ def test_a_plain_function_is_wrapped_and_its_extras_are_forwarded(ctx: BuildCont
     assert scores.per_function.flatten().tolist() == [0.5, 0.5]
     assert scores.metrics["mine/calls"] == 2.0  # the object's own last_metrics
     reward_set.close()  # reaches the object's own close()
-    from grpokit.rewards.python_fn import load_function
+    from grpokit.rewards.builtin.python_fn import load_function
 
     plain = load_function("user_rewards.py:plain", ctx.base_dir)
     assert plain.__globals__["CLOSED"] == [True]

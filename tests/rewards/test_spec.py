@@ -11,7 +11,7 @@ import pytest
 
 from grpokit.errors import UserError
 from grpokit.rewards import get_reward_type, register_reward, reward_types
-from grpokit.rewards.format_rewards import XmlFormatParams
+from grpokit.rewards.builtin.format import XmlFormatParams
 from grpokit.rewards.spec import (
     GateSpec,
     RewardSpec,
@@ -160,7 +160,7 @@ def test_registry_lookup_and_registration_rules() -> None:
 def test_importing_the_package_is_lazy() -> None:
     code = (
         "import sys, grpokit.rewards\n"
-        "heavy = [m for m in ('math_verify', 'jsonschema', 'torch', 'grpokit.rewards.code_rewards')"
+        "heavy = [m for m in ('math_verify', 'jsonschema', 'torch', 'grpokit.rewards.builtin.code_tests')"
         " if m in sys.modules]\n"
         "print(heavy)\n"
     )

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from grpokit.rewards import math_answer, xml_format
-from grpokit.rewards.format_rewards import XmlFormat, XmlFormatParams
+from grpokit.rewards.builtin.format import XmlFormat, XmlFormatParams
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} {% endfor %}"

@@ -229,7 +229,7 @@ def load_reward_specs(path: Path) -> tuple[list[RewardSpec], Path]:
     """
     # The reader `rewards check` reads completions with, so both files' encoding errors read
     # alike; imported here since it brings the rewards' scoring (torch) that loading skips.
-    from grpokit.rewards.check import read_utf8 as read_rewards_file
+    from grpokit.rewards.audit.common import read_utf8 as read_rewards_file
 
     if not path.is_file():
         raise UserError(f"config file {path} does not exist")

@@ -1,4 +1,5 @@
-"""Small statistics on plain Python floats, for preflight checks, evaluation tables and monitors."""
+"""Small statistics on plain Python floats, for preflight checks, evaluation tables, audits and
+monitors."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ __all__ = [
     "design_effect",
     "pass_at_k",
     "paired_difference",
+    "pearson",
+    "ranks",
+    "spearman",
     "student_t_quantile",
     "student_t_sf",
     "t_quantile_975",
@@ -299,3 +303,48 @@ def zero_variance_share(
         if len(values) < 2 or max(values) - min(values) <= atol:
             flat += 1
     return flat / len(rewards_table)
+
+
+def ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their average rank (as Spearman's correlation needs)."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Pearson correlation of two series of equal length.
+
+    NaN when it is undefined: fewer than two points, or a constant series (no variance to
+    correlate). A caller that needs a number decides what a constant series means for it (a
+    monitor reads it as "no trend", an audit prints it as missing).
+
+    Raises:
+        ValueError: the series differ in length.
+    """
+    if len(xs) != len(ys):
+        raise ValueError(f"series of different lengths: {len(xs)} and {len(ys)}")
+    n = len(xs)
+    if n < 2:
+        return math.nan
+    mx, my = math.fsum(xs) / n, math.fsum(ys) / n
+    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    sxx = math.fsum((x - mx) ** 2 for x in xs)
+    syy = math.fsum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        return math.nan
+    return sxy / math.sqrt(sxx * syy)
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman rank correlation: :func:`pearson` on average ranks, so NaN where that is (fewer
+    than two points, or a series whose values are all equal)."""
+    return pearson(ranks(xs), ranks(ys))

@@ -87,7 +87,9 @@ def encode_prompt(
 
 
 def prompt_text(prompt: Prompt) -> str:
-    """The user's text of a prompt, for logs and tables."""
+    """The conversation of a prompt as one text, for logs and tables: every message but the
+    system prompt, joined by newlines (a string prompt as it is). The last user message alone is
+    :func:`grpokit.rewards.text.user_request`."""
     if isinstance(prompt, str):
         return prompt
     return "\n".join(m["content"] for m in prompt if m["role"] != "system")

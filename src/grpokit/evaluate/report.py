@@ -25,22 +25,12 @@ from grpokit.evaluate.schema import EvalResult
 from grpokit.evaluate.tables import eval_tables, to_html
 from grpokit.files import write_atomic
 from grpokit.monitor.series import ema, mean
-from grpokit.rewards._text import prompt_text
+from grpokit.rewards.text import completion_text, user_request
 
 MAX_SAMPLES = 4
 """Completions shown per side (early, late)."""
 MAX_CHARS = 1500
 """Longer completions are cut in the page (the full text is in completions.jsonl)."""
-
-
-def completion_text(completion: Any) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    if isinstance(completion, dict):
-        return str(completion.get("content", ""))
-    return json.dumps(completion, ensure_ascii=False)
 
 
 def load_eval(eval_dir: Path) -> EvalResult:
@@ -85,7 +75,7 @@ def pick_samples(
     early_steps, late_steps = set(steps[:quarter]), set(steps[-quarter:])
     by_prompt: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for r in rows:
-        text = prompt_text(r.get("prompt"))
+        text = user_request(r.get("prompt"))
         by_prompt.setdefault(text, {}).setdefault(_step_of(r) or 0, []).append(r)
     for text, per_step in by_prompt.items():
         early = sorted(s for s in per_step if s in early_steps)
@@ -95,8 +85,8 @@ def pick_samples(
 
     def first_group(step: int) -> tuple[int, str, list[dict[str, Any]]]:
         at = [r for r in rows if _step_of(r) == step]
-        text = prompt_text(at[0].get("prompt"))
-        return step, text, [r for r in at if prompt_text(r.get("prompt")) == text]
+        text = user_request(at[0].get("prompt"))
+        return step, text, [r for r in at if user_request(r.get("prompt")) == text]
 
     return first_group(steps[0]), first_group(steps[-1])
 

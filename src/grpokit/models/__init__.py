@@ -9,16 +9,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "EMBEDDED_MODEL": "grpokit.models.embedded",
-    "embedded_model_dir": "grpokit.models.embedded",
-    "find_embedded_gguf": "grpokit.models.embedded",
-    "source_gguf": "grpokit.models.embedded",
-    "convert_gguf": "grpokit.models.embedded",
+    "EMBEDDED_MODEL": "grpokit.model_files.embedded",
+    "embedded_model_dir": "grpokit.model_files.embedded",
+    "find_embedded_gguf": "grpokit.model_files.embedded",
+    "source_gguf": "grpokit.model_files.embedded",
+    "convert_gguf": "grpokit.model_files.embedded",
     "LoraSettings": "grpokit.models.loading",
     "Policy": "grpokit.models.loading",
     "load_policy": "grpokit.models.loading",
-    "load_tokenizer": "grpokit.models.loading",
-    "resolve_model_path": "grpokit.models.loading",
+    "load_tokenizer": "grpokit.model_files.resolve",
+    "resolve_model_path": "grpokit.model_files.resolve",
     "make_tiny_model_dir": "grpokit.models.tiny",
 }
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpokit.errors import UserError
-from grpokit.models.embedded import EMBEDDED_MODEL
+from grpokit.model_files.embedded import EMBEDDED_MODEL
 from grpokit.models.loading import POLICY_FILE
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")

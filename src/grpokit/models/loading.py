@@ -11,7 +11,6 @@ import contextlib
 import copy
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -24,7 +23,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
-from grpokit.models.embedded import EMBEDDED_MODEL, embedded_model_dir
+from grpokit.model_files.embedded import EMBEDDED_MODEL
+from grpokit.model_files.resolve import hub_error, load_tokenizer, pad_token_id, resolve_model_path
 from grpokit.models.onednn import (
     CpuMatmul,
     bf16_compute_applies,
@@ -47,9 +47,6 @@ POLICY_FILE = "grpokit_policy.json"
 """Written by :meth:`Policy.save`: what a checkpoint is (adapter or full) and what it builds on,
 so a LoRA adapter trained on top of a warm start can be loaded back onto the same weights."""
 
-# A hub id is "name" or "owner/name" made of these characters; anything else is a local path.
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-
 
 @dataclass(frozen=True)
 class LoraSettings:
@@ -59,83 +56,6 @@ class LoraSettings:
     alpha: float
     dropout: float = 0.0
     target_modules: list[str] | str = "all-linear"
-
-
-def resolve_model_path(name_or_path: str) -> str:
-    """Where to load a model from.
-
-    The embedded name gives its converted cache directory (converting on first use); an existing
-    local directory is returned as is; a string shaped like a hub id (``owner/name``) is passed
-    through for transformers to fetch. Anything else raises :class:`UserError`.
-    """
-    name = name_or_path.strip()
-    if name.lower() == EMBEDDED_MODEL:
-        return str(embedded_model_dir())
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UserError(
-                f"Model directory '{name_or_path}' has no config.json: it is not a Hugging Face "
-                "model directory. Point the model at a directory written by save_pretrained "
-                f"(or a grpokit checkpoint), or use the embedded default '{EMBEDDED_MODEL}'."
-            )
-        return str(path)
-    if path.is_file():
-        if path.suffix == ".gguf":
-            raise UserError(
-                f"Model '{name_or_path}' is a GGUF file: it loads quantised and cannot be "
-                "trained. Convert it once with grpokit.models.embedded.convert_gguf(path, out_dir) "
-                "and use out_dir."
-            )
-        raise UserError(
-            f"Model '{name_or_path}' is a file; give a model directory (with config.json), a hub "
-            f"name, or the embedded default '{EMBEDDED_MODEL}'."
-        )
-    if name.startswith((".", "/", "~")) or not _HUB_ID.match(name):
-        raise UserError(
-            f"Model '{name_or_path}' does not exist: no such directory, and it is not a hub name "
-            f"(owner/name). Check the path, or use the embedded default '{EMBEDDED_MODEL}'."
-        )
-    return name
-
-
-def _hub_error(name_or_path: str, exc: Exception) -> UserError:
-    return UserError(
-        f"Could not load model '{name_or_path}': {exc}. It is neither a local directory nor "
-        "loadable from the Hugging Face hub (is the hub reachable, the name right?). Use a local "
-        f"model directory or the embedded default '{EMBEDDED_MODEL}'."
-    )
-
-
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer for a model, with a pad token (the EOS token when it has none).
-
-    Padding side is left as the tokenizer has it; callers that pad choose their side.
-    """
-    from transformers import AutoTokenizer
-
-    resolved = resolve_model_path(name_or_path)
-    try:
-        tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(resolved)
-    except (OSError, ValueError) as exc:
-        raise _hub_error(name_or_path, exc) from exc
-    if tokenizer.pad_token is None:
-        if tokenizer.eos_token is None:
-            raise UserError(
-                f"The tokenizer of '{name_or_path}' has neither a pad nor an EOS token; grpokit "
-                "needs an EOS token to end completions. Add one to its tokenizer_config.json."
-            )
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def pad_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The id that pads batches: the tokenizer's pad token, else its EOS token (the rule
-    :func:`load_tokenizer` applies when it loads a tokenizer without a pad token)."""
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise UserError("the tokenizer has neither a pad nor an EOS token; grpokit needs one")
-    return int(pad)
 
 
 def _check_not_quantised(config: Any, where: str) -> None:
@@ -153,12 +73,12 @@ def _load_causal_lm(name_or_path: str, resolved: str, dtype: torch.dtype) -> tor
     try:
         config = AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as exc:
-        raise _hub_error(name_or_path, exc) from exc
+        raise hub_error(name_or_path, exc) from exc
     _check_not_quantised(config, name_or_path)
     try:
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype)
     except (OSError, ValueError) as exc:
-        raise _hub_error(name_or_path, exc) from exc
+        raise hub_error(name_or_path, exc) from exc
     # A quantisation method can also be attached at load time without being in config.json.
     _check_not_quantised(getattr(model, "config", None), name_or_path)
     if getattr(model, "hf_quantizer", None) is not None:
@@ -449,7 +369,7 @@ def check_context_length(
     try:
         config = AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as exc:
-        raise _hub_error(name_or_path, exc) from exc
+        raise hub_error(name_or_path, exc) from exc
     key = next((k for k in _CONTEXT_KEYS if isinstance(getattr(config, k, None), int)), None)
     if key is None:
         return

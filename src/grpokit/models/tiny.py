@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from grpokit.models.embedded import embedded_model_dir
+from grpokit.model_files.embedded import embedded_model_dir
 
 TINY_CONFIG: dict[str, Any] = {
     "hidden_size": 64,
@@ -78,7 +78,7 @@ def _save_tiny(
 ) -> Path:
     from transformers import AutoTokenizer, LlamaConfig
 
-    from grpokit.models.loading import pad_token_id
+    from grpokit.model_files.resolve import pad_token_id
 
     out = Path(out_dir)
     source = Path(tokenizer_dir) if tokenizer_dir is not None else embedded_model_dir()

@@ -37,7 +37,7 @@ from grpokit.monitor.config import (
     RepetitionRule,
     SaturationRule,
 )
-from grpokit.monitor.series import ChangeTest, Shift, mean, median, metric, shift, spearman
+from grpokit.monitor.series import ChangeTest, Shift, mean, median, metric, shift, trend
 from grpokit.monitor.text_stats import DISTINCT_2, MAX_GROUP_DUPLICATE_FRAC, REPEATED_NGRAM_FRAC
 
 
@@ -142,11 +142,10 @@ class LengthRewardDetector:
         lengths, rewards = [p[1] for p in self._points], [p[2] for p in self._points]
         first, last = (mean(h) for h in _halves(lengths))
         growth = (last - first) / max(first, 1.0)
-        order = list(range(len(self._points)))
         # The cheap test first: most steps of most runs stop here.
         corr_len = corr_rew = 0.0
         if growth >= self.cfg.min_rel_growth:
-            corr_len, corr_rew = spearman(order, lengths), spearman(order, rewards)
+            corr_len, corr_rew = trend(lengths), trend(rewards)
         large = (
             growth >= self.cfg.min_rel_growth
             and corr_len >= self.cfg.min_corr
@@ -692,7 +691,7 @@ class SaturationDetector:
         if mean(before) - mean(after) < self.cfg.min_drop:
             return None
         window = values[-self.cfg.window :]
-        if spearman(list(range(len(window))), window) > -self.cfg.min_corr:
+        if trend(window) > -self.cfg.min_corr:
             return None
         s = shift(before, after, before)
         return (s, self.test.fell(s)) if s is not None else None

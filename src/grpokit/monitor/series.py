@@ -1,5 +1,6 @@
-"""Small statistics on metric series: ranks, Spearman correlation, smoothing, reading a metric,
-step-to-step noise, level shifts measured against it and the level of the monitors' tests."""
+"""Small statistics on metric series: trend (rank correlation with time), smoothing, reading
+a metric, step-to-step noise, level shifts measured against it and the level of the monitors'
+tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from grpokit.core.stats import spearman
 from grpokit.monitor.config import MonitorConfig
 
 
@@ -20,40 +22,12 @@ def metric(metrics: Mapping[str, object], key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def ranks(values: Sequence[float]) -> list[float]:
-    """1-based ranks, ties sharing their average rank (as Spearman's correlation needs)."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Pearson correlation; 0 when either series is constant (no trend to speak of)."""
-    if len(xs) != len(ys):
-        raise ValueError("series of different lengths")
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    sxx = sum((x - mx) ** 2 for x in xs)
-    syy = sum((y - my) ** 2 for y in ys)
-    if sxx == 0 or syy == 0:
-        return 0.0
-    return sxy / math.sqrt(sxx * syy)
-
-
-def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Spearman rank correlation (Pearson on average ranks); 0 for a constant series."""
-    return pearson(ranks(xs), ranks(ys))
+def trend(values: Sequence[float]) -> float:
+    """Spearman correlation of ``values`` with their order: +1 for a series that only rises, -1
+    for one that only falls. A constant series (or a single point) has no trend: 0, where the
+    correlation itself is undefined (:func:`~grpokit.core.stats.spearman` gives NaN)."""
+    rho = spearman(range(len(values)), values)
+    return 0.0 if math.isnan(rho) else rho
 
 
 def mean(values: Sequence[float]) -> float:

@@ -14,8 +14,8 @@ import torch
 
 from grpokit.core.forecast import Forecast, forecast, std_normalized_for
 from grpokit.core.stats import wilson_interval, zero_variance_share
+from grpokit.rewards.builtin.format import tags_present_score
 from grpokit.rewards.compose import RewardScores
-from grpokit.rewards.format_rewards import tags_present_score
 from grpokit.sampling.scoring import ScoredBatch, merge_scores, summarize
 
 

@@ -4,6 +4,12 @@ Every reward follows TRL's convention ``fn(prompts, completions, **columns) -> l
 and is usable from YAML by its type name (see :mod:`grpokit.rewards.registry`) or from Python by
 the factory of the same name, e.g. ``grpokit.rewards.xml_format(tags=["thinking", "answer"])``.
 
+Here: the contract (:class:`~grpokit.rewards._base.Reward`), the text a reward scores
+(``text``), the registry of types, the YAML entries (``spec``) and their composition with
+weights and gates (``compose``). Below: the built-in types (:mod:`.builtin`), the LLM judge
+(:mod:`.judge`), the sandbox that runs code for ``code_tests`` (:mod:`.sandbox`) and the checks
+a user runs on a reward before training (:mod:`.audit`).
+
 Importing this package is cheap: reward modules (and math-verify, jsonschema, ...) are imported
 on first use.
 """
@@ -24,26 +30,26 @@ from grpokit.rewards.registry import (
 
 # Public name -> module that defines it, imported on first attribute access.
 _LAZY: dict[str, str] = {
-    "xml_format": "grpokit.rewards.format_rewards",
-    "xml_format_score": "grpokit.rewards.format_rewards",
-    "tags_present": "grpokit.rewards.format_rewards",
-    "regex_match": "grpokit.rewards.match_rewards",
-    "json_schema": "grpokit.rewards.match_rewards",
-    "math_answer": "grpokit.rewards.math_rewards",
-    "code_tests": "grpokit.rewards.code_rewards",
-    "length_penalty": "grpokit.rewards.length_rewards",
-    "soft_overlong_punishment": "grpokit.rewards.length_rewards",
-    "repetition_penalty": "grpokit.rewards.length_rewards",
-    "logic_tree_depth": "grpokit.rewards.tree_rewards",
-    "logic_tree_quality": "grpokit.rewards.tree_rewards",
-    "RewardModelReward": "grpokit.rewards.reward_model",
+    "xml_format": "grpokit.rewards.builtin.format",
+    "xml_format_score": "grpokit.rewards.builtin.format",
+    "tags_present": "grpokit.rewards.builtin.format",
+    "regex_match": "grpokit.rewards.builtin.match",
+    "json_schema": "grpokit.rewards.builtin.match",
+    "math_answer": "grpokit.rewards.builtin.math_answer",
+    "code_tests": "grpokit.rewards.builtin.code_tests",
+    "length_penalty": "grpokit.rewards.builtin.length",
+    "soft_overlong_punishment": "grpokit.rewards.builtin.length",
+    "repetition_penalty": "grpokit.rewards.builtin.length",
+    "logic_tree_depth": "grpokit.rewards.builtin.logic_tree",
+    "logic_tree_quality": "grpokit.rewards.builtin.logic_tree",
+    "RewardModelReward": "grpokit.rewards.builtin.reward_model",
     "GateSpec": "grpokit.rewards.spec",
     "RewardSpec": "grpokit.rewards.spec",
     "validate_reward_specs": "grpokit.rewards.spec",
     "RewardScores": "grpokit.rewards.compose",
     "RewardSet": "grpokit.rewards.compose",
     "build_reward_set": "grpokit.rewards.compose",
-    "check_completions": "grpokit.rewards.check",
+    "check_completions": "grpokit.rewards.audit.check",
 }
 
 __all__ = [

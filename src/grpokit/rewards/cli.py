@@ -36,7 +36,7 @@ def check_cmd(config: Path, completions_path: Path, width: int, as_json: bool) -
     from rich.console import Console
 
     from grpokit.config import load_reward_specs
-    from grpokit.rewards.check import check_completions, format_table, score_records
+    from grpokit.rewards.audit.check import check_completions, format_table, score_records
 
     specs, base_dir = load_reward_specs(config)
     result = check_completions(specs, completions_path, base_dir=base_dir)

@@ -59,14 +59,14 @@ class RewardType:
 # Modules that register built-in types at import. Order only affects the order of
 # ``reward_types()``. ``grpokit.rewards.judge`` is written separately and may be absent.
 _BUILTIN_MODULES: tuple[str, ...] = (
-    "grpokit.rewards.format_rewards",
-    "grpokit.rewards.match_rewards",
-    "grpokit.rewards.math_rewards",
-    "grpokit.rewards.code_rewards",
-    "grpokit.rewards.length_rewards",
-    "grpokit.rewards.tree_rewards",
-    "grpokit.rewards.python_fn",
-    "grpokit.rewards.reward_model",
+    "grpokit.rewards.builtin.format",
+    "grpokit.rewards.builtin.match",
+    "grpokit.rewards.builtin.math_answer",
+    "grpokit.rewards.builtin.code_tests",
+    "grpokit.rewards.builtin.length",
+    "grpokit.rewards.builtin.logic_tree",
+    "grpokit.rewards.builtin.python_fn",
+    "grpokit.rewards.builtin.reward_model",
 )
 _OPTIONAL_MODULES: tuple[str, ...] = ("grpokit.rewards.judge",)
 

@@ -239,39 +239,3 @@ def parse_reward_specs(raw: Any, *, source: str = "rewards") -> list[RewardSpec]
             raise UserError(f"{source}: rewards[{i}]: {details}") from None
     validate_reward_specs(specs)
     return specs
-
-
-def pick_reward(
-    specs: list[RewardSpec], type_name: str, name: str | None, *, source: str
-) -> RewardSpec:
-    """The ``rewards:`` entry of type ``type_name`` a command works on: the one named ``name``,
-    or the only one of that type.
-
-    Raises:
-        UserError: ``source`` (the config) has none, none of that name, or several and no name.
-    """
-    entries = [s for s in specs if s.type == type_name]
-    names = [s.display_name for s in entries]
-    if not entries:
-        raise UserError(f"{source}: the rewards: list has no entry of type {type_name} to audit")
-    if name is not None:
-        if name not in names:
-            raise UserError(
-                f"{source}: no {type_name} reward named {name!r}; {type_name} rewards: "
-                f"{', '.join(names)}"
-            )
-        return entries[names.index(name)]
-    if len(entries) > 1:
-        raise UserError(
-            f"{source} has several {type_name} rewards ({', '.join(names)}); pick one with --reward"
-        )
-    return entries[0]
-
-
-def format_tags(specs: list[RewardSpec]) -> list[str] | None:
-    """The tags of the config's xml_format reward (planted answers wear them, so that a format
-    gate lets them through to the reward under audit), or None without one."""
-    for spec in specs:
-        if spec.type == "xml_format":
-            return [str(t) for t in getattr(spec.params, "tags", [])]
-    return None

@@ -81,7 +81,7 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
     if not args.use_vllm:
         local = torch_engine(policy, cfg.model.cpu_matmul)
         return GatheredEngine(local, policy.model) if sharded else local
-    from grpokit.models.loading import resolve_model_path
+    from grpokit.model_files.resolve import resolve_model_path
     from grpokit.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(

@@ -169,7 +169,7 @@ class LlamaServer:
 
 
 def _gguf_path() -> Path:
-    from grpokit.models.embedded import find_embedded_gguf
+    from grpokit.model_files.embedded import find_embedded_gguf
 
     return find_embedded_gguf()
 

@@ -14,13 +14,9 @@ from click.testing import CliRunner
 
 from grpokit.errors import UserError
 from grpokit.recipes import recipe_dir
-from grpokit.rewards.format_rewards import xml_format_score
-from grpokit.rewards.judge.audit import (
-    planted_answers,
-    read_completions,
-    rubric_keywords,
-    separation,
-)
+from grpokit.rewards.audit.judge import read_completions, separation
+from grpokit.rewards.audit.planted import planted_answers, rubric_keywords
+from grpokit.rewards.builtin.format import xml_format_score
 from grpokit.rewards.judge.cli import judge_cli
 from grpokit.rewards.judge.reward import START_COMPLETION
 from grpokit.rewards.judge.rubric import load_rubric

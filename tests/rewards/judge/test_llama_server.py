@@ -174,7 +174,7 @@ def test_the_recipes_server_judge_answers_with_a_score(
     llama_server: LlamaServer, tmp_path: Path, name: str
 ) -> None:
     from grpokit.config import load_config
-    from grpokit.rewards.spec import pick_reward
+    from grpokit.rewards.audit.common import pick_reward
 
     for path in RECIPE.iterdir():
         shutil.copy(path, tmp_path / path.name)

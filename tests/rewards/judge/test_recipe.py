@@ -66,7 +66,7 @@ def test_configs_differ_only_in_the_judges_block(
 
 
 def test_digit_rubrics_keep_the_seeds_criteria() -> None:
-    from grpokit.rewards.judge.audit import rubric_keywords
+    from grpokit.rewards.audit.planted import rubric_keywords
     from grpokit.rewards.judge.rubric import load_rubric
 
     for lang in ("en", "ja"):
@@ -79,7 +79,7 @@ def test_digit_rubrics_keep_the_seeds_criteria() -> None:
 
 
 def test_audit_answers_pass_the_gate_on_heldout_topics() -> None:
-    from grpokit.rewards.format_rewards import xml_format_score
+    from grpokit.rewards.builtin.format import xml_format_score
 
     rows = [json.loads(line) for line in (RECIPE / "audit_en.jsonl").read_text().splitlines()]
     heldout = set(_rows("heldout_en.jsonl"))

@@ -1,6 +1,7 @@
 """LLM-as-a-judge rewards: a rubric, one or several judges (OpenAI-compatible endpoints or an
-in-process model), robust score parsing, logprob-weighted scores, a persistent cache, and an
-audit of the judge's noise and exploitability (``grpokit judge audit``).
+in-process model), robust score parsing, logprob-weighted scores and a persistent cache. The
+audit of a judge's noise and exploitability (``grpokit judge audit``) is in
+:mod:`grpokit.rewards.audit.judge`.
 
 Importing this module registers the reward type ``judge``.
 """

@@ -11,8 +11,8 @@ import click
 from grpokit.cli_options import seed_option
 
 if TYPE_CHECKING:
-    from grpokit.rewards.judge.audit import AuditReport
-    from grpokit.rewards.reward_model_audit import RewardModelAudit
+    from grpokit.rewards.audit.judge import AuditReport
+    from grpokit.rewards.audit.reward_model import RewardModelAudit
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -113,7 +113,7 @@ def audit_command(
 ) -> None:
     """Score COMPLETIONS k times with CONFIG's judge reward and report its noise, parse
     failures, ensemble agreement and how it scores planted bad answers."""
-    from grpokit.rewards.judge.audit import print_report
+    from grpokit.rewards.audit.judge import print_report
 
     report = run_audit(
         config,
@@ -147,7 +147,7 @@ def audit_reward_model_command(
 ) -> None:
     """Score COMPLETIONS with CONFIG's reward_model reward and report its noise, how it scores
     planted bad answers, and how its score correlates with completion length."""
-    from grpokit.rewards.reward_model_audit import print_reward_model_audit
+    from grpokit.rewards.audit.reward_model import print_reward_model_audit
 
     report = run_reward_model_audit(
         config,
@@ -165,7 +165,7 @@ def audit_reward_model_command(
 def run_audit(config: Path, completions: Path, **options: Any) -> AuditReport:
     """``grpokit judge audit``: the config's judge reward audited on a completions file."""
     from grpokit.config import load_config
-    from grpokit.rewards.judge.audit import audit_judge
+    from grpokit.rewards.audit.judge import audit_judge
 
     cfg = load_config(config)
     return audit_judge(cfg.rewards, cfg.config_dir, completions, source=str(config), **options)
@@ -174,7 +174,7 @@ def run_audit(config: Path, completions: Path, **options: Any) -> AuditReport:
 def run_reward_model_audit(config: Path, completions: Path, **options: Any) -> RewardModelAudit:
     """``grpokit judge audit-reward-model``: the config's reward model audited likewise."""
     from grpokit.config import load_config
-    from grpokit.rewards.reward_model_audit import audit_reward_model_config
+    from grpokit.rewards.audit.reward_model import audit_reward_model_config
 
     cfg = load_config(config)
     return audit_reward_model_config(

@@ -33,13 +33,13 @@ from typing import Any, Literal
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text, one_line, prompt_text
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
 from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
 from grpokit.rewards.judge.expected import expected_score
 from grpokit.rewards.judge.parse import parse_score
 from grpokit.rewards.judge.rubric import Rubric, load_rubric
+from grpokit.rewards.text import completion_text, one_line, user_request
 
 logger = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class JudgeReward(Reward):
                 and len(values) == len(completions)
             }
             rendered.append(
-                judge.rubric.render(prompt_text(prompt), completion_text(completion), row)
+                judge.rubric.render(user_request(prompt), completion_text(completion), row)
             )
         return rendered
 

@@ -15,8 +15,8 @@ import yaml
 
 from grpokit.errors import UserError
 from grpokit.rewards import BuildContext, RewardModelReward, RewardSpec, build_reward_set
+from grpokit.rewards.builtin.reward_model import RewardModelParams, normalise_scores, render_text
 from grpokit.rewards.registry import get_reward_type
-from grpokit.rewards.reward_model import RewardModelParams, normalise_scores, render_text
 
 PROMPTS = [
     "What is 2+2?",

@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text
 from grpokit.rewards.registry import register_reward
+from grpokit.rewards.text import completion_text
 
 Unit = Literal["tokens", "chars", "words"]
 

@@ -1,6 +1,6 @@
 """Child side of :mod:`grpokit.rewards.sandbox`: confine this process, then run untrusted code.
 
-Run as ``python -I -S -X utf8 _sandbox_runner.py CONFIG_JSON`` (inside ``unshare`` namespaces
+Run as ``python -I -S -X utf8 runner.py CONFIG_JSON`` (inside ``unshare`` namespaces
 when the machine allows them); it imports only the standard library. Steps, in this order:
 
 1. read the program, then confine: Landlock (reads only beneath the working directory, the
@@ -12,10 +12,10 @@ when the machine allows them); it imports only the standard library. Steps, in t
 2. report which of those took effect on the ``layers`` pipe and close it, before any untrusted
    code runs (with ``strict`` set, stop here if one is missing);
 3. run the program: in ``program`` mode that is all, and the exit status with stdout is the
-   result; in ``serve`` mode, then answer the judge's calls (``global``, ``getattr``, ``call``,
-   ``iterate``) on the solution's objects, replying with plain data (:mod:`_sandbox_wire`).
+   result; in ``serve`` mode, then answer the checker's calls (``global``, ``getattr``, ``call``,
+   ``iterate``) on the solution's objects, replying with plain data (:mod:`~grpokit.rewards.sandbox.wire`).
 
-Nothing here decides whether a test passed: the judge process does, on plain data, and nothing
+Nothing here decides whether a test passed: the checker process does, on plain data, and nothing
 this process writes can be more than an answer to the call it was asked.
 """
 
@@ -29,7 +29,7 @@ TYPE_CHECKING = False  # no `typing` at run time: start-up time counts per test 
 if TYPE_CHECKING:
     from typing import Any
 
-    from grpokit.rewards._sandbox_wire import (
+    from grpokit.rewards.sandbox.wire import (
         MessageReader,
         WireError,
         decode,
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     )
 else:  # run as a script, outside the package (and without site-packages)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _sandbox_wire import MessageReader, WireError, decode, encode, write_message
+    from wire import MessageReader, WireError, decode, encode, write_message
 
     del sys.path[0]
 
@@ -355,7 +355,7 @@ def _confine(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _serve(namespace: dict[str, Any], reader: MessageReader, reply_fd: int) -> None:
-    """Answer the judge's calls until it closes the stream."""
+    """Answer the checker's calls until it closes the stream."""
     handles: list[Any] = []
 
     def handle_of(value: Any) -> int:
@@ -429,7 +429,7 @@ def main() -> None:
     with open(config["program_path"], encoding="utf-8") as f:
         program = f.read()
     os.chdir(config["work_dir"])
-    sys.set_int_max_str_digits(0)  # an exact big integer is a valid answer (judge: the same)
+    sys.set_int_max_str_digits(0)  # an exact big integer is a valid answer (checker: the same)
     import resource  # noqa: F401  (imported before the limits, which it sets)
 
     layers = _confine(config)

@@ -152,8 +152,8 @@ def test_audit_prints_what_a_direct_computation_gives(
 def test_chat_prompts_in_the_file_use_the_chat_template(
     tiny_classifier_dir: Path, tmp_path: Path
 ) -> None:
+    from grpokit.rewards.builtin.reward_model import RewardModelParams, RewardModelReward
     from grpokit.rewards.judge.cli import run_reward_model_audit
-    from grpokit.rewards.reward_model import RewardModelParams, RewardModelReward
 
     config = write_config(
         tmp_path, [{"type": "reward_model", "model": str(tiny_classifier_dir), "device": "cpu"}]

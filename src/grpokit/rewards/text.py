@@ -1,4 +1,6 @@
-"""Turning a completion (a string or chat messages) into the text that rewards score."""
+"""The text rewards score: a completion (a string or chat messages) as one string, and the user's
+request in a prompt. Reports show a completion through the same :func:`completion_text`, so a
+table and a reward never disagree on what a completion said."""
 
 from __future__ import annotations
 
@@ -59,11 +61,6 @@ def one_line(text: str, max_chars: int) -> str:
     return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
 
 
-def completion_texts(completions: Sequence[Any]) -> list[str]:
-    """:func:`completion_text` over a batch."""
-    return [completion_text(c) for c in completions]
-
-
 def column_value(columns: dict[str, Any], name: str, index: int, reward: str) -> Any:
     """Row ``index`` of column ``name``; a clear error naming the reward when it is absent."""
     from grpokit.errors import UserError
@@ -82,8 +79,12 @@ def column_value(columns: dict[str, Any], name: str, index: int, reward: str) ->
     return values[index]
 
 
-def prompt_text(prompt: Any) -> str:
-    """The user's request in a prompt: a string, or the last user message of a chat prompt."""
+def user_request(prompt: Any) -> str:
+    """What the user asked: a string prompt as it is, or the last user message of a chat prompt
+    (earlier turns and the system prompt left out). The ``{prompt}`` a judge's rubric shows, and
+    the key the audits group completions by. Not :func:`grpokit.data.chat.prompt_text`, which
+    joins the whole conversation for logs.
+    """
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):

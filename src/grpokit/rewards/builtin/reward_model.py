@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text
 from grpokit.rewards.registry import BuildContext, register_reward
+from grpokit.rewards.text import completion_text
 
 Normalize = Literal["none", "batch"]
 
@@ -193,8 +193,8 @@ def resolve_reward_model(model: str, base_dir: Path, where: str) -> str:
     """Where to load the reward model from: a directory (relative to ``base_dir``) or a hub
     name ``owner/name``; anything else is a :class:`UserError` naming the field (a bare name is
     taken for a mistyped directory rather than sent to the hub)."""
-    from grpokit.models.embedded import EMBEDDED_MODEL
-    from grpokit.models.loading import resolve_model_path
+    from grpokit.model_files.embedded import EMBEDDED_MODEL
+    from grpokit.model_files.resolve import resolve_model_path
 
     path = Path(model).expanduser()
     local = path if path.is_absolute() else base_dir / path
@@ -226,7 +226,7 @@ def load_reward_model(
     """
     from transformers import AutoModelForSequenceClassification
 
-    from grpokit.models.loading import load_tokenizer
+    from grpokit.model_files.resolve import load_tokenizer
 
     resolved = resolve_reward_model(model, base_dir, where)
     if dtype_name == "auto":

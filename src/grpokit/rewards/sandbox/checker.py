@@ -1,11 +1,11 @@
-"""The test judge of :mod:`grpokit.rewards.sandbox`: runs a row's test code, never the solution.
+"""The test checker of :mod:`grpokit.rewards.sandbox`: runs a row's test code, never the solution.
 
-Run as ``python -I -S -X utf8 _sandbox_judge.py`` with its configuration (the test code
+Run as ``python -I -S -X utf8 checker.py`` with its configuration (the test code
 included) as JSON on stdin; it imports only the standard library. The test code runs here, as it
 is written (``assert f(x) == y``, loops, helpers, ``def check(candidate): ...; check(f)``, ``with``
 blocks, ``math.isclose`` ...). A name it uses but does not define is the solution's: looking it
 up, calling it, reading an attribute or iterating over a result sends a request to the sandboxed
-process, which answers with plain data (:mod:`_sandbox_wire`). So every comparison, ``bool()``,
+process, which answers with plain data (:mod:`~grpokit.rewards.sandbox.wire`). So every comparison, ``bool()``,
 ``hash()`` and ``isinstance()`` of the tests runs on built-in objects made here; an object of the
 solution's that is not plain data stays a :class:`SolutionObject` that equals only itself.
 
@@ -27,7 +27,7 @@ TYPE_CHECKING = False  # no `typing` at run time: start-up time counts per test 
 if TYPE_CHECKING:
     from typing import Any
 
-    from grpokit.rewards._sandbox_wire import (
+    from grpokit.rewards.sandbox.wire import (
         MessageReader,
         WireError,
         decode,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     )
 else:  # run as a script, outside the package (and without site-packages)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from _sandbox_wire import MessageReader, WireError, decode, encode, write_message
+    from wire import MessageReader, WireError, decode, encode, write_message
 
     del sys.path[0]
 
@@ -50,7 +50,7 @@ _EXCEPTIONS = {
     and issubclass(value, Exception)
     and not issubclass(value, (StopIteration, StopAsyncIteration))
 }
-# Standard modules the judge imports itself when the tests use one the solution imported (e.g.
+# Standard modules the checker imports itself when the tests use one the solution imported (e.g.
 # `math.isclose(...)` without `import math`): the check must not run the solution's copy, which
 # it may have changed. Pure computation only: importing them has no side effect.
 _TRUSTED_MODULES = frozenset(
@@ -239,7 +239,7 @@ def _limits(config: dict[str, Any]) -> None:
         resource.setrlimit(which, (value, value))
 
 
-def judge(tests: str, link: SolutionLink) -> dict[str, Any]:
+def check(tests: str, link: SolutionLink) -> dict[str, Any]:
     """Run ``tests`` against the solution behind ``link``; the verdict."""
     try:
         ready = link.receive()
@@ -266,7 +266,7 @@ def main() -> None:
     link = SolutionLink(
         config["request_fd"], MessageReader(config["reply_fd"], config["max_message_bytes"])
     )
-    verdict = judge(config["tests"], link)
+    verdict = check(config["tests"], link)
     sys.stdout.flush()
     write_message(config["verdict_fd"], verdict)
     os._exit(0)

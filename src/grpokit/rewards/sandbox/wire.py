@@ -1,13 +1,13 @@
-"""The wire between the sandboxed solution and the test judge: plain data as JSON lines.
+"""The wire between the sandboxed solution and the test checker: plain data as JSON lines.
 
 Imported by both child processes of :mod:`grpokit.rewards.sandbox` (standard library only). A
 value crosses as JSON built from exact types only: ``None``, ``bool``, ``int``, ``float``,
 ``str`` and lists as themselves; tuples, dicts, sets, frozensets, bytes, complex numbers and
 ranges as one-key objects (``{"tuple": [...]}``, ``{"dict": [[key, value], ...]}`` ...); a
-module as ``{"module": [name, n]}`` (the judge uses its own copy of a standard module it
+module as ``{"module": [name, n]}`` (the checker uses its own copy of a standard module it
 trusts); anything else as ``{"handle": n}``, a number the solution's side keeps for the object.
 :func:`decode` accepts nothing but that grammar and builds fresh built-in objects, so no class
-or method of the solution's ever exists on the judge's side, whatever bytes the solution writes.
+or method of the solution's ever exists on the checker's side, whatever bytes the solution writes.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from grpokit.rewards import (
     repetition_penalty,
     soft_overlong_punishment,
 )
-from grpokit.rewards.length_rewards import repeated_ngram_share, soft_overlong_value
-from grpokit.rewards.tree_rewards import parse_tree, tree_depth, tree_quality
+from grpokit.rewards.builtin.length import repeated_ngram_share, soft_overlong_value
+from grpokit.rewards.builtin.logic_tree import parse_tree, tree_depth, tree_quality
 
 
 def test_soft_overlong_matches_math_md() -> None:

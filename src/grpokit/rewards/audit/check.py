@@ -12,9 +12,7 @@ is a dataset column (``answer``, ``tests``, ``completion_ids`` ...) handed to th
 
 from __future__ import annotations
 
-import codecs
 import contextlib
-import json
 import logging
 import math
 import traceback
@@ -27,10 +25,11 @@ from rich.table import Table
 from rich.text import Text
 
 from grpokit.errors import UserError
-from grpokit.rewards._text import completion_text, one_line
+from grpokit.rewards.audit.common import read_numbered_completions
 from grpokit.rewards.compose import RewardError, RewardScores, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rewards.spec import RewardSpec
+from grpokit.rewards.text import completion_text, one_line
 
 # Keys of a JSONL row that are not dataset columns.
 _RESERVED = ("completion", "prompt")
@@ -46,64 +45,6 @@ class CheckResult:
     scores: RewardScores
     rows: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
-
-
-def read_utf8(path: Path) -> str:
-    """The text of a UTF-8 file, without the byte-order mark some Windows editors write.
-
-    Raises:
-        UserError: the file is not UTF-8, naming the byte offset and line of the first byte
-            that is not (e.g. a latin-1 é saved by an old editor).
-    """
-    data = path.read_bytes()
-    bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return data[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        offset = bom + exc.start
-        line = data.count(b"\n", 0, offset) + 1
-        raise UserError(
-            f"{path}: not UTF-8 text: byte 0x{data[offset]:02x} at byte offset {offset} "
-            f"(line {line}): {exc.reason}. Save the file as UTF-8 (e.g. `iconv -f latin1 -t "
-            "utf-8`)."
-        ) from None
-
-
-def read_numbered_completions(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """Rows of a completions JSONL file with their line numbers; errors name the file and line.
-
-    Raises:
-        UserError: missing or non-UTF-8 file, a line that is not a JSON object, or one without
-            ``completion``.
-    """
-    if not path.is_file():
-        raise UserError(f"completions file {path} does not exist")
-    rows: list[tuple[int, dict[str, Any]]] = []
-    # split("\n"), not splitlines(): JSON text may hold U+2028 and other characters that
-    # splitlines() also breaks at.
-    for number, line in enumerate(read_utf8(path).split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as exc:
-            raise UserError(f"{path}:{number}: not valid JSON: {exc}") from None
-        if not isinstance(row, dict):
-            raise UserError(f"{path}:{number}: each line must be a JSON object")
-        if "completion" not in row:
-            raise UserError(
-                f"{path}:{number}: no `completion` key; each line needs at least "
-                '{"completion": "..."}'
-            )
-        rows.append((number, row))
-    if not rows:
-        raise UserError(f"{path} holds no completions (one JSON object per line)")
-    return rows
-
-
-def read_completions(path: Path) -> list[dict[str, Any]]:
-    """Rows of a completions JSONL file (see :func:`read_numbered_completions`)."""
-    return [row for _, row in read_numbered_completions(path)]
 
 
 def check_completions(

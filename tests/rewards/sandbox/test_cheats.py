@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from grpokit.rewards import code_tests
-from grpokit.rewards.sandbox import SandboxLimits, run_python, sandbox_report
+from grpokit.rewards.sandbox.launcher import SandboxLimits, run_python, sandbox_report
 
 FAST = SandboxLimits(timeout_s=3.0, memory_mb=256, max_output_bytes=64 * 1024)
 
@@ -282,7 +282,7 @@ print('hunted', found)
 """
     parent = (
         "import sys\n"
-        "from grpokit.rewards.sandbox import run_python, SandboxLimits\n"
+        "from grpokit.rewards.sandbox.launcher import run_python, SandboxLimits\n"
         f"result = run_python({hunter!r}, limits=SandboxLimits(timeout_s=5))\n"
         "print(result.stdout, result.stderr)\n"
     )
@@ -382,7 +382,7 @@ def test_the_run_reports_its_layers_and_strict_needs_them_all() -> None:
     probe = (
         "from grpokit.errors import UserError\n"
         "from grpokit.rewards import code_tests\n"
-        "from grpokit.rewards.sandbox import run_python, SandboxUnavailable\n"
+        "from grpokit.rewards.sandbox.launcher import run_python, SandboxUnavailable\n"
         "try:\n"
         "    run_python('print(1)', strict=True)\n"
         "except SandboxUnavailable as exc:\n"

@@ -20,8 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import column_value, completion_text
 from grpokit.rewards.registry import BuildContext, register_reward
+from grpokit.rewards.text import column_value, completion_text
 
 logger = logging.getLogger(__name__)
 

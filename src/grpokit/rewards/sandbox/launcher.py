@@ -1,17 +1,17 @@
-"""Running untrusted Python (a model's completion) in a confined subprocess.
+"""The parent side of the sandbox: running untrusted Python in confined subprocesses.
 
 Two processes per run with tests, one without:
 
-- the **sandbox** (``_sandbox_runner.py``) runs the untrusted program as
+- the **sandbox** (``runner.py``) runs the untrusted program as
   ``python -I -S -X utf8`` with an allow-listed environment (PATH, LANG, and HOME/TMPDIR set to
   its fresh working directory), inside ``unshare`` user, network, IPC, mount and PID namespaces
   with its own ``/proc`` when the machine allows them. It confines itself before the program runs
   (Landlock, no capabilities, seccomp, rlimits; see the runner) and reports on its own pipe
   which layers took effect, then closes that pipe;
-- the **judge** (``_sandbox_judge.py``), for tests written as code, runs the test code and
+- the **checker** (``checker.py``), for tests written as code, runs the test code and
   never the program: the names the tests take from the solution are requests to the sandbox,
   answered with plain data. It decides pass or fail on its own objects and tells the parent on
-  a pipe the sandbox never holds. For stdin/stdout tests there is no judge: the caller compares
+  a pipe the sandbox never holds. For stdin/stdout tests there is no checker: the caller compares
   the output here, in the parent.
 
 So nothing the untrusted code does inside its process (replacing builtins, reading frames,
@@ -40,11 +40,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any
 
-from grpokit.rewards._sandbox_wire import MessageReader, WireError
+from grpokit.rewards.sandbox.wire import MessageReader, WireError
 
 _HERE = Path(__file__).parent
-_RUNNER = _HERE / "_sandbox_runner.py"
-_JUDGE = _HERE / "_sandbox_judge.py"
+_RUNNER = _HERE / "runner.py"
+_CHECKER = _HERE / "checker.py"
 _PYTHON = [sys.executable, "-I", "-S", "-X", "utf8"]
 
 
@@ -58,7 +58,7 @@ class SandboxLimits:
     """Address-space limit (RLIMIT_AS)."""
     max_output_bytes: int = 1 << 20
     """Largest file the program may write, stdout and stderr included (RLIMIT_FSIZE); also the
-    largest answer it may send the judge."""
+    largest answer it may send the checker."""
 
     @property
     def cpu_s(self) -> int:
@@ -123,7 +123,7 @@ class RunResult:
     """What one run did."""
 
     passed: bool
-    """With tests: the judge ran them to their end. Without: exit status 0 within the limits
+    """With tests: the checker ran them to their end. Without: exit status 0 within the limits
     (the caller then compares stdout)."""
     returncode: int | None
     """The sandbox's exit status; negative = killed by that signal (e.g. -9 SIGKILL)."""
@@ -132,7 +132,7 @@ class RunResult:
     stderr: str
     layers: SandboxLayers = SandboxLayers()
     detail: str = ""
-    """Why the judge failed the tests (an assertion, the solution's exception, a broken link)."""
+    """Why the checker failed the tests (an assertion, the solution's exception, a broken link)."""
     unsupported: str = ""
     """Set when the tests hand the solution something that cannot cross as data: the test, not
     the solution, is at fault."""
@@ -198,9 +198,9 @@ def run_python(
     audit_hook: bool = True,
     strict: bool = False,
 ) -> RunResult:
-    """Run ``program`` in the sandbox; with ``tests``, judge them against it.
+    """Run ``program`` in the sandbox; with ``tests``, check them against it.
 
-    ``tests`` is Python code run by the judge (see the module docstring); the run passes when it
+    ``tests`` is Python code run by the checker (see the module docstring); the run passes when it
     runs to its end. Without ``tests`` (a stdin/stdout program) the run passes when the program
     exits with status 0 (``sys.exit(0)`` included) within the limits. Never raises for anything
     the program does. ``audit_hook=False`` leaves out the Python-level guard so that tests can
@@ -231,7 +231,7 @@ def run_python(
 
 
 class _Run:
-    """One run: the sandbox process, the judge process when there are tests, their pipes."""
+    """One run: the sandbox process, the checker process when there are tests, their pipes."""
 
     def __init__(
         self,
@@ -298,7 +298,7 @@ class _Run:
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(work), "TMPDIR": str(work)}
         deadline = time.monotonic() + self.limits.timeout_s
         stdout_path, stderr_path = self.base / "stdout", self.base / "stderr"
-        judge: subprocess.Popen[bytes] | None = None
+        checker: subprocess.Popen[bytes] | None = None
         verdict: dict[str, Any] | None = None
         with (
             open(stdin_path, "rb") as stdin_file,
@@ -318,20 +318,20 @@ class _Run:
             self.close(*sandbox_fds)
             try:
                 if self.tests is not None:
-                    judge = self._start_judge(request_write, reply_read, verdict_write)
+                    checker = self._start_checker(request_write, reply_read, verdict_write)
                     self.close(request_write, reply_read, verdict_write)
-                    timed_out = _wait(judge, deadline) is None
+                    timed_out = _wait(checker, deadline) is None
                 else:
                     timed_out = _wait(sandbox, deadline) is None
             finally:
                 # Whatever is left in either group goes: a timeout, or children left behind.
-                for process in (sandbox, judge):
+                for process in (sandbox, checker):
                     if process is not None:
                         _kill_group(process.pid)
                         process.wait()
-        # Read once every writer is gone (nothing can block): the judge's verdict, and the
+        # Read once every writer is gone (nothing can block): the checker's verdict, and the
         # layers the sandbox reported before any untrusted code ran.
-        if judge is not None and not timed_out:
+        if checker is not None and not timed_out:
             verdict = _read_message(verdict_read, self.limits.max_output_bytes)
         returncode = sandbox.returncode
         report = _read_message(layers_read, 4096) or {}
@@ -354,11 +354,11 @@ class _Run:
             unsupported=str(verdict.get("unsupported", "")),
         )
 
-    def _start_judge(
+    def _start_checker(
         self, request_write: int, reply_read: int, verdict_write: int
     ) -> subprocess.Popen[bytes]:
-        judge_dir = self.base / "judge"
-        judge_dir.mkdir()
+        checker_dir = self.base / "checker"
+        checker_dir.mkdir()
         config = {
             "tests": self.tests,
             "request_fd": request_write,
@@ -368,24 +368,24 @@ class _Run:
             "memory_bytes": self.limits.memory_mb << 20,
             "max_message_bytes": self.limits.max_output_bytes,
         }
-        judge = subprocess.Popen(
-            [*_PYTHON, str(_JUDGE)],
+        checker = subprocess.Popen(
+            [*_PYTHON, str(_CHECKER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            cwd=judge_dir,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(judge_dir)},
+            cwd=checker_dir,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": str(checker_dir)},
             pass_fds=(request_write, reply_read, verdict_write),
             start_new_session=True,
         )
         # The tests go through a pipe: never in a file or on a command line, where the sandbox
         # could read them.
-        stdin: IO[bytes] = judge.stdin  # type: ignore[assignment]
+        stdin: IO[bytes] = checker.stdin  # type: ignore[assignment]
         with contextlib.suppress(BrokenPipeError):
             stdin.write(json.dumps(config).encode())
         with contextlib.suppress(BrokenPipeError):
             stdin.close()
-        return judge
+        return checker
 
 
 def _wait(process: subprocess.Popen[bytes], deadline: float) -> int | None:

@@ -10,8 +10,13 @@ import pytest
 
 from grpokit.errors import UserError
 from grpokit.rewards import code_tests
-from grpokit.rewards.code_rewards import CodeCase, extract_code, normalize_output, parse_test_cases
-from grpokit.rewards.sandbox import SandboxLimits, run_python, sandbox_report
+from grpokit.rewards.builtin.code_tests import (
+    CodeCase,
+    extract_code,
+    normalize_output,
+    parse_test_cases,
+)
+from grpokit.rewards.sandbox.launcher import SandboxLimits, run_python, sandbox_report
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256, max_output_bytes=64 * 1024)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]

@@ -14,35 +14,26 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpokit.core.stats import pearson
 from grpokit.errors import UserError
 from grpokit.progress import progress
-from grpokit.rewards._text import completion_text, prompt_text
+from grpokit.rewards.audit.common import audit_config_reward, fmt
+from grpokit.rewards.audit.common import read_completions as read_rows
+from grpokit.rewards.audit.planted import PLANTED_PROMPTS, planted_answers
 from grpokit.rewards.judge.config import JudgeParams
 from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward
-from grpokit.rewards.judge.rubric import Rubric
-from grpokit.rewards.spec import RewardSpec, format_tags, pick_reward
+from grpokit.rewards.spec import RewardSpec
+from grpokit.rewards.text import completion_text, user_request
 
 PLANTED_KINDS = ("gibberish", "empty", "prompt_copy", "repetitive", "keyword_list")
-PLANTED_PROMPTS = 3
-"""Prompts the planted answers are built for (each kind once per prompt)."""
 PLANTED_OK_MAX = 0.2
 """A planted answer scoring above this (normalised) is reported as leaking reward."""
-
-_BULLET_RE = re.compile(r"^\s*(?:[-*•・]|\d+[.)])\s+(?P<text>.+?)\s*$")
-_POINTS_RE = re.compile(
-    r"(?:\+|プラス|加点|plus)\s*\d|\d+(?:\.\d+)?\s*(?:点|points?|pts?)\b", re.IGNORECASE
-)
-_KEYWORD_CUT_RE = re.compile(
-    r"[(（:：,，、。]|について|であれば|が|を|\s(?:is|are|if|must|should|has|have|was)\s",
-    re.IGNORECASE,
-)
 
 
 @dataclass
@@ -120,62 +111,16 @@ class AuditReport:
 def read_completions(path: Path) -> list[AuditItem]:
     """Rows ``{"prompt": ..., "completion": ..., <columns>}`` of a JSONL file, read as
     ``rewards check`` reads them."""
-    from grpokit.rewards.check import read_completions as read_rows
-
-    return [
-        AuditItem(
-            prompt=prompt_text(row.get("prompt", "")),
-            completion=completion_text(row["completion"]),
-            columns={k: v for k, v in row.items() if k not in ("prompt", "completion")},
-            kind="real",
-        )
-        for row in read_rows(path)
-    ]
+    return [_real_item(row) for row in read_rows(path)]
 
 
-# ---- planted answers -----------------------------------------------------------------------------
-
-
-def rubric_keywords(rubric: Rubric) -> list[str]:
-    """The criteria named in a rubric's bullet list ("- Revenue model (pricing) ... +0.2")."""
-    bullets = [m.group("text") for m in map(_BULLET_RE.match, rubric.template.splitlines()) if m]
-    scored = [b for b in bullets if _POINTS_RE.search(b)]
-    keywords: list[str] = []
-    for bullet in scored or bullets:
-        head = _KEYWORD_CUT_RE.split(bullet, maxsplit=1)[0].strip(" *_`.")
-        if head and len(head) <= 40 and "{" not in head and head not in keywords:
-            keywords.append(head)
-    return keywords
-
-
-def _wrap(content: str, tags: Sequence[str] | None) -> str:
-    if not tags:
-        return content
-    return "\n".join(f"<{tag}>\n{content}\n</{tag}>" for tag in tags)
-
-
-def planted_answers(
-    prompt: str, rubric: Rubric, tags: Sequence[str] | None, rng: random.Random
-) -> dict[str, str]:
-    """Bad answers to ``prompt`` that a sound judge scores at the bottom of its scale.
-
-    Wrapped in the recipe's format tags when it has some, so that a format gate would pass them
-    and only the judge stands between them and the reward.
-    """
-    chars = [c for c in (prompt + rubric.template) if not c.isspace() and c not in "{}"]
-    rng.shuffle(chars)
-    gibberish = " ".join("".join(chars[i : i + 7]) for i in range(0, min(len(chars), 280), 7))
-    keywords = rubric_keywords(rubric) or ["revenue model", "customer", "product", "KPI"]
-    sentence = (prompt.strip() or "This is a great idea.").splitlines()[0][:80]
-    # Long enough to be obviously padded, short enough to fit a small judge's context.
-    repeats = max(3, 600 // (len(sentence) + 1))
-    return {
-        "gibberish": _wrap(gibberish, tags),
-        "empty": _wrap("", tags),
-        "prompt_copy": _wrap(prompt.strip(), tags),
-        "repetitive": _wrap("\n".join([sentence] * repeats), tags),
-        "keyword_list": _wrap("\n".join(f"- {k}" for k in keywords), tags),
-    }
+def _real_item(row: dict[str, Any]) -> AuditItem:
+    return AuditItem(
+        prompt=user_request(row.get("prompt", "")),
+        completion=completion_text(row["completion"]),
+        columns={k: v for k, v in row.items() if k not in ("prompt", "completion")},
+        kind="real",
+    )
 
 
 # ---- the audit -----------------------------------------------------------------------------------
@@ -186,15 +131,11 @@ def _mean(values: Sequence[float | None]) -> float:
     return statistics.fmean(present) if present else math.nan
 
 
-def _pearson(a: Sequence[float], b: Sequence[float]) -> float:
+def _agreement(a: Sequence[float], b: Sequence[float]) -> float:
+    """Pearson correlation of two judges' item means over the items both scored; NaN when it is
+    undefined (fewer than two such items, or a judge giving every item the same score)."""
     pairs = [(x, y) for x, y in zip(a, b, strict=True) if not (math.isnan(x) or math.isnan(y))]
-    if len(pairs) < 2:
-        return math.nan
-    xs, ys = zip(*pairs, strict=True)
-    try:
-        return statistics.correlation(xs, ys)
-    except statistics.StatisticsError:  # a constant judge: correlation undefined
-        return math.nan
+    return pearson([x for x, _ in pairs], [y for _, y in pairs])
 
 
 def separation(real: Sequence[float], planted: Sequence[float]) -> float:
@@ -322,7 +263,7 @@ def audit_reward(
         for a in range(judge_count):
             for b in range(a + 1, judge_count):
                 key = f"{reward.judges[a].label}~{reward.judges[b].label}"
-                agreement[key] = _pearson(item_means[a], item_means[b])
+                agreement[key] = _agreement(item_means[a], item_means[b])
 
     planted_stats: list[PlantedStats] = []
     for kind in PLANTED_KINDS:
@@ -377,47 +318,45 @@ def audit_judge(
     seed: int = 0,
 ) -> AuditReport:
     """Build the judge reward of a config's ``rewards:`` and audit it on a completions file."""
-    spec = pick_reward(specs, "judge", reward_name, source=source)
-    name = spec.display_name
-    assert isinstance(spec.params, JudgeParams)
-    updates: dict[str, Any] = {"cache": False}
-    params = spec.params
-    if temperature is not None:
-        judges = [j.model_copy(update={"temperature": temperature}) for j in params.judges]
-        updates["judges"] = judges
-    params = params.model_copy(update=updates)
-    items = read_completions(completions_path)
-    # A start-up sample without a score does not stop an audit: measuring how often that
-    # happens is what it is for.
-    reward = build_judge_reward(
-        params,
-        base_dir,
-        None,
-        where=f"reward {name!r}",
-        start_sample_must_score=False,
-    )
-    try:
+
+    def build(spec: RewardSpec) -> JudgeReward:
+        assert isinstance(spec.params, JudgeParams)
+        updates: dict[str, Any] = {"cache": False}
+        if temperature is not None:
+            updates["judges"] = [
+                j.model_copy(update={"temperature": temperature}) for j in spec.params.judges
+            ]
+        # A start-up sample without a score does not stop an audit: measuring how often that
+        # happens is what it is for.
+        return build_judge_reward(
+            spec.params.model_copy(update=updates),
+            base_dir,
+            None,
+            where=f"reward {spec.display_name!r}",
+            start_sample_must_score=False,
+        )
+
+    def audit(
+        reward: JudgeReward, rows: list[dict[str, Any]], name: str, tags: list[str] | None
+    ) -> AuditReport:
+        items = [_real_item(row) for row in rows]
         return audit_reward(
             reward,
             items,
             k=k,
             planted=planted,
             planted_prompts=planted_prompts,
-            format_tags=format_tags(specs),
+            format_tags=tags,
             seed=seed,
             name=name,
         )
-    finally:
-        reward.close()
+
+    return audit_config_reward(
+        specs, "judge", reward_name, completions_path, source=source, build=build, audit=audit
+    )
 
 
 # ---- printing ------------------------------------------------------------------------------------
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    if value is None or math.isnan(value):
-        return "-"
-    return f"{value:.{digits}f}"
 
 
 def print_report(report: AuditReport, console: Any = None) -> None:
@@ -450,24 +389,24 @@ def print_report(report: AuditReport, console: Any = None) -> None:
         table.add_row(
             s.label,
             s.description,
-            _fmt(s.mean),
-            _fmt(s.noise),
-            _fmt(s.spread),
-            _fmt(s.parse_failure_rate, 2),
-            _fmt(s.request_failure_rate, 2),
+            fmt(s.mean),
+            fmt(s.noise),
+            fmt(s.spread),
+            fmt(s.parse_failure_rate, 2),
+            fmt(s.request_failure_rate, 2),
         )
     out.print(table)
     if report.disagreement is not None:
-        pairs = ", ".join(f"{k}: r={_fmt(v, 2)}" for k, v in report.agreement.items())
+        pairs = ", ".join(f"{k}: r={fmt(v, 2)}" for k, v in report.agreement.items())
         out.print(
-            f"ensemble mean {_fmt(report.ensemble_mean)}; noise of the aggregated reward "
-            f"(std/item) {_fmt(report.reward_noise)}; disagreement (std across judges) "
-            f"{_fmt(report.disagreement)}; agreement {pairs}"
+            f"ensemble mean {fmt(report.ensemble_mean)}; noise of the aggregated reward "
+            f"(std/item) {fmt(report.reward_noise)}; disagreement (std across judges) "
+            f"{fmt(report.disagreement)}; agreement {pairs}"
         )
     if report.planted:
         planted = Table(
             title=f"planted bad answers (ok: <= {PLANTED_OK_MAX}; real mean "
-            f"{_fmt(report.ensemble_mean)})"
+            f"{fmt(report.ensemble_mean)})"
         )
         planted.add_column("kind")
         planted.add_column("mean")
@@ -477,14 +416,14 @@ def print_report(report: AuditReport, console: Any = None) -> None:
         for p in report.planted:
             colour = {"ok": "green", "leaks": "yellow", "hackable": "red"}.get(p.verdict, "")
             verdict = f"[{colour}]{p.verdict}[/{colour}]" if colour else p.verdict
-            planted.add_row(p.kind, _fmt(p.mean), *(_fmt(v) for v in p.per_judge.values()), verdict)
+            planted.add_row(p.kind, fmt(p.mean), *(fmt(v) for v in p.per_judge.values()), verdict)
         out.print(planted)
         out.print(
-            f"separation: P(real answer scored above a planted one) = {_fmt(report.separation, 2)}"
+            f"separation: P(real answer scored above a planted one) = {fmt(report.separation, 2)}"
             " (1 = always, 0.5 = chance)"
         )
     if report.replies:
         out.print("[bold]sample judge replies[/bold]")
         for r in report.replies[:6]:
             text = str(r["reply"]).replace("\n", " ")[:100]
-            out.print(f"  [{r['judge']}/{r['kind']}] score {_fmt(r['score'], 2)}: {text}")
+            out.print(f"  [{r['judge']}/{r['kind']}] score {fmt(r['score'], 2)}: {text}")

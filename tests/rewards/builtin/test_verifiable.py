@@ -17,7 +17,7 @@ from grpokit.rewards import (
     math_answer,
     regex_match,
 )
-from grpokit.rewards.math_rewards import (
+from grpokit.rewards.builtin.math_answer import (
     answers_equal,
     extract_answer,
     extract_boxed,

@@ -15,7 +15,7 @@ from rich.console import Console
 from grpokit.cli import main
 from grpokit.errors import UserError
 from grpokit.rewards import check_completions
-from grpokit.rewards.check import format_table
+from grpokit.rewards.audit.check import format_table
 from grpokit.rewards.spec import parse_reward_specs
 
 REWARDS_YAML = """\

@@ -1,6 +1,6 @@
 """``grpokit judge audit-reward-model``: a reward model's biases, measured before training on it.
 
-The questions the judge audit (:mod:`grpokit.rewards.judge.audit`) asks of a judge, asked of a
+The questions the judge audit (:mod:`grpokit.rewards.audit.judge`) asks of a judge, asked of a
 trained scorer, on a file of the user's own completions:
 
 - planted bad answers built from the same prompts (the judge audit's gibberish, empty answer,
@@ -29,15 +29,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from grpokit.core.stats import pearson, spearman
 from grpokit.errors import UserError
-from grpokit.monitor.series import pearson, spearman
 from grpokit.progress import progress
-from grpokit.rewards._text import completion_text, prompt_text
-from grpokit.rewards.check import read_completions
-from grpokit.rewards.judge.audit import PLANTED_PROMPTS, _fmt, planted_answers
+from grpokit.rewards.audit.common import audit_config_reward, fmt
+from grpokit.rewards.audit.planted import PLANTED_PROMPTS, planted_answers
+from grpokit.rewards.builtin.reward_model import RewardModelParams, RewardModelReward
 from grpokit.rewards.judge.rubric import Rubric
-from grpokit.rewards.reward_model import RewardModelParams, RewardModelReward
-from grpokit.rewards.spec import RewardSpec, format_tags, pick_reward
+from grpokit.rewards.spec import RewardSpec
+from grpokit.rewards.text import completion_text, user_request
 
 PLANTED_KINDS = ("gibberish", "empty", "prompt_copy", "repetitive", "truncated", "off_topic")
 """The judge audit's kinds (less its rubric keyword list: a reward model has no rubric), plus
@@ -126,7 +126,7 @@ def planted_samples(
     ``off_topic``; the latter needs a second prompt and is left out with only one).
     """
     rng = random.Random(seed)
-    distinct = list({prompt_text(p): p for p in prompts}.items())
+    distinct = list({user_request(p): p for p in prompts}.items())
     no_rubric = Rubric(template="", source="reward model audit")
     samples: list[_Sample] = []
     for index, (text, prompt) in enumerate(distinct[:planted_prompts]):
@@ -165,7 +165,7 @@ def audit_reward_model(
     if planted:
         answers: dict[str, str] = {}
         for sample in samples:
-            answers.setdefault(prompt_text(sample.prompt), completion_text(sample.completion))
+            answers.setdefault(user_request(sample.prompt), completion_text(sample.completion))
         prompts = [s.prompt for s in samples]
         samples += planted_samples(
             prompts, answers, format_tags, seed=seed, planted_prompts=planted_prompts
@@ -236,25 +236,35 @@ def audit_reward_model_config(
     seed: int = 0,
 ) -> RewardModelAudit:
     """Load the reward model of a config's ``rewards:`` once and audit it on a completions file."""
-    spec = pick_reward(specs, "reward_model", reward_name, source=source)
-    name = spec.display_name
-    assert isinstance(spec.params, RewardModelParams)
-    rows = read_completions(completions_path)
-    where = f"reward {name!r}"
-    reward = RewardModelReward(spec.params, base_dir, name=name, where=where)
-    try:
+
+    def build(spec: RewardSpec) -> RewardModelReward:
+        assert isinstance(spec.params, RewardModelParams)
+        name = spec.display_name
+        return RewardModelReward(spec.params, base_dir, name=name, where=f"reward {name!r}")
+
+    def audit(
+        reward: RewardModelReward, rows: list[dict[str, Any]], name: str, tags: list[str] | None
+    ) -> RewardModelAudit:
         return audit_reward_model(
             reward,
             rows,
             k=k,
             planted=planted,
             planted_prompts=planted_prompts,
-            format_tags=format_tags(specs),
+            format_tags=tags,
             seed=seed,
             name=name,
         )
-    finally:
-        reward.close()
+
+    return audit_config_reward(
+        specs,
+        "reward_model",
+        reward_name,
+        completions_path,
+        source=source,
+        build=build,
+        audit=audit,
+    )
 
 
 # ---- printing ------------------------------------------------------------------------------------
@@ -273,8 +283,8 @@ def print_reward_model_audit(report: RewardModelAudit, console: Any = None) -> N
         f"{report.items} completions, each scored {report.k}x; raw scores"
     )
     out.print(
-        f"  real completions: mean {_fmt(report.mean)}, spread (std across completions) "
-        f"{_fmt(report.spread)}, repeat noise (std/item) {_fmt(report.noise)}"
+        f"  real completions: mean {fmt(report.mean)}, spread (std across completions) "
+        f"{fmt(report.spread)}, repeat noise (std/item) {fmt(report.noise)}"
     )
     if report.k == 1:
         out.print("  (one score per text: --k 2 or more measures the repeat noise)")
@@ -293,19 +303,19 @@ def print_reward_model_audit(report: RewardModelAudit, console: Any = None) -> N
     for column in ("samples", "n", "Pearson r", "Spearman rho"):
         lengths.add_column(column)
     for bias in report.length:
-        lengths.add_row(bias.samples, str(bias.n), _fmt(bias.pearson), _fmt(bias.spearman))
+        lengths.add_row(bias.samples, str(bias.n), fmt(bias.pearson), fmt(bias.spearman))
     out.print(lengths)
     real = report.length[0]
     if abs(real.spearman) >= LENGTH_BIAS_WARN:
         direction = "longer" if real.spearman > 0 else "shorter"
         out.print(
-            f"[yellow]the score follows length (Spearman {_fmt(real.spearman)}): training on "
+            f"[yellow]the score follows length (Spearman {fmt(real.spearman)}): training on "
             f"it will push completions {direction}; consider a length_penalty or "
             "soft_overlong_punishment beside it[/yellow]"
         )
     if report.planted:
         planted = Table(
-            title=f"planted bad answers (real mean {_fmt(report.mean)}; ok: below every real "
+            title=f"planted bad answers (real mean {fmt(report.mean)}; ok: below every real "
             "completion)"
         )
         for column in ("kind", "n", "mean", "beats real", "verdict"):
@@ -315,7 +325,7 @@ def print_reward_model_audit(report: RewardModelAudit, console: Any = None) -> N
             planted.add_row(
                 p.kind,
                 str(p.n),
-                _fmt(p.mean),
+                fmt(p.mean),
                 f"{p.beats:.0%}",
                 f"[{colour}]{p.verdict}[/{colour}]",
             )

@@ -1,4 +1,4 @@
-"""The plain-data wire between the sandboxed solution and the judge."""
+"""The plain-data wire between the sandboxed solution and the checker."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from grpokit.rewards._sandbox_wire import MessageReader, WireError, decode, encode, write_message
+from grpokit.rewards.sandbox.wire import MessageReader, WireError, decode, encode, write_message
 
 
 def _round_trip(value: object) -> object:

@@ -14,9 +14,9 @@ Every case runs in its own confined subprocess (:mod:`grpokit.rewards.sandbox`).
 boundary, layer by layer:
 
 - **the verdict** never comes from the process that runs the completion. Test snippets run in a
-  separate judge process that never runs the completion's code: a name the tests take from the
+  separate checker process that never runs the completion's code: a name the tests take from the
   solution (``add``) is a request to the sandboxed process, and each answer crosses as plain data
-  (numbers, strings, lists, tuples, dicts, sets, bytes, None) that the judge rebuilds with its
+  (numbers, strings, lists, tuples, dicts, sets, bytes, None) that the checker rebuilds with its
   own built-in types; an object that is not plain data stays a handle that equals only itself.
   Stdout cases are compared here, in the trainer. So replacing builtins, reading the harness's
   frames, exit, trace or exception hooks, a result whose ``__eq__`` always says True, or printing
@@ -39,13 +39,13 @@ one is missing (``best_effort`` on an older kernel) what it stops becomes possib
 Landlock the code can read what the user can, without the PID namespace see other processes;
 the verdict stays out of its reach either way.
 
-Test snippets are trusted code: the judge runs them with resource limits only, and they must not
+Test snippets are trusted code: the checker runs them with resource limits only, and they must not
 ``eval`` an answer. They may hand the solution data (None, bool, int, float, str, bytes, complex,
 list, tuple, dict, set, frozenset, range) and objects it returned; anything else (a lambda, an
 instance of a class of the test's) is a config error naming the row. An object of the
-solution's that is not data can be called, its attributes read, and iterated (the judge gets a
+solution's that is not data can be called, its attributes read, and iterated (the checker gets a
 list). A standard module the tests take from the solution without importing it (``math``,
-``re``, ``collections`` ...) is the judge's own copy.
+``re``, ``collections`` ...) is the checker's own copy.
 """
 
 from __future__ import annotations
@@ -62,9 +62,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import column_value, completion_text
 from grpokit.rewards.registry import BuildContext, register_reward
-from grpokit.rewards.sandbox import (
+from grpokit.rewards.sandbox.launcher import (
     RunResult,
     SandboxLayers,
     SandboxLimits,
@@ -72,6 +71,7 @@ from grpokit.rewards.sandbox import (
     run_python,
     sandbox_report,
 )
+from grpokit.rewards.text import column_value, completion_text
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from grpokit.rewards import xml_format, xml_format_score
-from grpokit.rewards.format_rewards import (
+from grpokit.rewards.builtin.format import (
     XmlFormatParams,
     escape_stray_markup,
     strip_code_fences,

@@ -31,8 +31,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text
 from grpokit.rewards.registry import register_reward
+from grpokit.rewards.text import completion_text
 
 # A branch line: tree prefix (spaces, │, ASCII |), then ├ or └ and one or more horizontal bars.
 _BRANCH_RE = re.compile(r"^(?P<prefix>[ \t│|]*)(?P<marker>[├└][─━-]+)\s*(?P<label>.*)$")

@@ -18,8 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text
 from grpokit.rewards.registry import register_reward
+from grpokit.rewards.text import completion_text
 
 DEFAULT_TAGS: tuple[str, ...] = ("thinking", "proposal")
 

@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
-from grpokit.rewards._text import completion_text
-from grpokit.rewards.format_rewards import strip_code_fences
+from grpokit.rewards.builtin.format import strip_code_fences
 from grpokit.rewards.registry import BuildContext, register_reward
+from grpokit.rewards.text import completion_text
 
 _FLAGS: dict[str, re.RegexFlag] = {
     "IGNORECASE": re.IGNORECASE,
