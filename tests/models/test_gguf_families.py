@@ -1,0 +1,176 @@
+"""GGUF export of each model family llama.cpp knows beside Llama/Mistral/Qwen2 (Qwen3, Gemma 2,
+Gemma 3, Phi-3, GPT-2, OLMo 2): tiny random models, as trained with LoRA and in full, run in
+llama.cpp with transformers' greedy tokens; the quantised types load and run; settings llama.cpp
+cannot reproduce are refused before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from grpokit.errors import UserError
+from grpokit.models.export import export_checkpoint
+from grpokit.models.gguf_arch import ARCHITECTURES, arch_spec, hyperparameters
+from grpokit.models.gguf_export import read_metadata
+
+from .gguf_checks import (
+    chat_ids,
+    llama_greedy,
+    open_llama,
+    perturbed_lora_checkpoint,
+    tiny_of,
+    torch_greedy,
+)
+
+# transformers model type -> llama.cpp architecture.
+FAMILIES = {
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+    "gpt2": "gpt2",
+    "olmo2": "olmo2",
+}
+# Long enough, with the chat template around them, to pass the Gemma models' 8-token window.
+PROMPTS = ["What is 17 + 25?", "Write one sentence about rivers."]
+GREEDY_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def family_model(
+    tmp_path_factory: pytest.TempPathFactory, embedded_model_path: Path
+) -> Callable[[str], Path]:
+    """kind -> a tiny random model of that family with the embedded model's tokenizer (built
+    once per module)."""
+    made: dict[str, Path] = {}
+
+    def build(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = tiny_of(kind, embedded_model_path, tmp_path_factory.mktemp(kind))
+        return made[kind]
+
+    return build
+
+
+def _assert_same_greedy(path: Path, model: torch.nn.Module, tokenizer: Any) -> None:
+    llm = open_llama(path)
+    try:
+        assert llm.n_vocab() == len(tokenizer)
+        for text in PROMPTS:
+            ids = chat_ids(tokenizer, text)
+            expected = torch_greedy(model, ids, GREEDY_TOKENS)
+            assert len(set(expected)) > 3, "degenerate reference continuation"
+            assert llama_greedy(llm, ids, GREEDY_TOKENS) == expected, text
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_full_model_runs_in_llama_cpp_with_the_same_greedy_tokens(
+    kind: str, family_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = family_model(kind)
+    path = export_checkpoint(
+        str(model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32", log=print
+    )
+    assert read_metadata(path)["general.architecture"].value == FAMILIES[kind]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    _assert_same_greedy(path, model, AutoTokenizer.from_pretrained(model_dir))
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_lora_trained_model_runs_in_llama_cpp_with_the_same_greedy_tokens(
+    kind: str, family_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """An adapter on every linear layer (GPT-2's Conv1D included), merged by the export."""
+    run = tmp_path / "run"
+    policy = perturbed_lora_checkpoint(family_model(kind), run / "checkpoint-1" / "model")
+    path = export_checkpoint(str(run), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32",
+                             log=print)  # fmt: skip
+    _assert_same_greedy(path, policy.model, policy.tokenizer)
+    # The adapter changed the model: the file is not the base model's.
+    peft_model: Any = policy.model
+    ids = chat_ids(policy.tokenizer, PROMPTS[0])
+    with torch.no_grad(), peft_model.disable_adapter():
+        base = peft_model(input_ids=torch.tensor([ids])).logits[0, -1]
+    with torch.no_grad():
+        tuned = peft_model(input_ids=torch.tensor([ids])).logits[0, -1]
+    assert float((base - tuned).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_quantised_types_load_and_run(
+    kind: str, family_model: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """f16 and q8_0 (written here) and the k-quant mixes (llama.cpp's quantiser) load; their
+    logits point the way PyTorch's do."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python quantises and runs the files")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = family_model(kind)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids = chat_ids(AutoTokenizer.from_pretrained(model_dir), PROMPTS[0])
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([ids])).logits[0, -1]
+    for outtype in ("f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m"):
+        path = export_checkpoint(
+            str(model_dir), fmt="gguf", out=tmp_path / f"m-{outtype}.gguf",
+            outtype=outtype,  # type: ignore[arg-type]
+            log=lambda _: None,
+        )  # fmt: skip
+        llm = open_llama(path, logits_all=True)
+        try:
+            llm.eval(ids)
+            got = torch.tensor(llm.scores[len(ids) - 1])
+            continuation = llama_greedy(llm, ids, 4)
+        finally:
+            llm.close()
+        assert len(continuation) == 4 and all(0 <= t < len(expected) for t in continuation)
+        cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
+        assert cosine > 0.9, (outtype, cosine)
+
+
+# ---- what llama.cpp would not reproduce (no llama.cpp needed) --------------------------------
+
+
+def _config(kind: str, **fields: Any) -> Any:
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model(kind, **fields)
+    config.architectures = [next(n for n, s in ARCHITECTURES.items()
+                                 if s.gguf_arch == FAMILIES.get(kind, kind))]  # fmt: skip
+    return config
+
+
+def test_gemma_attention_scale_other_than_llama_cpp_s_is_refused() -> None:
+    config = _config("gemma2", num_hidden_layers=2, head_dim=16, query_pre_attn_scalar=24)
+    with pytest.raises(UserError, match="query_pre_attn_scalar=24.*uses 16"):
+        hyperparameters(config, arch_spec(config), 100)
+    config = _config("gemma2", num_hidden_layers=2, head_dim=16, query_pre_attn_scalar=16,
+                     final_logit_softcapping=None)  # fmt: skip
+    with pytest.raises(UserError, match="soft-capping"):
+        hyperparameters(config, arch_spec(config), 100)
+
+
+def test_an_activation_llama_cpp_does_not_use_is_refused() -> None:
+    config = _config("gpt2", activation_function="relu")
+    with pytest.raises(UserError, match="'relu'.*'gpt2'.*gelu_pytorch_tanh"):
+        hyperparameters(config, arch_spec(config), 100)
+
+
+def test_sliding_window_layers_are_written_per_layer() -> None:
+    config = _config(
+        "gemma3_text", num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=8, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    )  # fmt: skip
+    keys = {kv.key: kv.value for kv in hyperparameters(config, arch_spec(config), 100)}
+    assert keys["gemma3.attention.sliding_window"] == 8
+    assert keys["gemma3.attention.sliding_window_pattern"] == [True, True, False]
+    assert keys["gemma3.rope.freq_base"] == 1_000_000.0  # global layers
+    assert keys["gemma3.rope.freq_base_swa"] == 10_000.0  # local layers
