@@ -78,6 +78,7 @@ def open_llama(path: Path, *, logits_all: bool = False) -> Any:
 # and local/global RoPE bases (Gemma), tied embeddings where llama.cpp wants an output layer of
 # its own (OLMo 2).
 FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
     "qwen2": {},
     "mistral": {"sliding_window": None},
     "qwen3": {"head_dim": 32},

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -174,3 +175,111 @@ def test_sliding_window_layers_are_written_per_layer() -> None:
     assert keys["gemma3.attention.sliding_window_pattern"] == [True, True, False]
     assert keys["gemma3.rope.freq_base"] == 1_000_000.0  # global layers
     assert keys["gemma3.rope.freq_base_swa"] == 10_000.0  # local layers
+
+
+# ---- SentencePiece-style tokenizers (Gemma, Llama 2 / Phi-3) ------------------------------------
+
+# Runs of spaces, newlines and tabs, digits, a character the vocabulary lacks (byte fallback).
+SPM_PROBE = "Hello  world\n\n  x ?! 12345 café\t\tend 🙂 print(add(2, 3))  # prints 5\n\tif i: "
+
+
+@pytest.mark.parametrize(("family", "kind"), [("gemma", "gemma3_text"), ("llama2", "phi3")])
+def test_sentencepiece_tokenizer_tokenizes_and_generates_as_transformers(
+    family: str, kind: str, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpokit.models.tiny import make_tiny_sentencepiece_tokenizer_dir
+
+    tokenizer_dir = make_tiny_sentencepiece_tokenizer_dir(tmp_path / "tokenizer", family)
+    model_dir = tiny_of(kind, tokenizer_dir, tmp_path / "model")
+    path = export_checkpoint(
+        str(model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32", log=print
+    )
+    meta = read_metadata(path)
+    assert meta["tokenizer.ggml.model"].value == "llama"
+    assert meta["tokenizer.ggml.add_space_prefix"].value == (family == "llama2")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    llm = open_llama(path)
+    try:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": SPM_PROBE}], tokenize=False, add_generation_prompt=True
+        )
+        for text in (SPM_PROBE, rendered, "x"):
+            expected = tokenizer(text, add_special_tokens=text != rendered)["input_ids"]
+            got = llm.tokenize(text.encode(), add_bos=text != rendered, special=True)
+            assert got == expected, text
+        ids = chat_ids(tokenizer, "What is 17 + 25?")
+        greedy = torch_greedy(model, ids, 12)
+        assert len(set(greedy)) > 3, "degenerate reference continuation"
+        assert llama_greedy(llm, ids, 12) == greedy
+    finally:
+        llm.close()
+
+
+def test_a_prefix_only_before_the_first_text_is_refused(tmp_path: Path) -> None:
+    """transformers' Llama tokenizer without ``legacy`` prepends "▁" only at the start of the
+    text; llama.cpp would prepend it after every special token too."""
+    from transformers import AutoTokenizer, LlamaTokenizer
+
+    from grpokit.models.gguf_export import vocab_metadata
+
+    LlamaTokenizer().save_pretrained(tmp_path / "llama-first")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "llama-first")
+    with pytest.raises(UserError, match=r"llama-first.*prepend_scheme 'first'"):
+        vocab_metadata(tokenizer, len(tokenizer))
+
+
+# ---- RoPE scaling written as per-frequency factors -----------------------------------------------
+
+# Thresholds inside the tiny models' range of wavelengths (6 to 20000 positions), so that some
+# frequencies keep their value, some are divided by the factor and some are in between.
+ROPE_SCALINGS = {
+    "llama": {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 256},
+    "phi3": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+             "original_max_position_embeddings": 512,
+             "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5],
+             "long_factor": [1.0, 2.0, 4.0, 8.0, 8.0, 16.0, 16.0, 32.0]},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ROPE_SCALINGS)
+def test_rope_scaling_factors_give_the_same_greedy_tokens(
+    kind: str, embedded_model_path: Path, tmp_path: Path
+) -> None:
+    """Llama 3's and Phi-3's (LongRoPE, with its attention factor) scaled frequencies."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = tiny_of(kind, embedded_model_path, tmp_path / kind)
+    config = AutoConfig.from_pretrained(model_dir)
+    config.rope_parameters = ROPE_SCALINGS[kind]
+    config.save_pretrained(model_dir)
+    path = export_checkpoint(
+        str(model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32", log=print
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    _assert_same_greedy(path, model, AutoTokenizer.from_pretrained(model_dir))
+    # Without the factors the model is another one: the test can tell.
+    plain_config = AutoConfig.from_pretrained(model_dir)
+    plain_config.rope_parameters = {
+        key: value for key, value in ROPE_SCALINGS[kind].items()
+        if key in ("rope_theta", "partial_rotary_factor")
+    } | {"rope_type": "default"}  # fmt: skip
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, config=plain_config).eval()
+    ids = torch.tensor([chat_ids(AutoTokenizer.from_pretrained(model_dir), PROMPTS[1])])
+    with torch.no_grad():
+        difference = (model(input_ids=ids).logits - plain(input_ids=ids).logits).abs().max()
+    assert float(difference) > 1e-2
+
+
+def test_llama3_rope_factors_by_hand() -> None:
+    """Wavelengths 2 pi / f: below 64 kept, above 256 divided by 8, between smoothly."""
+    from grpokit.models.gguf_arch import llama3_rope_factors
+
+    inv_freq = np.array([2 * np.pi / 10, 2 * np.pi / 128, 2 * np.pi / 1000])
+    divisors = llama3_rope_factors(inv_freq, 8.0, 1.0, 4.0, 256)
+    smooth = (256 / 128 - 1.0) / (4.0 - 1.0)  # 1/3 of the way from factor 8 to 1
+    assert divisors.tolist() == pytest.approx([1.0, 1 / ((1 - smooth) / 8 + smooth), 8.0])

@@ -96,8 +96,9 @@ class ArchSpec:
     output: Literal["optional", "tied", "required"] = "optional"
     """llama.cpp's output layer: its own tensor or the embeddings when absent; always the
     embeddings (Gemma 2); or a tensor of its own that must be present (OLMo 2)."""
-    longrope: bool = False
-    """Whether LongRoPE scaling (per-frequency factor tensors) is written (Phi-3)."""
+    rope_scalings: tuple[str, ...] = ()
+    """RoPE scaling types beyond linear that this family writes, as per-frequency factor tensors
+    (:attr:`extra_tensors`): Llama 3's ``llama3``, Phi-3's ``longrope``."""
     extra_keys: ExtraKeys = field(default=_no_keys)
     extra_tensors: ExtraTensors = field(default=_no_tensors)
 
@@ -212,13 +213,13 @@ def hyperparameters(config: Any, spec: ArchSpec, n_vocab: int) -> list[KV]:
         if rope.rope_type == "linear" and factor is not None:
             kvs.append(KV(_key(rope_keys.SCALING_TYPE, arch), "linear", STRING))
             kvs.append(KV(_key(rope_keys.SCALING_FACTOR, arch), float(factor), FLOAT32))
-        elif rope.rope_type == "longrope" and spec.longrope:
+        elif rope.rope_type == "longrope" and "longrope" in spec.rope_scalings:
             kvs.extend(_longrope_keys(config, arch, rope))
-        elif rope.rope_type != "default":
+        elif rope.rope_type not in ("default", *spec.rope_scalings):
+            written = ", ".join(("default", "linear", *spec.rope_scalings))
             raise UserError(
                 f"GGUF export: RoPE scaling '{rope.rope_type}' is not written by grpokit's GGUF "
-                f"export for the '{arch}' architecture (it writes plain and linear RoPE"
-                f"{', and LongRoPE' if spec.longrope else ''}). {_CONVERT}"
+                f"export for the '{arch}' architecture (it writes {written}). {_CONVERT}"
             )
     kvs.extend(spec.extra_keys(config, arch))
     return kvs
@@ -392,6 +393,53 @@ def _longrope_tensors(config: Any) -> list[Tensor]:
     return out
 
 
+def llama3_rope_factors(
+    inv_freq: np.ndarray,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_context: int,
+) -> np.ndarray:
+    """Llama 3's RoPE scaling as a divisor of each frequency (llama.cpp's ``rope_freqs``).
+
+    Wavelengths shorter than ``original_context / high_freq_factor`` keep their frequency,
+    those longer than ``original_context / low_freq_factor`` are divided by ``factor``, and in
+    between the divisor moves smoothly from ``factor`` to 1 (Meta's reference code).
+
+    Args:
+        inv_freq: (n_rot / 2,) unscaled RoPE frequencies, base ** (-2i / n_rot).
+
+    Returns:
+        (n_rot / 2,) float32 divisors.
+    """
+    wavelength = 2 * math.pi / inv_freq
+    smooth = (original_context / wavelength - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
+    between = 1 / ((1 - smooth) / factor + smooth)
+    divisors = np.where(wavelength < original_context / high_freq_factor, 1.0, between)
+    divisors = np.where(wavelength > original_context / low_freq_factor, factor, divisors)
+    return divisors.astype(np.float32)
+
+
+def _llama3_tensors(config: Any) -> list[Tensor]:
+    import gguf
+
+    rope = rope_settings(config)
+    if rope.rope_type != "llama3":
+        return []
+    dim = head_dim(config)
+    inv_freq = 1.0 / rope.theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    divisors = llama3_rope_factors(
+        inv_freq,
+        float(rope.params["factor"]),
+        float(rope.params["low_freq_factor"]),
+        float(rope.params["high_freq_factor"]),
+        int(rope.params["original_max_position_embeddings"]),
+    )
+    return [Tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", divisors)]
+
+
 def _gpt2_keys(config: Any, arch: str) -> list[KV]:
     if getattr(config, "scale_attn_by_inverse_layer_idx", False) or not getattr(
         config, "scale_attn_weights", True
@@ -408,7 +456,9 @@ def _gpt2_keys(config: Any, arch: str) -> list[KV]:
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_new")
 
 ARCHITECTURES: dict[str, ArchSpec] = {
-    "LlamaForCausalLM": ArchSpec("llama", reorder_rope_rows=True),
+    "LlamaForCausalLM": ArchSpec(
+        "llama", reorder_rope_rows=True, rope_scalings=("llama3",), extra_tensors=_llama3_tensors
+    ),
     "MistralForCausalLM": ArchSpec("llama", reorder_rope_rows=True, extra_keys=_mistral_keys),
     "Qwen2ForCausalLM": ArchSpec("qwen2"),
     "Qwen3ForCausalLM": ArchSpec("qwen3"),
@@ -419,7 +469,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         "gemma3", activations=_GELU_TANH, norm_offset=1.0, extra_keys=_gemma3_keys
     ),
     "Phi3ForCausalLM": ArchSpec(
-        "phi3", longrope=True, extra_keys=_phi3_keys, extra_tensors=_longrope_tensors
+        "phi3", rope_scalings=("longrope",), extra_keys=_phi3_keys, extra_tensors=_longrope_tensors
     ),
     "GPT2LMHeadModel": ArchSpec(
         "gpt2",
