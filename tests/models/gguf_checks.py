@@ -82,6 +82,8 @@ FAMILIES: dict[str, dict[str, Any]] = {
     "qwen2": {},
     "mistral": {"sliding_window": None},
     "qwen3": {"head_dim": 32},
+    "smollm3": {"num_hidden_layers": 4},  # its 4th layer has no RoPE
+    "gemma": {"head_dim": 16},
     "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 8},
     "gemma3_text": {
         "head_dim": 16,

@@ -29,7 +29,9 @@ from .gguf_checks import (
 
 # transformers model type -> llama.cpp architecture.
 FAMILIES = {
+    "smollm3": "smollm3",
     "qwen3": "qwen3",
+    "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
     "phi3": "phi3",

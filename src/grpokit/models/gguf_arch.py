@@ -5,17 +5,17 @@ needs and the checkpoint does not say in the same way:
 
 - tensor names come from the ``gguf`` package's own table (``gguf.get_tensor_name_map``), the one
   llama.cpp's converter uses; only the values are transformed here;
-- the RoPE layout: llama.cpp's ``llama`` architecture rotates adjacent pairs of each head's
-  dimensions, transformers rotates the first half against the second half, so q/k rows are
-  reordered for it (the other architectures here rotate halves in both);
+- the RoPE layout: llama.cpp's ``llama`` and ``smollm3`` architectures rotate adjacent pairs of
+  each head's dimensions, transformers rotates the first half against the second half, so q/k
+  rows are reordered for them (the other architectures here rotate halves in both);
 - Gemma's RMSNorm multiplies by ``1 + w`` where llama.cpp multiplies by ``w``: 1 is added to every
   norm weight. Gemma's embedding scaling by sqrt(hidden size) is built into llama.cpp's graph;
 - GPT-2's ``Conv1D`` layers store weights as (in, out): they are transposed to (out, in);
-- the output layer: tied to the embeddings (written once), optional, or, for OLMo 2, required
+- the output layer: tied to the embeddings (Gemma, Gemma 2), optional, or, for OLMo 2, required
   (the embedding matrix is written a second time when the checkpoint ties them);
 - hyperparameters llama.cpp reads under ``<arch>.*`` (the ``gguf.Keys`` names): the shared ones
   from :func:`hyperparameters`, and per family Gemma's logit soft-capping, sliding-window layers
-  and local RoPE base, Phi-3's partial rotary dimensions and LongRoPE factors.
+  and local RoPE base, Phi-3's partial rotary dimensions, LongRoPE and Llama 3 RoPE factors.
 
 What llama.cpp's graph cannot reproduce (an activation it does not use, an attention scale it
 computes differently, an unsupported RoPE scaling) is refused with :class:`UserError` before any
@@ -440,6 +440,24 @@ def _llama3_tensors(config: Any) -> list[Tensor]:
     return [Tensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", divisors)]
 
 
+def _smollm3_keys(config: Any, arch: str) -> list[KV]:
+    """llama.cpp's smollm3 graph leaves RoPE out of every 4th layer (layers 3, 7, ...)."""
+    n_layers = int(config.num_hidden_layers)
+    expected = [int((i + 1) % 4 != 0) for i in range(n_layers)]
+    given = [int(x) for x in getattr(config, "no_rope_layers", None) or [1] * n_layers]
+    if given != expected:
+        raise UserError(
+            f"GGUF export: this SmolLM3 model uses RoPE in the layers {given} (1 = with RoPE), "
+            f"while llama.cpp's '{arch}' architecture leaves it out of every 4th layer. {_CONVERT}"
+        )
+    if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+        raise UserError(
+            f"GGUF export: this SmolLM3 model attends within a sliding window, which llama.cpp's "
+            f"'{arch}' architecture does not. {_CONVERT}"
+        )
+    return []
+
+
 def _gpt2_keys(config: Any, arch: str) -> list[KV]:
     if getattr(config, "scale_attn_by_inverse_layer_idx", False) or not getattr(
         config, "scale_attn_weights", True
@@ -460,8 +478,10 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         "llama", reorder_rope_rows=True, rope_scalings=("llama3",), extra_tensors=_llama3_tensors
     ),
     "MistralForCausalLM": ArchSpec("llama", reorder_rope_rows=True, extra_keys=_mistral_keys),
+    "SmolLM3ForCausalLM": ArchSpec("smollm3", reorder_rope_rows=True, extra_keys=_smollm3_keys),
     "Qwen2ForCausalLM": ArchSpec("qwen2"),
     "Qwen3ForCausalLM": ArchSpec("qwen3"),
+    "GemmaForCausalLM": ArchSpec("gemma", activations=_GELU_TANH, norm_offset=1.0, output="tied"),
     "Gemma2ForCausalLM": ArchSpec(
         "gemma2", activations=_GELU_TANH, norm_offset=1.0, output="tied", extra_keys=_gemma2_keys
     ),

@@ -1,17 +1,18 @@
 """Writing a transformers causal LM as a GGUF file that llama.cpp (and the tools built on it) runs.
 
-Mapped architectures: Llama (which includes the embedded SmolLM2), Mistral without a sliding
-window, Qwen2, Qwen3, Gemma 2, Gemma 3 (text), Phi-3, GPT-2 and OLMo 2, each to llama.cpp's own
-architecture of that name; the per-family table (tensor transforms, hyperparameters, what
-llama.cpp cannot reproduce) is :mod:`grpokit.models.gguf_arch`. Anything else is refused with a
+Mapped architectures: Llama (which includes the embedded SmolLM2), SmolLM3, Mistral without a
+sliding window, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text), Phi-3, GPT-2 and OLMo 2, each to
+llama.cpp's own architecture of that name; the per-family table (tensor transforms,
+hyperparameters, what llama.cpp cannot reproduce) is :mod:`grpokit.models.gguf_arch`. Anything else is refused with a
 message naming the architecture.
 
 Tokenizer: when the model's tokenizer is the one of a known GGUF file (the file the model was
 converted from, or the embedded model's), that file's tokenizer metadata is carried over as is,
 including llama.cpp's pre-tokenizer name. Otherwise the metadata is built from the tokenizer's
-``tokenizer.json`` for byte-level BPE tokenizers (GPT-2 style), with the llama.cpp pre-tokenizer
-that reproduces it (:mod:`grpokit.models.gguf_pretokenizer`); a tokenizer llama.cpp cannot
-reproduce is refused.
+``tokenizer.json``: for byte-level BPE tokenizers (GPT-2 style), with the llama.cpp pre-tokenizer
+that reproduces it (:mod:`grpokit.models.gguf_pretokenizer`); for SentencePiece-style ones (Gemma,
+Llama 2), as llama.cpp's SentencePiece vocabulary (:mod:`grpokit.models.gguf_spm`); a tokenizer
+llama.cpp cannot reproduce is refused.
 
 Quantisation: f32, f16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k are made by llama.cpp's
 own quantiser from an f16 file written first (:mod:`grpokit.models.gguf_quantize`).
