@@ -350,7 +350,8 @@ def _phi3_keys(config: Any, arch: str) -> list[KV]:
 
 def _longrope_keys(config: Any, arch: str, rope: Rope) -> list[KV]:
     """LongRoPE (Phi-3): llama.cpp multiplies cos/sin by ``attn_factor`` and divides each
-    frequency by the short factors up to the original context, the long ones beyond."""
+    frequency by the short factors up to the original context, the long ones beyond (the factor
+    tensors are the scaling: as llama.cpp's converter, no scaling type is written)."""
     import gguf
 
     original = rope.params.get("original_max_position_embeddings") or getattr(
@@ -367,7 +368,6 @@ def _longrope_keys(config: Any, arch: str, rope: Rope) -> list[KV]:
         attention = math.sqrt(1 + math.log(factor) / math.log(int(original))) if factor > 1 else 1.0
     keys = gguf.Keys.Rope
     return [
-        KV(_key(keys.SCALING_TYPE, arch), "longrope", STRING),
         KV(_key(keys.SCALING_ORIG_CTX_LEN, arch), int(original), UINT32),
         KV(_key(keys.SCALING_ATTN_FACTOR, arch), float(attention), FLOAT32),
     ]
