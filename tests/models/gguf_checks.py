@@ -91,6 +91,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "sliding_window": 8,
         "layer_types": ["sliding_attention", "full_attention"],
     },  # fmt: skip
+    "gemma3": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },  # vision-language
     "phi3": {"tie_word_embeddings": False},
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 128, "n_positions": 2048},
     "olmo2": {},
@@ -114,6 +120,11 @@ def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings"):  # fmt: skip
             settings.pop(name)
+    if kind == "gemma3":  # the language model's settings, beside a small vision tower
+        vision = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                  "intermediate_size": 64, "image_size": 32, "patch_size": 16}  # fmt: skip
+        settings = {"text_config": settings, "vision_config": vision, "mm_tokens_per_image": 4,
+                    "initializer_range": 0.3}  # fmt: skip
     config = AutoConfig.for_model(kind, **settings)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -122,11 +133,12 @@ def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
             for name, param in model.named_parameters():
                 if name.endswith("bias") or (param.ndim == 1 and ("norm" in name or "ln_" in name)):
                     param.add_(torch.randn_like(param) * 0.3)
-            if kind in ("gemma2", "gemma3_text"):
+            if kind in ("gemma2", "gemma3_text", "gemma3"):
                 # Gemma scales the embeddings by sqrt(hidden size) and normalises each layer's
                 # output: at this init the input token outweighs the layers, and a random model
                 # repeats it forever. Undo the scale at init, so the layers steer the output.
-                model.get_input_embeddings().weight.div_(float(config.hidden_size) ** 0.5)
+                hidden = config.get_text_config().hidden_size
+                model.get_input_embeddings().weight.div_(float(hidden) ** 0.5)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

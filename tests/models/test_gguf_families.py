@@ -34,6 +34,7 @@ FAMILIES = {
     "gemma": "gemma",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
+    "gemma3": "gemma3",  # the vision-language model's language part
     "phi3": "phi3",
     "gpt2": "gpt2",
     "olmo2": "olmo2",

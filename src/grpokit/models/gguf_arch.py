@@ -101,10 +101,22 @@ class ArchSpec:
     (:attr:`extra_tensors`): Llama 3's ``llama3``, Phi-3's ``longrope``."""
     extra_keys: ExtraKeys = field(default=_no_keys)
     extra_tensors: ExtraTensors = field(default=_no_tensors)
+    language_model: str | None = None
+    """For a vision-language checkpoint, the prefix of its language model's weights (renamed to
+    the text-only model's ``model.``); every other weight (vision tower, projector) is left out,
+    and the hyperparameters come from the config's text part."""
 
 
 def _key(template: str, arch: str) -> str:
     return template.format(arch=arch)
+
+
+def text_config(config: Any, spec: ArchSpec) -> Any:
+    """The config holding the language model's hyperparameters (the text part of a
+    vision-language config)."""
+    if spec.language_model is None:
+        return config
+    return config.get_text_config()
 
 
 def config_int(config: Any, *names: str, default: int | None = None) -> int:
@@ -488,6 +500,13 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "Gemma3ForCausalLM": ArchSpec(
         "gemma3", activations=_GELU_TANH, norm_offset=1.0, extra_keys=_gemma3_keys
     ),
+    "Gemma3ForConditionalGeneration": ArchSpec(
+        "gemma3",
+        activations=_GELU_TANH,
+        norm_offset=1.0,
+        extra_keys=_gemma3_keys,
+        language_model="model.language_model.",
+    ),
     "Phi3ForCausalLM": ArchSpec(
         "phi3", rope_scalings=("longrope",), extra_keys=_phi3_keys, extra_tensors=_longrope_tensors
     ),
@@ -579,6 +598,10 @@ def gguf_tensors(
             f"'{spec.gguf_arch}' architecture always reuses the embeddings. {_CONVERT}"
         )
     for hf_name, tensor in state_dict.items():
+        if spec.language_model is not None and hf_name != "lm_head.weight":
+            if not hf_name.startswith(spec.language_model):
+                continue  # the vision tower and projector: llama.cpp keeps them in another file
+            hf_name = "model." + hf_name.removeprefix(spec.language_model)
         if _skipped(hf_name) or (tied and hf_name == "lm_head.weight"):
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))

@@ -40,6 +40,7 @@ from grpokit.models.gguf_arch import (
     gguf_tensors,
     hyperparameters,
     rotate_pairs_layout,
+    text_config,
 )
 from grpokit.models.gguf_arch import ARRAY as _ARRAY
 from grpokit.models.gguf_arch import BOOL as _BOOL
@@ -345,6 +346,7 @@ def export_metadata(
     (:class:`UserError` naming it if not).
     """
     spec = arch_spec(config)
+    config = text_config(config, spec)
     n_vocab = int(config.vocab_size)
     ours = vocab_metadata(tokenizer, n_vocab)
     source_meta = read_metadata(source) if source is not None else {}
@@ -421,6 +423,10 @@ def write_gguf(
     metadata = export_metadata(
         config, tokenizer, outtype=written, source=source, name=name, log=log
     )
+    if spec.language_model is not None:
+        log(
+            "writing the language model only: llama.cpp reads a vision tower from a file of its own"
+        )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     temporaries = []
@@ -435,7 +441,7 @@ def write_gguf(
             writer.add_key_value(kv.key, kv.value, gguf.GGUFValueType(kv.vtype), sub)
         state = model.state_dict()
         with progress("converting tensors", len(state), log=log) as bar:
-            for tensor_name, array in gguf_tensors(state, config, spec):
+            for tensor_name, array in gguf_tensors(state, text_config(config, spec), spec):
                 data, raw = encode_tensor(array, written)
                 raw_dtype = None if raw is None else gguf.GGMLQuantizationType(raw)
                 writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)
