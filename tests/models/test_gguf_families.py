@@ -304,3 +304,12 @@ def test_llama3_rope_factors_by_hand() -> None:
     divisors = llama3_rope_factors(inv_freq, 8.0, 1.0, 4.0, 256)
     smooth = (256 / 128 - 1.0) / (4.0 - 1.0)  # 1/3 of the way from factor 8 to 1
     assert divisors.tolist() == pytest.approx([1.0, 1 / ((1 - smooth) / 8 + smooth), 8.0])
+
+
+def test_sentencepiece_scores_follow_the_merge_ranks() -> None:
+    """A token scores minus the rank of its first merge; tokens no merge makes score below all."""
+    from grpokit.models.gguf_spm import merge_scores
+
+    tokens = ["a", "b", "c", "ab", "abc", "bc", "<s>"]
+    scores = merge_scores(["a b", ["ab", "c"], "b c", "a bc"], tokens)
+    assert scores == [-4.0, -4.0, -4.0, 0.0, -1.0, -2.0, -4.0]
