@@ -24,10 +24,17 @@ from grpokit.models.gguf_export import (
     rotate_pairs_layout,
     tokenizer_metadata,
 )
-from grpokit.models.loading import LoraSettings, Policy, load_policy
+from grpokit.models.loading import Policy, load_policy
 from grpokit.models.tiny import TINY_CONFIG
 
-from .gguf_checks import chat_ids, llama_greedy, open_llama, tiny_of, torch_greedy
+from .gguf_checks import (
+    chat_ids,
+    llama_greedy,
+    open_llama,
+    perturbed_lora_checkpoint,
+    tiny_of,
+    torch_greedy,
+)
 
 PROMPTS = [
     "What is 17 + 25?",
@@ -38,21 +45,6 @@ GREEDY_TOKENS = 16
 
 
 # ---- helpers -----------------------------------------------------------------------------------
-
-
-def perturbed_lora_checkpoint(base: Path, out: Path, seed: int = 0) -> Policy:
-    """A LoRA policy on ``base`` whose adapter changes the outputs, saved as a grpokit
-    checkpoint at ``out`` (checkpoint-N/model layout)."""
-    lora = LoraSettings(r=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
-    policy = load_policy(str(base), lora=lora, need_reference=False)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in policy.model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.3)
-    policy.model.eval()
-    policy.save(out)
-    return policy
 
 
 @pytest.fixture(scope="module")
@@ -283,18 +275,19 @@ def test_gguf_other_architectures_match_greedy(
 def test_unmapped_architecture_is_a_user_error_naming_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+    from transformers import AutoTokenizer, GPTNeoXConfig, GPTNeoXForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=len(tokenizer))
-    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
-    tokenizer.save_pretrained(tmp_path / "gpt2")
+    config = GPTNeoXConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=64, vocab_size=len(tokenizer))  # fmt: skip
+    GPTNeoXForCausalLM(config).save_pretrained(tmp_path / "neox")
+    tokenizer.save_pretrained(tmp_path / "neox")
     result = CliRunner().invoke(
         main,
-        ["export", str(tmp_path / "gpt2"), "--format", "gguf", "--out", str(tmp_path / "x.gguf")],
+        ["export", str(tmp_path / "neox"), "--format", "gguf", "--out", str(tmp_path / "x.gguf")],
     )
     assert result.exit_code == 2
-    assert "GPT2LMHeadModel" in result.output and "--format hf" in result.output
+    assert "GPTNeoXForCausalLM" in result.output and "--format hf" in result.output
     assert not (tmp_path / "x.gguf").exists()
 
 

@@ -1,24 +1,18 @@
 """Writing a transformers causal LM as a GGUF file that llama.cpp (and the tools built on it) runs.
 
-Mapped architectures: the llama family (``LlamaForCausalLM``, which includes the embedded
-SmolLM2, and ``MistralForCausalLM`` without a sliding window) and ``Qwen2ForCausalLM``. Anything
-else is refused with a message naming the architecture.
-
-Two layout facts matter for llama.cpp to reproduce the PyTorch model:
-
-- llama.cpp's ``llama`` architecture rotates adjacent pairs of each attention head's query and key
-  dimensions, while transformers rotates the first half against the second half. The rows of the
-  q and k projections are therefore reordered per head (``qwen2`` rotates halves in both: no
-  reordering).
-- Tied input/output embeddings are written once (``token_embd``); llama.cpp reuses them for the
-  output layer when ``output.weight`` is absent.
+Mapped architectures: Llama (which includes the embedded SmolLM2), SmolLM3, Mistral without a
+sliding window, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3 (text), Phi-3, GPT-2 and OLMo 2, each to
+llama.cpp's own architecture of that name; the per-family table (tensor transforms,
+hyperparameters, what llama.cpp cannot reproduce) is :mod:`grpokit.models.gguf_arch`. Anything else is refused with a
+message naming the architecture.
 
 Tokenizer: when the model's tokenizer is the one of a known GGUF file (the file the model was
 converted from, or the embedded model's), that file's tokenizer metadata is carried over as is,
 including llama.cpp's pre-tokenizer name. Otherwise the metadata is built from the tokenizer's
-``tokenizer.json`` for byte-level BPE tokenizers (GPT-2 style), with the llama.cpp pre-tokenizer
-that reproduces it (:mod:`grpokit.models.gguf_pretokenizer`); a tokenizer llama.cpp cannot
-reproduce is refused.
+``tokenizer.json``: for byte-level BPE tokenizers (GPT-2 style), with the llama.cpp pre-tokenizer
+that reproduces it (:mod:`grpokit.models.gguf_pretokenizer`); for SentencePiece-style ones (Gemma,
+Llama 2), as llama.cpp's SentencePiece vocabulary (:mod:`grpokit.models.gguf_spm`); a tokenizer
+llama.cpp cannot reproduce is refused.
 
 Quantisation: f32, f16 and q8_0 are written here; q4_k_m, q5_k_m and q6_k are made by llama.cpp's
 own quantiser from an f16 file written first (:mod:`grpokit.models.gguf_quantize`).
@@ -30,8 +24,7 @@ import json
 import os
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
@@ -39,6 +32,22 @@ import numpy as np
 import torch
 
 from grpokit.errors import UserError
+from grpokit.models.gguf_arch import (
+    ARCHITECTURES,
+    KV,
+    ArchSpec,
+    arch_spec,
+    gguf_tensors,
+    hyperparameters,
+    rotate_pairs_layout,
+    text_config,
+)
+from grpokit.models.gguf_arch import ARRAY as _ARRAY
+from grpokit.models.gguf_arch import BOOL as _BOOL
+from grpokit.models.gguf_arch import FLOAT32 as _FLOAT32
+from grpokit.models.gguf_arch import INT32 as _INT32
+from grpokit.models.gguf_arch import STRING as _STRING
+from grpokit.models.gguf_arch import UINT32 as _UINT32
 from grpokit.models.gguf_pretokenizer import pre_tokenizer_name
 from grpokit.models.gguf_quantize import (
     OUTTYPE_OPTION,
@@ -46,7 +55,22 @@ from grpokit.models.gguf_quantize import (
     quantize_gguf,
     require_llama_cpp,
 )
+from grpokit.models.gguf_spm import is_byte_token, merge_scores, sentencepiece_style
 from grpokit.progress import progress
+
+__all__ = [
+    "ARCHITECTURES",
+    "GGUF_TYPES",
+    "KV",
+    "ArchSpec",
+    "arch_spec",
+    "gguf_tensors",
+    "hyperparameters",
+    "read_metadata",
+    "rotate_pairs_layout",
+    "tokenizer_metadata",
+    "write_gguf",
+]
 
 WrittenType = Literal["f32", "f16", "q8_0"]
 GGUFType = Literal["f32", "f16", "q8_0", "q4_k_m", "q5_k_m", "q6_k"]
@@ -54,168 +78,10 @@ GGUF_TYPES: tuple[GGUFType, ...] = get_args(GGUFType)
 """Output types: f32, f16 and q8_0 are written here; the k-quant mixes are made from an f16 file
 by llama.cpp's quantiser (:mod:`grpokit.models.gguf_quantize`)."""
 
-# Value types of the gguf format (gguf.GGUFValueType), by number, so this module's signatures do
-# not need the gguf package at import time.
-_UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = 4, 5, 6, 7, 8, 9
 # llama.cpp token types.
-_NORMAL, _CONTROL, _USER_DEFINED, _UNUSED = 1, 3, 4, 5
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 # Blocks of Q8_0 hold 32 values of one row.
 _Q8_0_BLOCK = 32
-
-
-@dataclass(frozen=True)
-class ArchSpec:
-    """How one transformers architecture maps to llama.cpp."""
-
-    gguf_arch: str
-    """llama.cpp's architecture name (the prefix of its hyperparameter keys)."""
-    reorder_rope_rows: bool
-    """Whether q/k rows are reordered from rotate-half to rotate-pairs layout (see module doc)."""
-
-
-ARCHITECTURES: dict[str, ArchSpec] = {
-    "LlamaForCausalLM": ArchSpec("llama", reorder_rope_rows=True),
-    "MistralForCausalLM": ArchSpec("llama", reorder_rope_rows=True),
-    "Qwen2ForCausalLM": ArchSpec("qwen2", reorder_rope_rows=False),
-}
-
-
-@dataclass(frozen=True)
-class KV:
-    """One GGUF metadata entry. ``vtype`` / ``sub_type`` are gguf.GGUFValueType numbers."""
-
-    key: str
-    value: Any
-    vtype: int
-    sub_type: int | None = None
-
-
-def arch_spec(config: Any) -> ArchSpec:
-    """The mapping for a transformers config, or :class:`UserError` naming the architecture."""
-    names = list(getattr(config, "architectures", None) or [])
-    for name in names:
-        if name in ARCHITECTURES:
-            spec = ARCHITECTURES[name]
-            if name == "MistralForCausalLM" and getattr(config, "sliding_window", None):
-                window = int(config.sliding_window)
-                if window < int(config.max_position_embeddings):
-                    raise UserError(
-                        f"GGUF export: this Mistral model uses a sliding attention window of "
-                        f"{window} tokens, which grpokit's GGUF export does not write. Export "
-                        "with --format hf and convert the directory with llama.cpp's "
-                        "convert_hf_to_gguf.py."
-                    )
-            return spec
-    shown = ", ".join(names) or getattr(config, "model_type", "unknown")
-    raise UserError(
-        f"GGUF export does not map the architecture {shown}; it maps "
-        f"{', '.join(sorted(ARCHITECTURES))}. Export with --format hf and convert the directory "
-        "with llama.cpp's convert_hf_to_gguf.py."
-    )
-
-
-def _rope(config: Any) -> tuple[str, float, float | None]:
-    """(rope type, base frequency, linear scaling factor or None) across transformers versions."""
-    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-    params = dict(params or {})
-    rope_type = str(params.get("rope_type", params.get("type", "default")))
-    theta = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-    factor = params.get("factor")
-    return rope_type, float(theta), None if factor is None else float(factor)
-
-
-def hyperparameters(config: Any, spec: ArchSpec, n_vocab: int) -> list[KV]:
-    """The ``<arch>.*`` keys llama.cpp reads to build the network."""
-    arch = spec.gguf_arch
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    hidden = int(config.hidden_size)
-    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
-    rope_type, theta, factor = _rope(config)
-    kvs = [
-        KV(f"{arch}.context_length", int(config.max_position_embeddings), _UINT32),
-        KV(f"{arch}.embedding_length", hidden, _UINT32),
-        KV(f"{arch}.block_count", int(config.num_hidden_layers), _UINT32),
-        KV(f"{arch}.feed_forward_length", int(config.intermediate_size), _UINT32),
-        KV(f"{arch}.attention.head_count", heads, _UINT32),
-        KV(f"{arch}.attention.head_count_kv", kv_heads, _UINT32),
-        KV(f"{arch}.attention.layer_norm_rms_epsilon", float(config.rms_norm_eps), _FLOAT32),
-        KV(f"{arch}.rope.freq_base", theta, _FLOAT32),
-        KV(f"{arch}.rope.dimension_count", head_dim, _UINT32),
-        KV(f"{arch}.vocab_size", n_vocab, _UINT32),
-    ]
-    if head_dim * heads != hidden:
-        kvs.append(KV(f"{arch}.attention.key_length", head_dim, _UINT32))
-        kvs.append(KV(f"{arch}.attention.value_length", head_dim, _UINT32))
-    if rope_type == "linear" and factor is not None:
-        kvs.append(KV(f"{arch}.rope.scaling.type", "linear", _STRING))
-        kvs.append(KV(f"{arch}.rope.scaling.factor", factor, _FLOAT32))
-    elif rope_type != "default":
-        raise UserError(
-            f"GGUF export: RoPE scaling '{rope_type}' is not written by grpokit's GGUF export "
-            "(it writes plain and linear RoPE). Export with --format hf and convert the "
-            "directory with llama.cpp's convert_hf_to_gguf.py."
-        )
-    return kvs
-
-
-def rotate_pairs_layout(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Reorder q or k projection rows from rotate-half to rotate-pairs layout.
-
-    Args:
-        weight: (n_heads * d, ...) rows of a q/k projection (a weight or a bias), d even; within
-            a head, transformers pairs row j with row j + d/2.
-        n_heads: heads of this projection (key/value heads for k).
-
-    Returns:
-        The same shape, with each head's rows ordered 0, d/2, 1, d/2 + 1, ... so that the pairs
-        llama.cpp rotates together (2i, 2i + 1) are the pairs transformers rotates together.
-    """
-    rows = weight.shape[0]
-    half = rows // n_heads // 2
-    return (
-        weight.reshape(n_heads, 2, half, *weight.shape[1:])
-        .transpose(1, 2)
-        .reshape(weight.shape)
-        .contiguous()
-    )
-
-
-def _name_map(spec: ArchSpec, n_blocks: int) -> Any:
-    import gguf
-
-    by_name = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
-    return gguf.get_tensor_name_map(by_name[spec.gguf_arch], n_blocks)
-
-
-def gguf_tensors(
-    state_dict: Mapping[str, torch.Tensor], config: Any, spec: ArchSpec
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(GGUF name, float32 array) for every weight llama.cpp needs, in state-dict order.
-
-    The array shapes are the PyTorch ones ((out, in) for linear layers), which is how the gguf
-    writer expects them. Raises :class:`UserError` for a weight without a llama.cpp name.
-    """
-    names = _name_map(spec, int(config.num_hidden_layers))
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    for hf_name, tensor in state_dict.items():
-        if hf_name.endswith("rotary_emb.inv_freq") or (tied and hf_name == "lm_head.weight"):
-            continue
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if name is None:
-            raise UserError(
-                f"GGUF export: the weight '{hf_name}' has no llama.cpp name for the "
-                f"'{spec.gguf_arch}' architecture; this model variant is not supported. Export "
-                "with --format hf instead."
-            )
-        value = tensor.detach().to(device="cpu", dtype=torch.float32)
-        if spec.reorder_rope_rows and ".attn_q." in name:
-            value = rotate_pairs_layout(value, heads)
-        elif spec.reorder_rope_rows and ".attn_k." in name:
-            value = rotate_pairs_layout(value, kv_heads)
-        yield name, value.numpy()
 
 
 def encode_tensor(array: np.ndarray, outtype: WrittenType) -> tuple[np.ndarray, int | None]:
@@ -284,13 +150,16 @@ def pre_tokenizer_kv(tokenizer: Any) -> KV:
 
 
 def vocab_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
-    """``tokenizer.*`` keys but the pre-tokenizer's: vocabulary, token types, merges, special
-    tokens, chat template, for a byte-level BPE tokenizer (GPT-2 style), from its tokenizer.json.
+    """``tokenizer.*`` keys but the pre-tokenizer's: vocabulary, token types, merges or scores,
+    special tokens, chat template, from the tokenizer's tokenizer.json: llama.cpp's ``gpt2``
+    vocabulary for a byte-level BPE tokenizer, its ``llama`` (SentencePiece) vocabulary for a
+    SentencePiece-style one (:mod:`grpokit.models.gguf_spm`).
 
     ``n_vocab`` is the model's embedding rows; ids the tokenizer does not use are filled with
     unused placeholder tokens, since llama.cpp needs one token per row.
     """
     spec = _tokenizer_json(tokenizer)
+    style = sentencepiece_style(spec, _tokenizer_name(tokenizer))
     vocab: dict[str, int] = tokenizer.get_vocab()
     too_big = [t for t, i in vocab.items() if i >= n_vocab]
     if too_big:
@@ -302,17 +171,32 @@ def vocab_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
     types = [_UNUSED] * n_vocab
     for token, index in vocab.items():
         tokens[index], types[index] = token, _NORMAL
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
+    if style is not None:
+        for index, token in enumerate(tokens):
+            if types[index] == _NORMAL and is_byte_token(token):
+                types[index] = _BYTE
     for index, added in tokenizer.added_tokens_decoder.items():
         if index < n_vocab:
             tokens[index] = added.content
             types[index] = _CONTROL if added.special else _USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
-    kvs = [
-        KV("tokenizer.ggml.model", "gpt2", _STRING),
-        KV("tokenizer.ggml.tokens", tokens, _ARRAY, _STRING),
-        KV("tokenizer.ggml.token_type", types, _ARRAY, _INT32),
-        KV("tokenizer.ggml.merges", merges, _ARRAY, _STRING),
-    ]
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if style is not None and unk is not None and unk < n_vocab:
+        types[unk] = _UNKNOWN
+    if style is None:
+        kvs = [
+            KV("tokenizer.ggml.model", "gpt2", _STRING),
+            KV("tokenizer.ggml.tokens", tokens, _ARRAY, _STRING),
+            KV("tokenizer.ggml.token_type", types, _ARRAY, _INT32),
+            KV("tokenizer.ggml.merges", merges, _ARRAY, _STRING),
+        ]
+    else:
+        kvs = [
+            KV("tokenizer.ggml.model", "llama", _STRING),
+            KV("tokenizer.ggml.tokens", tokens, _ARRAY, _STRING),
+            KV("tokenizer.ggml.scores", merge_scores(merges, tokens), _ARRAY, _FLOAT32),
+            KV("tokenizer.ggml.token_type", types, _ARRAY, _INT32),
+        ]
     for key, attr in (
         ("bos_token_id", "bos_token_id"),
         ("eos_token_id", "eos_token_id"),
@@ -327,7 +211,8 @@ def vocab_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     kvs.append(KV("tokenizer.ggml.add_bos_token", bos is not None and sample[:1] == [bos], _BOOL))
     kvs.append(KV("tokenizer.ggml.add_eos_token", eos is not None and sample[-1:] == [eos], _BOOL))
-    kvs.append(KV("tokenizer.ggml.add_space_prefix", False, _BOOL))
+    prefix = style is not None and style.add_space_prefix
+    kvs.append(KV("tokenizer.ggml.add_space_prefix", prefix, _BOOL))
     template = getattr(tokenizer, "chat_template", None)
     if isinstance(template, str) and template:
         kvs.append(KV("tokenizer.chat_template", template, _STRING))
@@ -335,12 +220,13 @@ def vocab_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
 
 
 def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
-    """All ``tokenizer.*`` keys of a byte-level BPE tokenizer: :func:`vocab_metadata` and the
+    """All ``tokenizer.*`` keys: :func:`vocab_metadata` and, for a byte-level BPE tokenizer, the
     pre-tokenizer. Raises :class:`UserError` naming the tokenizer when llama.cpp cannot
     reproduce it."""
-    pre = pre_tokenizer_kv(tokenizer)
     kvs = vocab_metadata(tokenizer, n_vocab)
-    return [kvs[0], pre, *kvs[1:]]
+    if kvs[0].value != "gpt2":  # SentencePiece: llama.cpp has one way of cutting text
+        return kvs
+    return [kvs[0], pre_tokenizer_kv(tokenizer), *kvs[1:]]
 
 
 _SCALARS: dict[int, str] = {
@@ -425,10 +311,8 @@ def read_metadata(path: Path) -> dict[str, KV]:
 def _same_tokenizer(ours: list[KV], theirs: Mapping[str, KV]) -> bool:
     """Whether a GGUF's tokenizer metadata describes the same vocabulary and merges as ours."""
     mine = {kv.key: kv.value for kv in ours}
-    return all(
-        key in theirs and theirs[key].value == mine[key]
-        for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges")
-    )
+    keys = ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+    return all(key in theirs and theirs[key].value == mine[key] for key in keys if key in mine)
 
 
 def _reference_ggufs(source: Path | None) -> list[Path]:
@@ -462,6 +346,7 @@ def export_metadata(
     (:class:`UserError` naming it if not).
     """
     spec = arch_spec(config)
+    config = text_config(config, spec)
     n_vocab = int(config.vocab_size)
     ours = vocab_metadata(tokenizer, n_vocab)
     source_meta = read_metadata(source) if source is not None else {}
@@ -492,9 +377,14 @@ def export_metadata(
             if template is not None:  # the checkpoint's template wins over the file's
                 kvs[template.key] = template
             return list(kvs.values())
-    pre = pre_tokenizer_kv(tokenizer)
-    log(f"tokenizer: llama.cpp pre-tokenizer '{pre.value}' (recognised from tokenizer.json)")
-    for kv in (ours[0], pre, *ours[1:]):
+    if ours[0].value != "gpt2":
+        log("tokenizer: SentencePiece-style BPE, written as llama.cpp's 'llama' vocabulary")
+        built = ours
+    else:
+        pre = pre_tokenizer_kv(tokenizer)
+        log(f"tokenizer: llama.cpp pre-tokenizer '{pre.value}' (recognised from tokenizer.json)")
+        built = [ours[0], pre, *ours[1:]]
+    for kv in built:
         kvs[kv.key] = kv
     return list(kvs.values())
 
@@ -533,6 +423,10 @@ def write_gguf(
     metadata = export_metadata(
         config, tokenizer, outtype=written, source=source, name=name, log=log
     )
+    if spec.language_model is not None:
+        log(
+            "writing the language model only: llama.cpp reads a vision tower from a file of its own"
+        )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     temporaries = []
@@ -547,7 +441,7 @@ def write_gguf(
             writer.add_key_value(kv.key, kv.value, gguf.GGUFValueType(kv.vtype), sub)
         state = model.state_dict()
         with progress("converting tensors", len(state), log=log) as bar:
-            for tensor_name, array in gguf_tensors(state, config, spec):
+            for tensor_name, array in gguf_tensors(state, text_config(config, spec), spec):
                 data, raw = encode_tensor(array, written)
                 raw_dtype = None if raw is None else gguf.GGMLQuantizationType(raw)
                 writer.add_tensor(tensor_name, data, raw_dtype=raw_dtype)

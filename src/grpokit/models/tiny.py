@@ -255,3 +255,107 @@ def make_tiny_tokenizer_dir(out_dir: str | Path, family: str, *, vocab_size: int
     fast.chat_template = _LLAMA3_CHAT if family == "llama3" else _CHATML
     fast.save_pretrained(out)
     return out
+
+
+SENTENCEPIECE_FAMILIES = ("gemma", "llama2")
+"""SentencePiece-style tokenizer families :func:`make_tiny_sentencepiece_tokenizer_dir` builds:
+Gemma's (no "▁" prepended to the text) and Llama 2's (prepended, as Phi-3 and Mistral 7B)."""
+
+_GEMMA_CHAT = (
+    "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
+    "{{ message['content'] }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+_LLAMA2_CHAT = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}[INST] "
+    "{{ message['content'] }} [/INST]{% else %} {{ message['content'] }}{{ eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+
+
+def _sentencepiece_merges(vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Every split of every token into two tokens, in the order of the token they make (as
+    transformers writes the merges of a tokenizer converted from SentencePiece)."""
+    merges = []
+    for token, index in sorted(vocab.items(), key=lambda item: item[1]):
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                merges.append((vocab[left], vocab[right], index, left, right))
+    merges.sort(key=lambda m: (m[2], m[0], m[1]))
+    return [(left, right) for _, _, _, left, right in merges]
+
+
+def make_tiny_sentencepiece_tokenizer_dir(
+    out_dir: str | Path, family: str, *, vocab_size: int = 640
+) -> Path:
+    """Save a small SentencePiece-style BPE tokenizer (byte fallback, spaces as "▁") of one of
+    :data:`SENTENCEPIECE_FAMILIES` to ``out_dir``.
+
+    As in a tokenizer converted from a SentencePiece model: the special tokens and the 256 byte
+    tokens ``<0x00>``..``<0xFF>`` come first, then the characters and pieces learnt here on a few
+    sentences (pieces start at a "▁", as SentencePiece's do), with every split of a piece into
+    two pieces as a merge. ``gemma`` is saved as transformers' ``GemmaTokenizer``; ``llama2`` as
+    Llama 2's own tokenizer.json has it (a normaliser that prepends "▁" to every piece of text
+    between special tokens and replaces spaces).
+    """
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
+    from transformers import GemmaTokenizer, PreTrainedTokenizerFast
+
+    if family not in SENTENCEPIECE_FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of {', '.join(SENTENCEPIECE_FAMILIES)}")
+    if family == "gemma":
+        specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+    else:
+        specials = ["<unk>", "<s>", "</s>"]
+    learner = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    learner.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    learner.train_from_iterator(
+        _CORPUS, trainer=trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+    )
+    learnt = sorted(learner.get_vocab().items(), key=lambda item: item[1])
+    vocab: dict[str, int] = {}
+    for token in [*specials, *(f"<0x{b:02X}>" for b in range(256)), *(t for t, _ in learnt)]:
+        vocab.setdefault(token, len(vocab))
+    merges = _sentencepiece_merges(vocab)
+    fast: Any
+    if family == "gemma":
+        fast = GemmaTokenizer(vocab=vocab, merges=merges, add_bos_token=True)  # type: ignore[arg-type]
+        fast.add_special_tokens({"additional_special_tokens": specials[4:]})
+        fast.chat_template = _GEMMA_CHAT
+    else:
+        tokenizer = Tokenizer(
+            models.BPE(
+                vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True
+            )  # fmt: skip
+        )
+        tokenizer.normalizer = normalizers.Sequence(
+            [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+        )
+        tokenizer.decoder = decoders.Sequence(
+            [
+                decoders.Replace("▁", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]  # fmt: skip
+        )
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", vocab["<s>"])]
+        )
+        fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+            tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        )
+        fast.chat_template = _LLAMA2_CHAT
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(out)
+    return out
