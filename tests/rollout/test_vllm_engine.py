@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,8 +46,6 @@ needs_vllm = pytest.mark.skipif(
     f"(bash scripts/setup.sh vllm; make test-vllm); here: vllm={HAS_VLLM}",
 )
 EOS = 2
-# vLLM's CPU attention takes head sizes of 32 and up; the default tiny model's are 16.
-VLLM_TINY = {"num_attention_heads": 2, "num_key_value_heads": 1, "initializer_range": 0.3}
 
 
 def test_names_map_to_the_dense_model() -> None:
@@ -128,8 +126,8 @@ def _engine(model: torch.nn.Module, path: Path) -> VLLMEngine:
 
 @pytest.mark.slow
 @needs_vllm
-def test_colocated_generation_and_weight_sync(tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
-    path = tiny_model_factory(seed=1, **VLLM_TINY)
+def test_colocated_generation_and_weight_sync(vllm_tiny_model_dir: Path) -> None:
+    path = vllm_tiny_model_dir
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(_device()).eval()
     engine = _engine(model, path)
     assert isinstance(engine, RolloutEngine)
@@ -212,10 +210,10 @@ def test_the_kv_cache_on_cpu_is_the_share_of_free_memory_capped_at_what_the_batc
     assert cpu_kv_cache_bytes(1e-12, 8 * gib, per_token=1, max_num_seqs=1, max_model_len=1) == 1
 
 
-def test_kv_bytes_per_token_from_the_model_config(tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
+def test_kv_bytes_per_token_from_the_model_config(vllm_tiny_model_dir: Path) -> None:
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(tiny_model_factory(seed=1, **VLLM_TINY))
+    config = AutoConfig.from_pretrained(vllm_tiny_model_dir)
     # keys and values x 2 layers x 1 KV head x head size 32 (64 wide / 2 heads), in bfloat16
     assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 2 * 1 * 32 * 2
     assert kv_bytes_per_token(object(), torch.float32) is None
@@ -287,19 +285,14 @@ def _sample(engine: VLLMEngine) -> RolloutBatch:
     )
 
 
-@pytest.fixture(scope="module")
-def vllm_tiny_path(tiny_model_factory: Callable[..., Path]) -> Path:
-    return tiny_model_factory(seed=1, **VLLM_TINY)
-
-
 @pytest.fixture(params=["full", "lora"])
-def policy_and_engine(request, vllm_tiny_path: Path) -> Iterator[tuple[Policy, VLLMEngine]]:  # type: ignore[no-untyped-def]
+def policy_and_engine(request, vllm_tiny_model_dir: Path) -> Iterator[tuple[Policy, VLLMEngine]]:  # type: ignore[no-untyped-def]
     lora = LoraSettings(r=8, alpha=16) if request.param == "lora" else None
     policy = load_policy(
-        str(vllm_tiny_path), dtype="float32", lora=lora, need_reference=False, device=_device()
+        str(vllm_tiny_model_dir), dtype="float32", lora=lora, need_reference=False, device=_device()
     )
     threads = torch.get_num_threads()
-    engine = _engine(policy.model, vllm_tiny_path)
+    engine = _engine(policy.model, vllm_tiny_model_dir)
     assert torch.get_num_threads() == threads, "building vLLM changed the trainer's threads"
     yield policy, engine
 
