@@ -1,5 +1,6 @@
 """A few GRPO steps with vLLM generating (a CUDA GPU, or vLLM's CPU build: `make test-vllm`),
-against the same run on grpokit's torch engine.
+against the same run on grpokit's torch engine; and with vLLM's own server generating, its
+weights pushed as files (no NCCL), following the policy.
 
 The two engines draw different samples, so the runs are compared as samples of the same
 process: the mean reward over the run within four standard errors of the difference, the
@@ -12,7 +13,7 @@ checkpoint.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,8 @@ import torch
 
 from grpokit.config import GRPOKitConfig
 from grpokit.rollout.base import SamplingParams
-from grpokit.rollout.vllm_engine import VLLMEngine, vllm_available
+from grpokit.rollout.vllm_engine import VLLMEngine, _free_port, vllm_available, vllm_platform
+from grpokit.rollout.vllm_server import server_command, start_server
 from grpokit.train.forward import completion_logprobs, pack
 from grpokit.train.trainer import GRPOTrainer
 
@@ -36,17 +38,23 @@ STEPS = 4
 
 
 def _run(
-    make_config: Callable[..., GRPOKitConfig], model_dir: Path, use_vllm: bool
+    make_config: Callable[..., GRPOKitConfig],
+    model_dir: Path,
+    use_vllm: bool,
+    dtype: str = "auto",
+    **training: Any,
 ) -> tuple[GRPOTrainer, list[dict[str, Any]]]:
+    settings: dict[str, Any] = {
+        "use_vllm": use_vllm,
+        "vllm_gpu_memory_utilization": 0.05,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 16,
+        "max_steps": STEPS,
+        "beta": 0.04,
+        "learning_rate": 5e-3,  # moves the policy well past bfloat16's noise in 4 steps
+    }
     cfg = make_config(
-        model={"name_or_path": str(model_dir), "dtype": "auto"},
-        use_vllm=use_vllm,
-        vllm_gpu_memory_utilization=0.05,
-        per_device_train_batch_size=8,
-        max_completion_length=16,
-        max_steps=STEPS,
-        beta=0.04,
-        learning_rate=5e-3,  # moves the policy well past bfloat16's noise in 4 steps
+        model={"name_or_path": str(model_dir), "dtype": dtype}, **(settings | training)
     )
     trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
     return trainer, trainer.train().history
@@ -83,6 +91,15 @@ def test_grpo_steps_on_vllm_match_the_torch_engine(
     # vLLM generates from the trained policy: on its own samples, its log-probs agree with the
     # trainer's recomputation far better than with the starting weights' (the reference model).
     # Both are in bfloat16, whose rounding alone leaves a mean gap of a few hundredths.
+    trained_gap, start_gap = _gaps(trainer)
+    assert trained_gap < start_gap / 2, (trained_gap, start_gap)
+
+
+def _gaps(trainer: GRPOTrainer) -> tuple[float, float]:
+    """Mean |log-prob gap| per token between vLLM (sampling 2 prompts x 8 from the trainer's
+    engine) and the trainer's recomputation: under the trained policy, and under the reference
+    (the starting weights)."""
+    engine = trainer.sampler.engine
     prompts = [[1, 2000, 300, 45, 7], [88, 99, 17]]
     batch = engine.generate(prompts, 8, SamplingParams(max_completion_length=16))
     rows = [prompts[i // 8] for i in range(len(batch))]
@@ -97,5 +114,51 @@ def test_grpo_steps_on_vllm_match_the_torch_engine(
 
     with trainer.policy.reference_model() as reference:
         start_gap = gap(reference)
-    trained_gap = gap(trainer.policy.model)
-    assert trained_gap < start_gap / 2, (trained_gap, start_gap)
+    return gap(trainer.policy.model), start_gap
+
+
+@pytest.fixture(scope="module")
+def vllm_server_url(
+    vllm_tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """vLLM's OpenAI-compatible server on the tiny model, in float32, as grpokit starts it."""
+    port = _free_port()
+    on_cpu = vllm_platform() == "cpu"
+    cmd = server_command(
+        str(vllm_tiny_model_dir),
+        port=port,
+        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=64,
+        kv_cache_memory_bytes=64 << 20 if on_cpu else None,
+        gpu_memory_utilization=None if on_cpu else 0.2,
+    )
+    proc = start_server(cmd, log=tmp_path_factory.mktemp("vllm-server") / "server.log")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU trainer pushes weights over NCCL")
+def test_grpo_steps_on_a_vllm_server_without_nccl(
+    make_config: Callable[..., GRPOKitConfig], vllm_tiny_model_dir: Path, vllm_server_url: str
+) -> None:
+    """The server is started, the trainer pushes its weights as a file at start and after each of
+    3 steps, and the server's log-probs then follow the trained policy (float32 on both sides:
+    within 1e-3 per token on average), not the starting weights."""
+    trainer, history = _run(
+        make_config,
+        vllm_tiny_model_dir,
+        use_vllm=True,
+        dtype="float32",
+        vllm_mode="server",
+        vllm_server_base_url=vllm_server_url,
+        max_steps=3,
+        learning_rate=1e-2,
+    )
+    assert len(history) == 3 and history[-1]["kl"] > 0.0
+    trained_gap, start_gap = _gaps(trainer)
+    assert trained_gap < 1e-3, trained_gap
+    assert start_gap > 20 * trained_gap, (trained_gap, start_gap)

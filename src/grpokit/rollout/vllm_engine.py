@@ -34,6 +34,7 @@ import torch
 from grpokit.errors import UserError
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 from grpokit.rollout.torch_engine import lora_merged
+from grpokit.rollout.vllm_server import ServerClient
 
 VLLMMode = Literal["colocate", "server"]
 
@@ -222,6 +223,13 @@ def refresh_tied_packed_layers(model: torch.nn.Module) -> int:
     return refreshed
 
 
+def greedy_copies(n: int, temperature: float) -> int:
+    """How many times each prompt is sent (with ``n // copies`` samples each): vLLM refuses
+    n > 1 with greedy decoding, and a prompt's n greedy completions are equal, so greedy sends
+    it n times with n = 1 (rows stay group-major)."""
+    return n if temperature == 0.0 else 1
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -273,13 +281,15 @@ class VLLMEngine:
             raise ValueError("VLLMEngine needs at least one EOS token id")
         if mode not in ("colocate", "server"):
             raise UserError(f"vllm mode must be 'colocate' or 'server', got {mode!r}")
-        self.platform = _require_vllm()
         self.model = model
         self.mode = mode
         self.eos_token_ids = sorted(set(eos_token_ids))
+        self.platform: str | None = None
         self._llm: Any = None
         self._client: Any = None
+        self._files: ServerClient | None = None
         if mode == "colocate":
+            self.platform = _require_vllm()
             self._llm = self._build_colocated(
                 model_path,
                 share=gpu_memory_utilization,
@@ -288,12 +298,18 @@ class VLLMEngine:
                 dtype=vllm_dtype(dtype),
                 seed=seed,
             )
-        else:
+        elif torch.cuda.is_available():
+            # A GPU trainer pushes its weights to TRL's server over NCCL.
+            self.platform = _require_vllm()
             from trl.generation.vllm_client import VLLMClient
 
             self._client = VLLMClient(base_url=server_url, connection_timeout=120.0)
             device = next(model.parameters()).device
             self._client.init_communicator(device=device.index or 0)
+        else:
+            # No NCCL here: vLLM's own server, weights pushed as a file (grpokit.rollout.
+            # vllm_server); this process needs no vLLM.
+            self._files = ServerClient(server_url)
 
     def _build_colocated(
         self,
@@ -358,6 +374,8 @@ class VLLMEngine:
                     "reload_weights",
                     kwargs={"weights_iterator": dense_weights(model), "is_checkpoint_format": True},
                 )
+            elif self._files is not None:
+                self._files.push_weights(dense_weights(model))
             else:
                 weights = list(dense_weights(model))
                 metadata = [
@@ -368,7 +386,7 @@ class VLLMEngine:
             if self.platform == "cpu":
                 self._llm.apply_model(refresh_tied_packed_layers)
             self._llm.reset_prefix_cache()
-        else:
+        elif self._client is not None:
             self._client.reset_prefix_cache()
 
     # ---- generation ----------------------------------------------------------------------------
@@ -389,6 +407,22 @@ class VLLMEngine:
         temperature = params.temperature if not params.greedy else 0.0
         if self._llm is not None:
             completions, logprobs = self._generate_local(prompt_ids, n, params, temperature)
+        elif self._files is not None:
+            copies = greedy_copies(n, temperature)
+            completions, logprobs = self._files.generate(
+                prompt_ids,
+                {
+                    "n": n // copies,
+                    "temperature": temperature,
+                    "top_p": params.top_p,
+                    "top_k": params.top_k if params.top_k > 0 else -1,
+                    "min_p": params.min_p,
+                    "repetition_penalty": params.repetition_penalty,
+                    "max_tokens": params.max_completion_length,
+                    "stop_token_ids": self.eos_token_ids,
+                },
+                copies,
+            )
         else:
             completions, logprobs = self._generate_server(prompt_ids, n, params, temperature)
         eos = set(self.eos_token_ids)
@@ -405,9 +439,7 @@ class VLLMEngine:
     ) -> tuple[list[list[int]], list[list[float]]]:
         from vllm import SamplingParams as VSamplingParams
 
-        # vLLM refuses n > 1 with greedy decoding; the n greedy completions of a prompt are
-        # equal, so each prompt goes in n times with n = 1 (rows stay group-major).
-        copies = n if temperature == 0.0 else 1
+        copies = greedy_copies(n, temperature)
         sampling = VSamplingParams(
             n=n // copies,
             temperature=temperature,
