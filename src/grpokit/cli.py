@@ -229,6 +229,7 @@ def _register_optional() -> None:
         ("grpokit.models.cli", "export_cmd"),
         ("grpokit.evaluate.generate_cli", "generate_cmd"),
         ("grpokit.recipes.cli", "recipes_cli"),
+        ("grpokit.rollout.cli", "vllm_serve_cmd"),
     ):
         try:
             mod = importlib.import_module(module)

@@ -13,6 +13,7 @@ checkpoint.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,8 @@ import torch
 
 from grpokit.config import GRPOKitConfig
 from grpokit.rollout.base import SamplingParams
-from grpokit.rollout.vllm_engine import VLLMEngine, _free_port, vllm_available, vllm_platform
-from grpokit.rollout.vllm_server import server_command, start_server
+from grpokit.rollout.vllm_engine import VLLMEngine, _free_port, vllm_available
+from grpokit.rollout.vllm_server import start_server
 from grpokit.train.forward import completion_logprobs, pack
 from grpokit.train.trainer import GRPOTrainer
 
@@ -121,18 +122,12 @@ def _gaps(trainer: GRPOTrainer) -> tuple[float, float]:
 def vllm_server_url(
     vllm_tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """vLLM's OpenAI-compatible server on the tiny model, in float32, as grpokit starts it."""
+    """vLLM's OpenAI-compatible server on the tiny model, in float32, started by
+    `grpokit vllm-serve`."""
     port = _free_port()
-    on_cpu = vllm_platform() == "cpu"
-    cmd = server_command(
-        str(vllm_tiny_model_dir),
-        port=port,
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=64,
-        kv_cache_memory_bytes=64 << 20 if on_cpu else None,
-        gpu_memory_utilization=None if on_cpu else 0.2,
-    )
+    cmd = [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(vllm_tiny_model_dir)]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
+    cmd += ["--memory-share", "0.05", "--max-model-len", "256", "--max-num-seqs", "64"]
     proc = start_server(cmd, log=tmp_path_factory.mktemp("vllm-server") / "server.log")
     try:
         yield f"http://127.0.0.1:{port}"

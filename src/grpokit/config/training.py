@@ -174,7 +174,8 @@ class TrainingConfig(_Strict):
         description=(
             "colocate: vLLM runs in the training process on its device (GPU or CPU), weights "
             "copied after every optimizer step; "
-            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL."
+            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL (a "
+            "trainer without a GPU: `grpokit vllm-serve`, weights sent as files)."
         ),
         json_schema_extra=_GEN,
     )

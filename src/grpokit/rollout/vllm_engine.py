@@ -63,7 +63,7 @@ def vllm_available() -> bool:
     return platform == "cpu"
 
 
-def _require_vllm() -> str:
+def require_vllm() -> str:
     platform = vllm_platform()
     if platform is None:
         raise UserError(
@@ -127,6 +127,32 @@ def cpu_kv_cache_bytes(
         blocks = -(-max_model_len // CPU_KV_BLOCK)  # a sequence holds whole blocks
         budget = min(budget, per_token * max_num_seqs * blocks * CPU_KV_BLOCK)
     return max(budget, 1)
+
+
+def memory_args(
+    platform: str,
+    share: float,
+    config: Any,
+    *,
+    dtype: str,
+    max_num_seqs: int | None,
+    max_model_len: int | None,
+) -> dict[str, Any]:
+    """vLLM's memory arguments for a ``vllm_gpu_memory_utilization`` of ``share``: the share
+    itself on a GPU; on CPU an explicit KV-cache size (:func:`cpu_kv_cache_bytes`) from the
+    model ``config``, unless vLLM's own ``VLLM_CPU_KVCACHE_SPACE`` is set."""
+    memory: dict[str, Any] = {"gpu_memory_utilization": share}
+    if platform == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        import psutil
+
+        memory["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
+            share,
+            psutil.virtual_memory().available,
+            per_token=kv_bytes_per_token(config, getattr(torch, dtype)),
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len or getattr(config, "max_position_embeddings", None),
+        )
+    return memory
 
 
 CPU_KV_BLOCK = 128
@@ -289,7 +315,7 @@ class VLLMEngine:
         self._client: Any = None
         self._files: ServerClient | None = None
         if mode == "colocate":
-            self.platform = _require_vllm()
+            self.platform = require_vllm()
             self._llm = self._build_colocated(
                 model_path,
                 share=gpu_memory_utilization,
@@ -300,7 +326,7 @@ class VLLMEngine:
             )
         elif torch.cuda.is_available():
             # A GPU trainer pushes its weights to TRL's server over NCCL.
-            self.platform = _require_vllm()
+            self.platform = require_vllm()
             from trl.generation.vllm_client import VLLMClient
 
             self._client = VLLMClient(base_url=server_url, connection_timeout=120.0)
@@ -330,18 +356,14 @@ class VLLMEngine:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         from vllm import LLM
 
-        memory: dict[str, Any] = {"gpu_memory_utilization": share}
-        if self.platform == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            import psutil
-
-            config = getattr(self.model, "config", None)
-            memory["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
-                share,
-                psutil.virtual_memory().available,
-                per_token=kv_bytes_per_token(config, getattr(torch, dtype)),
-                max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len or getattr(config, "max_position_embeddings", None),
-            )
+        memory = memory_args(
+            self.platform or "",
+            share,
+            getattr(self.model, "config", None),
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+        )
         extra: dict[str, Any] = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}
         rank = int(os.environ["RANK"])
         with torch_threads_kept():

@@ -87,10 +87,12 @@ def server_command(
     max_num_seqs: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     gpu_memory_utilization: float | None = None,
+    enforce_eager: bool = False,
     python: str = sys.executable,
 ) -> list[str]:
     """The command line of a vLLM server that :class:`ServerClient` can drive (run it with
-    ``VLLM_SERVER_DEV_MODE=1`` in the environment, as :func:`start_server` does)."""
+    ``VLLM_SERVER_DEV_MODE=1`` in the environment, as :func:`start_server` does); the memory
+    arguments as :func:`grpokit.rollout.vllm_engine.memory_args` gives them."""
     cmd = [
         python,
         "-m",
@@ -118,9 +120,7 @@ def server_command(
     for flag, value in options.items():
         if value is not None:
             cmd += [flag, str(value)]
-    if kv_cache_memory_bytes is not None:
-        # On CPU (where the KV size is given) vLLM's start-up compilation costs far more than
-        # it gains for the models grpokit trains there (see docs/vllm.md).
+    if enforce_eager:  # on CPU: see VLLMEngine (vLLM's compilation costs more than it gains)
         cmd.append("--enforce-eager")
     return cmd
 
