@@ -344,3 +344,11 @@ def test_vllm_follows_the_policy_after_optimizer_steps(
     for n, p in model.named_parameters():
         if n in frozen:
             assert torch.equal(p.detach(), frozen[n]), n
+
+
+@needs_vllm
+@pytest.mark.skipif(vllm_platform() != "cpu", reason="a limit of vLLM's CPU attention")
+def test_a_head_size_vllm_on_cpu_cannot_run_is_refused_clearly(tiny_model: torch.nn.Module) -> None:
+    path = tiny_model.config.name_or_path  # the default tiny model: head size 16
+    with pytest.raises(UserError, match="head sizes .* this model's is 16"):
+        VLLMEngine(tiny_model, model_path=path, eos_token_ids=[EOS])

@@ -155,6 +155,24 @@ def memory_args(
     return memory
 
 
+def check_cpu_head_size(config: Any) -> None:
+    """Refuse, with a clear message, a model whose attention head size vLLM's CPU attention does
+    not take (it would fail at the first generation, deep inside vLLM)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    head = getattr(config, "head_dim", None) or (
+        hidden // heads if isinstance(hidden, int) and isinstance(heads, int) else None
+    )
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head is not None and head not in sizes:
+        raise UserError(
+            f"rollout engine 'vllm': vLLM's CPU attention takes head sizes {sizes}, and this "
+            f"model's is {head}; use the torch engine (training.use_vllm: false) for it"
+        )
+
+
 CPU_KV_BLOCK = 128
 """Tokens per KV-cache block on vLLM's CPU backend (its default block size there)."""
 
@@ -356,6 +374,8 @@ class VLLMEngine:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         from vllm import LLM
 
+        if self.platform == "cpu":
+            check_cpu_head_size(getattr(self.model, "config", None))
         memory = memory_args(
             self.platform or "",
             share,
