@@ -352,3 +352,15 @@ def test_a_head_size_vllm_on_cpu_cannot_run_is_refused_clearly(tiny_model: torch
     path = tiny_model.config.name_or_path  # the default tiny model: head size 16
     with pytest.raises(UserError, match="head sizes .* this model's is 16"):
         VLLMEngine(tiny_model, model_path=path, eos_token_ids=[EOS])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU trainer uses TRL's server and NCCL")
+def test_server_mode_without_a_server_is_a_clear_error(tiny_model: torch.nn.Module) -> None:
+    """Without NCCL the trainer needs no vLLM itself, only a server to answer."""
+    from grpokit.rollout.vllm_engine import _free_port
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(UserError, match="no vLLM server answers at http://127.0.0.1"):
+        VLLMEngine(
+            tiny_model, model_path="unused", eos_token_ids=[EOS], mode="server", server_url=url
+        )

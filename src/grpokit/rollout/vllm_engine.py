@@ -10,8 +10,10 @@ Two modes, one interface (:class:`~grpokit.rollout.base.RolloutEngine`):
   through vLLM's in-place reload (under LoRA the adapter is merged for the copy and the base
   weights are restored by copy afterwards, so vLLM always runs plain dense weights and needs no
   LoRA support).
-- ``server``: generation runs on a separate GPU in TRL's server (``trl vllm-serve --model DIR``,
-  the same server TRL users already run); weights go to it over NCCL through TRL's client.
+- ``server``: generation runs in a separate server. A GPU trainer uses TRL's (``trl vllm-serve
+  --model DIR``, the same server TRL users already run), weights sent over NCCL through TRL's
+  client; a trainer without a GPU uses vLLM's own server started by ``grpokit vllm-serve``,
+  weights sent as a file (:mod:`grpokit.rollout.vllm_server`).
 
 vLLM and TRL are imported only when an engine is built, so grpokit imports without them. Both
 report log-probabilities of the temperature-scaled distribution (vLLM's ``processed_logprobs``),
