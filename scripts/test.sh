@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Lint, type-check (mypy --strict on all of src/grpokit), then run the tests. --slow runs the
 # end-to-end tests marked slow
-# (the embedded model, minutes); --lint-only stops after the static checks.
+# (the embedded model, minutes); --lint-only stops after the static checks; --vllm runs the tests
+# of the vLLM engine, slow ones included, in the vLLM environment (scripts/setup.sh vllm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${GRPOKIT_VENV:-.venv}/bin
 mode=${1:-fast}
+if [ "$mode" = "--vllm" ]; then
+  BIN=${GRPOKIT_VLLM_VENV:-.venv-vllm}/bin
+  exec $BIN/python -m pytest -q -p no:cacheprovider -m "slow or not slow" \
+    tests/rollout/test_vllm_engine.py tests/train/test_vllm_training.py
+fi
 if [ "$mode" != "--slow" ]; then
   $BIN/ruff check src tests bench
   $BIN/ruff format --check src tests bench

@@ -7,6 +7,9 @@ converted embedded model.
   SmolLM2 tokenizer and chat template; loads in well under a second. Do not write into it.
 - ``tiny_model_factory`` (session): ``factory(seed=1, **llama_config_overrides) -> Path`` for
   other tiny models (cached per argument set within the session).
+- ``vllm_tiny_model_dir`` (session): the tiny model shaped for vLLM's CPU attention (head size
+  32: 2 heads, 1 KV head; the default's 16 is below what it takes), seed 1, with weights drawn
+  wider (``initializer_range`` 0.3) so that sampled tokens vary.
 - ``tiny_tokenizer``: a fresh tokenizer of ``tiny_model_dir`` per test (tests may change it).
 - ``tiny_model``: a fresh ``LlamaForCausalLM`` from ``tiny_model_dir`` per test, in eval mode.
 
@@ -64,6 +67,14 @@ def tiny_model_factory(
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
     return tiny_model_factory(seed=0)
+
+
+VLLM_TINY = {"num_attention_heads": 2, "num_key_value_heads": 1, "initializer_range": 0.3}
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_model_dir(tiny_model_factory: Callable[..., Path]) -> Path:
+    return tiny_model_factory(seed=1, **VLLM_TINY)
 
 
 @pytest.fixture

@@ -223,6 +223,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("grpokit.models.cli", "export_cmd"),
     ("grpokit.evaluate.generate_cli", "generate_cmd"),
     ("grpokit.recipes.cli", "recipes_cli"),
+    ("grpokit.rollout.cli", "vllm_serve_cmd"),
 )
 """The commands that live with their feature: (module, attribute) of each."""
 

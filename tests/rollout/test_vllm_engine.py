@@ -1,14 +1,18 @@
-"""The vLLM engine: weight naming and LoRA merging everywhere; generation where CUDA and vLLM are.
+"""The vLLM engine: weight naming, LoRA merging and the memory/dtype/thread translations
+everywhere; generation and weight sync through a real vLLM where vLLM runs (a CUDA GPU, or vLLM's
+CPU build: ``bash scripts/setup.sh vllm`` then ``make test-vllm``).
 
 The weight sync is the part that can silently go wrong (a misnamed tensor is skipped or loaded
-into the wrong place), so the names and merged values are checked on CPU against peft's own merge,
-without vLLM. Generation and sync through a real vLLM run only on a CUDA machine with vllm.
+into the wrong place, a packed copy keeps old weights), so the names and merged values are checked
+against peft's own merge without vLLM, and with vLLM the engine's log-probs are checked against
+the trainer's own recomputation after real optimizer steps.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,23 +20,30 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpokit.errors import UserError
-from grpokit.models.loading import LoraSettings, load_policy
-from grpokit.rollout.base import RolloutEngine, SamplingParams
+from grpokit.models.loading import LoraSettings, Policy, load_policy
+from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.rollout.vllm_engine import (
+    CPU_KV_BLOCK,
     VLLMEngine,
+    cpu_kv_cache_bytes,
     dense_weights,
     finish_reason,
+    kv_bytes_per_token,
     merged_adapter,
+    torch_threads_kept,
     vllm_available,
+    vllm_dtype,
     vllm_param_name,
+    vllm_platform,
 )
+from grpokit.train.forward import completion_logprobs, pack
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-needs_gpu_vllm = pytest.mark.skipif(
+needs_vllm = pytest.mark.skipif(
     not vllm_available(),
-    reason="needs a CUDA GPU and the vllm package (pip install 'grpokit[vllm]'); "
-    f"here: cuda={torch.cuda.is_available()}, vllm={HAS_VLLM}",
+    reason="needs vLLM on a CUDA GPU (pip install 'grpokit[vllm]') or vLLM's CPU build "
+    f"(bash scripts/setup.sh vllm; make test-vllm); here: vllm={HAS_VLLM}",
 )
 EOS = 2
 
@@ -88,24 +99,37 @@ def test_finish_reason_from_the_last_token() -> None:
     assert finish_reason([], {EOS}) == "length"
 
 
-@pytest.mark.skipif(HAS_VLLM and torch.cuda.is_available(), reason="vLLM is usable here")
+@pytest.mark.skipif(vllm_available(), reason="vLLM is usable here")
 def test_a_clear_error_without_vllm_or_cuda(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     with pytest.raises(UserError, match="vllm|CUDA"):
         VLLMEngine(model, model_path=str(tiny_model_dir), eos_token_ids=[EOS])
 
 
-@needs_gpu_vllm
-def test_colocated_generation_and_weight_sync(tiny_model_factory) -> None:  # type: ignore[no-untyped-def]
-    path = tiny_model_factory(seed=1, initializer_range=0.3)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
-    engine = VLLMEngine(
+def _device() -> torch.device:
+    return torch.device("cuda" if vllm_platform() == "cuda" else "cpu")
+
+
+def _engine(model: torch.nn.Module, path: Path) -> VLLMEngine:
+    """A colocated engine for the tiny models: a small memory share either way (on CPU it goes
+    to the KV cache, capped at what 64 sequences of 256 tokens need)."""
+    return VLLMEngine(
         model,
         model_path=str(path),
         eos_token_ids=[EOS],
         gpu_memory_utilization=0.2,
-        dtype="float32",
+        max_model_len=256,
+        max_num_seqs=64,
+        dtype=torch.float32,
     )
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_colocated_generation_and_weight_sync(vllm_tiny_model_dir: Path) -> None:
+    path = vllm_tiny_model_dir
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(_device()).eval()
+    engine = _engine(model, path)
     assert isinstance(engine, RolloutEngine)
     prompts = [[1, 2000, 300, 45, 7], [88, 99, 17]]
     greedy = SamplingParams(max_completion_length=12, temperature=0.0)
@@ -169,3 +193,174 @@ def test_torch_engine_decodes_lora_merged_and_restores_the_weights(
     recomputed = logits.log_softmax(-1).gather(-1, ids[0, 5:, None]).squeeze(-1)
     tol = 5e-2 if dtype == "bfloat16" else 1e-4
     torch.testing.assert_close(batch.logprobs[0], recomputed, rtol=0, atol=tol)
+
+
+# ---- the translations to vLLM's terms (no vLLM needed) --------------------------------------
+
+
+def test_the_kv_cache_on_cpu_is_the_share_of_free_memory_capped_at_what_the_batch_uses() -> None:
+    gib = 1 << 30
+    # A share of what is available now, when nothing caps it.
+    assert cpu_kv_cache_bytes(
+        0.25, 8 * gib, per_token=None, max_num_seqs=64, max_model_len=512
+    ) == (2 * gib)
+    # 64 sequences of 300 tokens hold 3 whole blocks of 128 tokens each, at 1 KiB a token.
+    capped = cpu_kv_cache_bytes(0.25, 8 * gib, per_token=1024, max_num_seqs=64, max_model_len=300)
+    assert capped == 64 * 3 * CPU_KV_BLOCK * 1024
+    assert cpu_kv_cache_bytes(1e-12, 8 * gib, per_token=1, max_num_seqs=1, max_model_len=1) == 1
+
+
+def test_kv_bytes_per_token_from_the_model_config(vllm_tiny_model_dir: Path) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(vllm_tiny_model_dir)
+    # keys and values x 2 layers x 1 KV head x head size 32 (64 wide / 2 heads), in bfloat16
+    assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 2 * 1 * 32 * 2
+    assert kv_bytes_per_token(object(), torch.float32) is None
+
+
+def test_vllm_computes_in_the_policys_compute_dtype() -> None:
+    assert vllm_dtype(torch.bfloat16) == "bfloat16"
+    assert vllm_dtype(torch.float32) == "float32"
+    assert vllm_dtype("float16") == "float16"
+
+
+def test_the_thread_setting_survives_an_engine_that_replaces_it() -> None:
+    """What vLLM's CPU worker does to the process (torch.set_num_threads becomes a no-op) is
+    undone when the engine is built, and the count checked."""
+    before, setter = torch.get_num_threads(), torch.set_num_threads
+    with torch_threads_kept() as threads:
+        torch.set_num_threads = lambda n: None  # as vLLM's CPU worker does
+        assert threads == before
+    assert torch.set_num_threads is setter
+    assert torch.get_num_threads() == before
+
+
+def test_repeated_lora_syncs_leave_the_base_weights_bit_identical(tiny_model_dir: Path) -> None:
+    """The merge for a sync is undone by copy: after many syncs the frozen weights (also the
+    reference model) are exactly what they were, not a subtraction's rounding away."""
+    policy = load_policy(
+        str(tiny_model_dir),
+        lora=LoraSettings(r=4, alpha=8),
+        need_reference=False,
+        device=torch.device("cpu"),
+    )
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(name)))
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    for _ in range(5):
+        with merged_adapter(policy.model) as merged:
+            for _name, _tensor in dense_weights(merged):
+                pass
+    for n, p in policy.model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+
+
+# ---- a real vLLM (CUDA GPU or vLLM's CPU build) ---------------------------------------------
+
+PROMPTS = [[1, 2000, 300, 45, 7], [88, 99, 17], [5, 6, 7, 8, 9, 10], [400, 401]]
+TEMPERATURE = 0.7
+AGREE = 1e-3  # float32 vLLM against float32 torch; measured 2-7e-5 on CPU
+
+
+def _recomputed(model: torch.nn.Module, batch: RolloutBatch) -> list[torch.Tensor]:
+    """The trainer's log-probs of the batch's tokens (grpokit.train.forward), one row each."""
+    prompts = [batch.prompt_ids[i // batch.group_size] for i in range(len(batch))]
+    tokens = pack(prompts, batch.completion_ids, pad_token_id=EOS).to(_device())
+    with torch.no_grad():
+        logp, _ = completion_logprobs(model, tokens, temperature=TEMPERATURE)
+    return [logp[i, : len(c)].cpu() for i, c in enumerate(batch.completion_ids)]
+
+
+def _max_gap(model: torch.nn.Module, batch: RolloutBatch) -> float:
+    mine = _recomputed(model, batch)
+    return max(float((a - b).abs().max()) for a, b in zip(mine, batch.logprobs, strict=True))
+
+
+def _sample(engine: VLLMEngine) -> RolloutBatch:
+    return engine.generate(
+        PROMPTS, 8, SamplingParams(max_completion_length=32, temperature=TEMPERATURE)
+    )
+
+
+@pytest.fixture(params=["full", "lora"])
+def policy_and_engine(request, vllm_tiny_model_dir: Path) -> Iterator[tuple[Policy, VLLMEngine]]:  # type: ignore[no-untyped-def]
+    lora = LoraSettings(r=8, alpha=16) if request.param == "lora" else None
+    policy = load_policy(
+        str(vllm_tiny_model_dir), dtype="float32", lora=lora, need_reference=False, device=_device()
+    )
+    threads = torch.get_num_threads()
+    engine = _engine(policy.model, vllm_tiny_model_dir)
+    assert torch.get_num_threads() == threads, "building vLLM changed the trainer's threads"
+    yield policy, engine
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_logprobs_agree_with_the_trainers_recomputation(
+    policy_and_engine: tuple[Policy, VLLMEngine],
+) -> None:
+    policy, engine = policy_and_engine
+    batch = _sample(engine)
+    assert len(batch) == 32
+    assert all(
+        len(lp) == len(c) for c, lp in zip(batch.completion_ids, batch.logprobs, strict=True)
+    )
+    assert _max_gap(policy.model, batch) < AGREE
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_follows_the_policy_after_optimizer_steps(
+    policy_and_engine: tuple[Policy, VLLMEngine],
+) -> None:
+    """Real AdamW steps on the policy (full fine-tuning, or LoRA merged for the sync), then
+    sync_weights: vLLM's log-probs agree with the updated policy's, and the update was large
+    enough that the old weights would not."""
+    policy, engine = policy_and_engine
+    model = policy.model
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=3e-2)
+    for _ in range(2):
+        batch = _sample(engine)
+        prompts = [batch.prompt_ids[i // batch.group_size] for i in range(len(batch))]
+        tokens = pack(prompts, batch.completion_ids, pad_token_id=EOS).to(_device())
+        before_step = copy.deepcopy(model)
+        model.train()
+        logp, _ = completion_logprobs(model, tokens, temperature=TEMPERATURE)
+        loss = -(logp * tokens.completion_mask).sum() / tokens.completion_mask.sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model.eval()
+        engine.sync_weights()
+        after = _sample(engine)
+        assert _max_gap(model, after) < AGREE
+        # The step moved the policy well beyond that tolerance: stale weights would show.
+        assert _max_gap(before_step, after) > 20 * AGREE
+    # The frozen base weights under LoRA are exactly as loaded: the merge is undone by copy.
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p.detach(), frozen[n]), n
+
+
+@needs_vllm
+@pytest.mark.skipif(vllm_platform() != "cpu", reason="a limit of vLLM's CPU attention")
+def test_a_head_size_vllm_on_cpu_cannot_run_is_refused_clearly(tiny_model: torch.nn.Module) -> None:
+    path = tiny_model.config.name_or_path  # the default tiny model: head size 16
+    with pytest.raises(UserError, match="head sizes .* this model's is 16"):
+        VLLMEngine(tiny_model, model_path=path, eos_token_ids=[EOS])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU trainer uses TRL's server and NCCL")
+def test_server_mode_without_a_server_is_a_clear_error(tiny_model: torch.nn.Module) -> None:
+    """Without NCCL the trainer needs no vLLM itself, only a server to answer."""
+    from grpokit.rollout.vllm_engine import _free_port
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(UserError, match="no vLLM server answers at http://127.0.0.1"):
+        VLLMEngine(
+            tiny_model, model_path="unused", eos_token_ids=[EOS], mode="server", server_url=url
+        )

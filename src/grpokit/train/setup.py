@@ -90,8 +90,14 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
         eos_token_ids=policy.eos_token_ids(),
         mode=args.vllm_mode,
         gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        max_model_len=(
+            args.max_prompt_length + args.max_completion_length
+            if args.max_prompt_length is not None
+            else None
+        ),
+        max_num_seqs=-(-args.generation_batch_size // args.num_processes),  # one call's rows
         server_url=args.vllm_server_base_url,
-        dtype=cfg.model.dtype,
+        dtype=policy.compute_dtype,  # what the trainer computes in, not vLLM's reading of "auto"
         seed=args.seed,
     )
     engine.sync_weights()  # vLLM loaded the base weights; the policy may be warm-started
