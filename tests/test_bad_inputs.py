@@ -5,6 +5,7 @@ no traceback, and nothing written. The errors are all found before a model loads
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,3 +347,233 @@ def test_bad_input_gives_one_message_and_exit_2(
     assert sum(line.lower().startswith("error:") for line in out.splitlines()) == 1, out
     # Nothing written: no file added, changed or removed (an empty run directory at most).
     assert _files(tmp_path) == files_before
+
+
+# ---- checkpoints: what grpokit wrote, damaged, read back by every command that reads one -------
+
+CKPT_REWARD = """
+def letter_e(prompts, completions, **columns):
+    return [c.count("e") / max(1, len(c)) for c in completions]
+"""
+TRAINER_FILES = ["trainable.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"]  # fmt: skip
+ADAPTER_FILES = ["model/adapter_model.safetensors", "model/adapter_config.json"]
+MODEL_FILES = [*ADAPTER_FILES, "model/grpokit_policy.json", "model/tokenizer.json", "model/tokenizer_config.json"]  # fmt: skip
+READERS = ("train", "eval", "generate", "export")
+"""The commands that read a checkpoint: resume (all of it), the others its model/."""
+
+
+@dataclass(frozen=True)
+class Damage:
+    id: str
+    apply: Callable[[Path], None]
+    """Damages the checkpoint directory given."""
+    names: str
+    """The path (relative to the checkpoint) the message must name."""
+    legacy: bool = False
+    """Applied to a checkpoint without a manifest (as the previous release wrote them)."""
+    loads: bool = False
+    """Not a damage: the checkpoint still loads (exit 0, no fall-back)."""
+    readers: tuple[str, ...] = ()
+    """The commands it is run through (default: resume, and the others for model/ files)."""
+
+
+def _truncate(rel: str) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:
+        data = (ckpt / rel).read_bytes()
+        (ckpt / rel).write_bytes(data[: len(data) // 2])
+
+    return apply
+
+
+def _empty(rel: str) -> Callable[[Path], None]:
+    return lambda ckpt: (ckpt / rel).write_bytes(b"")
+
+
+def _garbage(rel: str) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:  # the same size: only the contents tell
+        size = (ckpt / rel).stat().st_size
+        (ckpt / rel).write_bytes((b"\x07garbage\xff" * (size // 10 + 1))[:size])
+
+    return apply
+
+
+def _delete(rel: str) -> Callable[[Path], None]:
+    return lambda ckpt: (ckpt / rel).unlink()
+
+
+def _legacy(apply: Callable[[Path], None]) -> Callable[[Path], None]:
+    def both(ckpt: Path) -> None:
+        (ckpt / "manifest.json").unlink()
+        apply(ckpt)
+
+    return both
+
+
+def _edit_tensor(rel: str, change: Callable[[Any], Any]) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(ckpt / rel))
+        name = next(n for n in sorted(tensors) if "lora_A" in n)
+        tensors[name] = change(tensors[name]).contiguous()
+        save_file(tensors, str(ckpt / rel), metadata={"format": "pt"})
+
+    return apply
+
+
+def _edit_state(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:
+        path = ckpt / "trainer_state.json"
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+    return apply
+
+
+WAYS = {"truncated": _truncate, "emptied": _empty, "garbage": _garbage, "deleted": _delete}
+TENSORS = {
+    "one-row slice": lambda t: t[:1],
+    "float16": lambda t: t.half(),
+}
+STATES = {
+    "only global_step": lambda s: {"global_step": s["global_step"]},
+    "global_step three": lambda s: {**s, "global_step": "three"},
+    "unknown key": lambda s: {**s, "learning_rate": 0.1},
+    "negative position": lambda s: {**s, "position": -1},
+    "a list": lambda s: [s],
+}
+
+
+def _damages() -> list[Damage]:
+    out = []
+    for rel in [*TRAINER_FILES, *MODEL_FILES, "config.yaml"]:
+        out += [Damage(f"{rel} {w}", way(rel), rel) for w, way in WAYS.items()]
+    for rel in [*TRAINER_FILES, *ADAPTER_FILES]:
+        out += [Damage(f"legacy {rel} {w}", _legacy(way(rel)), rel, legacy=True) for w, way in WAYS.items()]  # fmt: skip
+    out += [Damage(f"manifest.json {w}", WAYS[w]("manifest.json"), "manifest.json") for w in ("truncated", "emptied", "garbage")]  # fmt: skip
+    out.append(Damage("manifest.json deleted", _delete("manifest.json"), "", loads=True))
+    for rel in ("trainable.safetensors", "model/adapter_model.safetensors"):
+        for t, change in TENSORS.items():
+            out.append(Damage(f"{rel} {t}", _edit_tensor(rel, change), rel))
+    for t, change in TENSORS.items():
+        edit = _legacy(_edit_tensor("trainable.safetensors", change))
+        out.append(Damage(f"legacy trainable.safetensors {t}", edit, "trainable.safetensors", legacy=True))  # fmt: skip
+    # Without a manifest an adapter's tensors are checked by peft against the base model: a
+    # wrong shape is refused there (naming the adapter's directory). Resume reads
+    # trainable.safetensors, not the adapter. (A float16 copy of the same values loads.)
+    edit = _legacy(_edit_tensor("model/adapter_model.safetensors", TENSORS["one-row slice"]))
+    out.append(Damage("legacy model/adapter_model.safetensors one-row slice", edit, "model", legacy=True, readers=READERS[1:]))  # fmt: skip
+    for s, change in STATES.items():
+        out.append(Damage(f"trainer_state.json {s}", _edit_state(change), "trainer_state.json"))
+        out.append(Damage(f"legacy trainer_state.json {s}", _legacy(_edit_state(change)), "trainer_state.json", legacy=True))  # fmt: skip
+    return out
+
+
+DAMAGES = _damages()
+
+
+def _reads(command: str, damage: Damage) -> bool:
+    """Whether ``command`` reads what ``damage`` damaged (else the pair is not run)."""
+    if damage.readers:
+        return command in damage.readers
+    if command == "train":
+        return True
+    return damage.names.startswith("model") or damage.names == "manifest.json" or damage.loads
+
+
+CKPT_CASES = [(c, d) for d in DAMAGES for c in READERS if _reads(c, d)]
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A LoRA run of 2 steps with checkpoint-1 and checkpoint-2, shared (copied) by the cases."""
+    d = tmp_path_factory.mktemp("ckpt-run")
+    (d / "rewards.py").write_text(CKPT_REWARD)
+    (d / "train.jsonl").write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("hi", "yes", "bread", "tea")))  # fmt: skip
+    (d / "prompts.jsonl").write_text(json.dumps({"prompt": "Say hello."}) + "\n")
+    doc = {
+        "model": {"name_or_path": str(tiny_model_dir), "lora": {"r": 4, "alpha": 8}},
+        "data": {"train": "train.jsonl"},
+        "rewards": [{"type": "python", "name": "e", "function": "rewards.py:letter_e"}],
+        "training": {
+            "output_dir": str(d / "run"),
+            "learning_rate": 1e-3,
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "max_completion_length": 4,
+            "max_steps": 2,
+            "save_steps": 1,
+            "report_to": "none",
+        },
+    }
+    (d / "config.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["train", str(d / "config.yaml"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (d / "run").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]  # fmt: skip
+    return d / "run"
+
+
+def _command(command: str, run: Path, prompts: Path, out: Path) -> list[str]:
+    ckpt = str(run / "checkpoint-2")
+    return {
+        # max_steps 1: a fall-back to checkpoint-1 has nothing left to train.
+        "train": ["train", str(run), "--no-progress", "--set", "training.max_steps=1"],
+        "eval": [
+            "eval",
+            "--model",
+            str(run),
+            "--prompts",
+            str(prompts),
+            "--samples",
+            "1",
+            "--out",
+            str(out),
+        ],  # fmt: skip
+        "generate": [
+            "generate",
+            "--model",
+            ckpt,
+            "--prompt",
+            "Say hi.",
+            "--samples",
+            "1",
+            "--max-new-tokens",
+            "2",
+        ],  # fmt: skip
+        "export": ["export", ckpt, "--format", "hf", "--out", str(out)],
+    }[command]
+
+
+def test_the_checkpoint_corpus_covers_every_file_and_reader() -> None:
+    assert len(DAMAGES) >= 80 and len({d.id for d in DAMAGES}) == len(DAMAGES)
+    for command in READERS:
+        assert sum(c == command for c, _ in CKPT_CASES) >= 20, command
+
+
+@pytest.mark.parametrize("command,damage", CKPT_CASES, ids=[f"{c}:{d.id}" for c, d in CKPT_CASES])
+def test_a_damaged_checkpoint_is_named_and_refused_or_passed_over(
+    command: str, damage: Damage, trained_run: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    damage.apply(run / "checkpoint-2")
+    result = CliRunner().invoke(
+        main, _command(command, run, trained_run.parent / "prompts.jsonl", tmp_path / "out")
+    )
+    out = result.output
+    assert "Traceback" not in out, out
+    assert result.exception is None or isinstance(result.exception, SystemExit), (result.exception, out)  # fmt: skip
+    if damage.loads:
+        assert result.exit_code == 0, out
+        assert "is damaged" not in out and "error" not in out, out
+        return
+    named = str(run / "checkpoint-2" / damage.names)
+    if command == "train":  # falls back to checkpoint-1, saying which and why
+        assert result.exit_code == 0, out
+        assert f"checkpoint-2 is damaged: {named}" in out, out
+        assert "resuming from checkpoint-1, the newest intact checkpoint, at step 1" in out, out
+        return
+    assert result.exit_code == 2, out
+    assert named in out, out
+    assert sum(line.lower().startswith("error:") for line in out.splitlines()) == 1, out
+    if command == "eval" and damage.names != "model":  # the intact checkpoint before is named
+        assert f"The newest intact one is {run / 'checkpoint-1'}" in out, out

@@ -125,6 +125,13 @@ def test_a_reward_that_raises_saves_the_last_step_and_resumes_to_the_same_weight
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
 
     monkeypatch.delenv("GRPOKIT_TEST_FAIL_AT")
+    # The printed replay command finds the reward's file (next to the original config).
+    replay = next(x for x in failed.output.splitlines() if "replay them with: " in x)
+    replay_args = shlex.split(replay.split("replay them with: ", 1)[1])
+    assert replay_args[:3] == ["grpokit", "rewards", "check"], replay
+    replayed = runner.invoke(main, replay_args[1:])
+    assert replayed.exit_code == 0, replayed.output
+    assert "failed-step-3.jsonl" in replay and "Traceback" not in replayed.output
     counter.write_text("2")  # the reward's own count, as an uninterrupted run would have it
     resumed = runner.invoke(main, _resume_args(failed.output, "resume with: "))
     assert resumed.exit_code == 0, resumed.output

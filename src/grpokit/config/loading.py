@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -213,8 +214,24 @@ def validate_config(
     return cfg
 
 
+def run_config_dir(path: Path) -> Path | None:
+    """For a run directory's config.yaml: the directory its relative paths were written against
+    (the original config's, recorded in the run's run.json), else None."""
+    info = path.parent / "run.json"
+    if path.name != "config.yaml" or not info.is_file():
+        return None
+    try:
+        config_dir = json.loads(info.read_text(encoding="utf-8")).get("config_dir")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return Path(config_dir) if isinstance(config_dir, str) and config_dir else None
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKitConfig:
-    """Read and validate a YAML config; errors become one UserError naming file, line and field."""
+    """Read and validate a YAML config; errors become one UserError naming file, line and field.
+
+    A run directory's config.yaml resolves its relative paths (reward files, data) against the
+    original config's directory, as when the run started (see :func:`run_config_dir`)."""
     path = Path(path)
     data, lines = read_config_data(path)
-    return validate_config(data, path, lines, overrides)
+    return validate_config(data, path, lines, overrides, config_dir=run_config_dir(path))

@@ -22,6 +22,7 @@ from grpokit.errors import UserError
 from grpokit.files import write_atomic
 from grpokit.models.loading import check_context_length
 from grpokit.sampling import latest_checkpoint
+from grpokit.train.run_lock import run_lock
 from grpokit.train.trainer import GRPOTrainer, TrainResult
 
 CHANGES_FILE = "config_changes.jsonl"
@@ -99,8 +100,9 @@ def train_from_config(
 ) -> TrainResult:
     cfg = load_config(config, overrides)
     _check_can_run(cfg, config)
-    trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress)
-    return trainer.train()
+    with run_lock((output_dir or cfg.output_dir).resolve()):
+        trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress)
+        return trainer.train()
 
 
 def _diff(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
@@ -170,7 +172,8 @@ def resume_run(
             f"{run_dir}/checkpoint-N --output-dir NEW_DIR"
         )
     _check_can_run(cfg, cfg_path)
-    if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
-        _record_changes(run_dir, cfg, changes)
-    trainer = GRPOTrainer(cfg, run_dir=run_dir, resume=True, progress=progress)
-    return trainer.train()
+    with run_lock(run_dir.resolve()):
+        if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
+            _record_changes(run_dir, cfg, changes)
+        trainer = GRPOTrainer(cfg, run_dir=run_dir, resume=True, progress=progress)
+        return trainer.train()

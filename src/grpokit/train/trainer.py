@@ -24,10 +24,12 @@ from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
 from grpokit.core.losses import LossInputs, PolicyLoss
 from grpokit.core.stats import cluster_mean_stderr
+from grpokit.data.chat import prompts_past_context
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
-from grpokit.models.loading import Policy
+from grpokit.models.loading import Policy, model_context
+from grpokit.models.manifest import CheckpointDamaged
 from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
 from grpokit.monitor.trackers import missing_tracker_packages
@@ -38,6 +40,7 @@ from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import (
     Sampler,
     ScoredBatch,
+    checkpoint_dirs,
     latest_checkpoint,
     resolve_device,
     sampling_params,
@@ -167,6 +170,8 @@ class GRPOTrainer:
             self.args.max_prompt_length,
             self.args.chat_template_kwargs,
         )
+        self.rows = self._fit_context(self.rows, "train")
+        self.heldout = self._fit_context(self.heldout, "heldout")
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
         a = self.args
@@ -219,6 +224,45 @@ class GRPOTrainer:
         heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
         return self.cfg.prompts("train"), heldout
 
+    def _fit_context(self, rows: list[PromptRow], which: str) -> list[PromptRow]:
+        """Without max_prompt_length, the prompts that leave room for max_completion_length
+        in the model's context: too-long ones are refused with their lines (or dropped with
+        data.drop_long_prompts), before a step tries to fit them."""
+        a = self.args
+        found = model_context(self.policy.model.config, self.policy.tokenizer)
+        if a.max_prompt_length is not None or found is None or not rows:
+            return rows
+        context, where = found
+        room = context - a.max_completion_length
+        long = prompts_past_context(
+            self.policy.tokenizer,
+            rows,
+            room,
+            system_prompt=self.cfg.system_prompt,
+            chat_template_kwargs=a.chat_template_kwargs,
+        )
+        if not long:
+            return rows
+        what = (
+            f"longer than the {room} tokens the model's context leaves ({context} tokens, "
+            f"{where}, less training.max_completion_length {a.max_completion_length})"
+        )
+        if self.cfg.data.drop_long_prompts and len(long) < len(rows):
+            self.log(f"dropped {len(long)} of {len(rows)} data.{which} prompts {what}")
+            skip = {i for i, _ in long}
+            return [r for i, r in enumerate(rows) if i not in skip]
+        listed = ", ".join(f"{rows[i].source or f'row {i + 1}'} ({n})" for i, n in long[:10])
+        more = f" and {len(long) - 10} more" if len(long) > 10 else ""
+        fix = (
+            "no prompt is left to train on"
+            if self.cfg.data.drop_long_prompts
+            else "shorten or remove them, set data.drop_long_prompts: true to drop them, or "
+            "set training.max_prompt_length to cut them from the left"
+        )
+        raise UserError(
+            f"data.{which}: {len(long)} of {len(rows)} prompts are {what}: {listed}{more}; {fix}"
+        )
+
     def _build_rewards(self) -> RewardSet:
         rewards = build_reward_set(
             self.cfg.rewards,
@@ -234,20 +278,41 @@ class GRPOTrainer:
         return rewards
 
     def _restore(self) -> TrainerState:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
+        """Load the newest intact checkpoint. A damaged one is named with what is wrong and the
+        one before it is tried; with none intact, one message lists them all."""
+        found = checkpoint_dirs(self.run_dir)
+        if not found:
             raise UserError(f"{self.run_dir}: no checkpoint-<step> directory to resume from")
-        state = load_checkpoint(
-            ckpt,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            generator=self.generator,
-            sharded=self.sharded,
-        )
+        damaged: list[CheckpointDamaged] = []
+        for ckpt in reversed(found):
+            try:
+                state = load_checkpoint(
+                    ckpt,
+                    policy=self.policy,
+                    optimizer=self.optimizer,
+                    scheduler=self.scheduler,
+                    generator=self.generator,
+                    sharded=self.sharded,
+                )
+            except CheckpointDamaged as e:
+                self.log(f"{ckpt.name} is damaged: {e}")
+                damaged.append(e)
+                continue
+            break
+        else:
+            listed = "; ".join(str(e) for e in damaged)
+            raise UserError(
+                f"{self.run_dir}: no intact checkpoint to resume from ({listed}). Start a new "
+                "run, or restore a checkpoint from a copy"
+            )
         self.stream.seek(state.epoch, state.position)
         if self.dist.rank:  # the checkpoint holds rank 0's generator
             self.generator.manual_seed(self._rank_seed(state.generation_round))
+        if damaged:
+            self.log(
+                f"resuming from {ckpt.name}, the newest intact checkpoint, at step "
+                f"{state.global_step} (the steps after it run again)"
+            )
         self.log(f"resumed from {ckpt} at step {state.global_step}")
         return state
 
