@@ -577,3 +577,36 @@ def test_a_damaged_checkpoint_is_named_and_refused_or_passed_over(
     assert sum(line.lower().startswith("error:") for line in out.splitlines()) == 1, out
     if command == "eval" and damage.names != "model":  # the intact checkpoint before is named
         assert f"The newest intact one is {run / 'checkpoint-1'}" in out, out
+
+
+def test_with_no_intact_checkpoint_resume_is_one_message(trained_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    _garbage("trainable.safetensors")(run / "checkpoint-1")
+    _legacy(_edit_state(STATES["global_step three"]))(run / "checkpoint-2")
+    result = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert "no intact checkpoint to resume from" in errors[0]
+    assert str(run / "checkpoint-1" / "trainable.safetensors") in errors[0]
+    assert f"{run / 'checkpoint-2' / 'trainer_state.json'}: field 'global_step' is 'three'" in errors[0]  # fmt: skip
+
+
+def test_a_fall_back_ends_bitwise_equal_to_the_intact_run(
+    trained_run: Path, tmp_path: Path
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    intact = load_file(str(trained_run / "checkpoint-2" / "trainable.safetensors"))
+    _garbage("rng.pt")(run / "checkpoint-2")
+    result = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "resuming from checkpoint-1, the newest intact checkpoint, at step 1" in result.output
+    again = load_file(str(run / "checkpoint-2" / "trainable.safetensors"))
+    assert sorted(again) == sorted(intact)
+    assert all(torch.equal(again[n], intact[n]) for n in intact)

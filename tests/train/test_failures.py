@@ -260,3 +260,33 @@ def test_a_full_disk_keeps_the_earlier_checkpoints_and_resumes(
     assert second == "exit=0", log
     resumed = load_file(str(tmp_path / "resumed" / "trainable.safetensors"))
     _assert_same(resumed, _final_weights(tmp_path / "whole"))
+
+
+def test_a_second_writer_is_refused_while_readers_are_not_and_a_crash_frees_the_run(
+    tmp_path: Path, tiny_model_dir: Path, counter: Path
+) -> None:
+    import socket
+
+    run = tmp_path / "run"
+    config = _config(tmp_path, tiny_model_dir, run, {}, max_steps=1000)  # killed long before
+    first = _grpokit(["train", str(config), "--no-progress"], _env(counter) | {"GRPOKIT_TEST_SLEEP": "1"})  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.2)
+    try:
+        for args in (["train", str(config)], ["train", str(run)]):  # a fresh start, a resume
+            second = _grpokit([*args, "--no-progress"], _env(counter))
+            _, stderr = second.communicate(timeout=600)
+            assert second.returncode == 2, stderr
+            assert "Traceback" not in stderr
+            assert f"{run} is in use by another grpokit process (PID {first.pid} on host {socket.gethostname()}" in stderr  # fmt: skip
+        # Readers take no lock.
+        report = CliRunner().invoke(main, ["report", str(run)])
+        assert report.exit_code == 0, report.output
+        assert first.poll() is None  # the first run was never disturbed
+    finally:
+        first.kill()  # SIGKILL: no clean-up runs, the kernel releases the lock
+        first.communicate(timeout=600)
+    after = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
+    assert "in use by another" not in after.output, after.output
