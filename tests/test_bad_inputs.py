@@ -1,6 +1,11 @@
 """A corpus of malformed configs, data files and command lines, each run through the `grpokit`
 command in-process: every one must end with exit code 2, one message naming the file or option,
-no traceback, and nothing written. The errors are all found before a model loads."""
+no traceback, and nothing written. The errors are all found before training starts, most before
+a model loads.
+
+The checkpoint corpus below damages what grpokit itself wrote (each file truncated, emptied,
+replaced or deleted; tensors of the wrong shape or dtype; trainer-state fields missing or of the
+wrong type) and reads it back with every command that reads checkpoints."""
 
 from __future__ import annotations
 
@@ -107,6 +112,21 @@ def cli_case(name: str, args: Callable[[Path], list[str]], names: str) -> Case:
         return args(_write(d, _valid(model)))
 
     return Case(f"cli:{name}", build, names)
+
+
+def long_prompt_case(name: str, prompt: str, **training: Any) -> Case:
+    """The valid config without max_prompt_length, its second prompt past the model's context
+    (the tiny model's 2048 tokens)."""
+
+    def build(d: Path, model: Path) -> list[str]:
+        doc = _set(_valid(model), "training.max_prompt_length", None)
+        for key, value in training.items():
+            _set(doc, f"training.{key}", value)
+        rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": prompt, "answer": "1"}]
+        path = _write(d, doc, data="".join(json.dumps(r) + "\n" for r in rows))
+        return ["train", str(path), "--no-progress"]
+
+    return Case(f"context:{name}", build, "train.jsonl:2")
 
 
 FLOATS = [
@@ -267,6 +287,10 @@ CASES: list[Case] = [
     data_case("garbage", b"PAR1 not really", "train.parquet"),
     data_case("garbage", b"not arrow", "train.arrow"),
     data_case("unknown suffix", b"prompt\n", "train.tsv"),
+    # ---- prompts past the model's context, found before a step tries them
+    long_prompt_case("9390 tokens", "word " * 9389),
+    long_prompt_case("2040 tokens and 16 to complete", "word " * 2040, max_completion_length=16),
+    long_prompt_case("10 MB", "a" * 10_000_000),
     # ---- command lines
     cli_case("nproc 0", lambda c: ["train", str(c), "--nproc", "0"], "--nproc"),
     cli_case("nproc -2", lambda c: ["train", str(c), "--nproc", "-2"], "--nproc"),
@@ -610,3 +634,16 @@ def test_a_fall_back_ends_bitwise_equal_to_the_intact_run(
     again = load_file(str(run / "checkpoint-2" / "trainable.safetensors"))
     assert sorted(again) == sorted(intact)
     assert all(torch.equal(again[n], intact[n]) for n in intact)
+
+
+def test_long_prompts_are_dropped_with_a_count_when_asked(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    args = long_prompt_case("dropped", "word " * 9389).build(tmp_path, tiny_model_dir)
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2
+    assert "train.jsonl:2 (9" in refused.output and "data.drop_long_prompts" in refused.output
+    assert "2048 tokens, max_position_embeddings in its config.json" in refused.output
+    result = CliRunner().invoke(main, [*args, "--set", "data.drop_long_prompts=true"])
+    assert result.exit_code == 0, result.output
+    assert "dropped 1 of 2 data.train prompts longer than the 2044 tokens" in result.output

@@ -225,24 +225,32 @@ class GRPOTrainer:
         return self.cfg.prompts("train"), heldout
 
     def _fit_context(self, rows: list[PromptRow], which: str) -> list[PromptRow]:
-        """Without max_prompt_length, the prompts that leave room for max_completion_length
-        in the model's context: too-long ones are refused with their lines (or dropped with
-        data.drop_long_prompts), before a step tries to fit them."""
+        """The prompts that leave room for max_completion_length in the model's context.
+
+        With max_prompt_length, prompts longer are cut from the left to fit (run.py checked
+        that max_prompt_length does): how many is said. Without it, too-long prompts are
+        refused with their lines (or dropped with data.drop_long_prompts), before a step tries
+        to fit them."""
         a = self.args
-        found = model_context(self.policy.model.config, self.policy.tokenizer)
-        if a.max_prompt_length is not None or found is None or not rows:
+        if not rows:
             return rows
-        context, where = found
-        room = context - a.max_completion_length
-        long = prompts_past_context(
-            self.policy.tokenizer,
-            rows,
-            room,
-            system_prompt=self.cfg.system_prompt,
-            chat_template_kwargs=a.chat_template_kwargs,
-        )
+        if a.max_prompt_length is not None:
+            long = self._longer_than(rows, a.max_prompt_length)
+            if long:
+                self.log(
+                    f"{len(long)} of {len(rows)} data.{which} prompts are longer than "
+                    f"training.max_prompt_length ({a.max_prompt_length} tokens) and are cut "
+                    f"from the left, e.g. {rows[long[0][0]].source} ({long[0][1]})"
+                )
+            return rows
+        found = model_context(self.policy.model.config, self.policy.tokenizer)
+        if found is None:
+            return rows
+        room = found[0] - a.max_completion_length
+        long = self._longer_than(rows, room)
         if not long:
             return rows
+        context, where = found
         what = (
             f"longer than the {room} tokens the model's context leaves ({context} tokens, "
             f"{where}, less training.max_completion_length {a.max_completion_length})"
@@ -261,6 +269,15 @@ class GRPOTrainer:
         )
         raise UserError(
             f"data.{which}: {len(long)} of {len(rows)} prompts are {what}: {listed}{more}; {fix}"
+        )
+
+    def _longer_than(self, rows: list[PromptRow], room: int) -> list[tuple[int, str]]:
+        return prompts_past_context(
+            self.policy.tokenizer,
+            rows,
+            room,
+            system_prompt=self.cfg.system_prompt,
+            chat_template_kwargs=self.args.chat_template_kwargs,
         )
 
     def _build_rewards(self) -> RewardSet:
