@@ -197,6 +197,7 @@ CASES: list[Case] = [
     *(config_case(f"training.{k}", v) for k, v in CHOICES.items()),
     *(config_case(f"training.{k}", v) for k, v in TRL_REFUSED.items()),
     config_case("training.learning_rate", RAW, "-.inf"),
+    config_case("training.save_minutes", RAW, ".inf", names="write save_minutes: 0"),
     config_case("training.learning_rate", 0),
     config_case("training.max_completion_length", 10**11),
     config_case("training.num_generations", 3),
@@ -313,6 +314,11 @@ CASES: list[Case] = [
         "set inf", lambda c: ["train", str(c), "--set", "training.learning_rate=.inf"], "--set"
     ),
     cli_case("set nan", lambda c: ["train", str(c), "--set", "training.beta=.nan"], "--set"),
+    cli_case(
+        "set save_minutes inf",
+        lambda c: ["train", str(c), "--set", "training.save_minutes=.inf"],
+        "write save_minutes: 0",
+    ),
     cli_case("set typo", lambda c: ["train", str(c), "--set", "training.bata=0.1"], "config.yaml"),
     cli_case("missing config", lambda c: ["train", str(c.parent / "nope.yaml")], "nope.yaml"),
     cli_case("not a run dir", lambda c: ["train", str(c.parent)], "not a grpokit run"),

@@ -254,6 +254,7 @@ def test_a_full_disk_keeps_the_earlier_checkpoints_and_resumes(
     first, second = (line for line in out.stdout.splitlines() if line.startswith("exit="))
     assert first == "exit=1", log
     assert f"the disk holding {run} is full" in log and "Traceback" not in log, log
+    assert "free; a checkpoint takes about" in log and "(checkpoint-2)" in log, log
     assert f"the latest checkpoint is {run / 'checkpoint-2'}" in log
     listing = out.stdout.split("exit=1", 1)[1].split("exit=", 1)[0]
     assert "checkpoint-2" in listing and ".tmp-checkpoint" not in listing, listing
@@ -290,3 +291,20 @@ def test_a_second_writer_is_refused_while_readers_are_not_and_a_crash_frees_the_
         first.communicate(timeout=600)
     after = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
     assert "in use by another" not in after.output, after.output
+
+
+def test_the_disk_full_advice_names_the_directory_its_free_space_and_a_checkpoints_size(
+    tmp_path: Path,
+) -> None:
+    from grpokit.train.failures import disk_full_advice
+
+    ckpt = tmp_path / "checkpoint-4"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "optimizer.pt").write_bytes(b"\0" * (3 << 20))
+    (ckpt / "model" / "adapter_model.safetensors").write_bytes(b"\0" * (1 << 19))
+    advice = disk_full_advice(tmp_path, ckpt)
+    free_gb = shutil.disk_usage(tmp_path).free / (1 << 30)
+    assert advice.startswith(f"the disk holding {tmp_path} is full (")
+    assert "a checkpoint takes about 3.5 MB (checkpoint-4)" in advice
+    assert (f"{free_gb:.1f} GB free" in advice) or (" MB free" in advice), advice
+    assert "no earlier checkpoint" in disk_full_advice(tmp_path, None)

@@ -47,6 +47,17 @@ def _yaml_float(text: str) -> float:
         return 0.0
 
 
+_NEVER = {
+    "training.save_minutes": "to never checkpoint by time, write save_minutes: 0 (0 turns it off)",
+}
+"""Settings where an infinite value would mean "never", and what to write for that instead."""
+
+
+def _not_finite(where: str, value: str) -> str:
+    hint = _NEVER.get(where) if value.lstrip("+").startswith(".inf") else None
+    return f"{where}: {value} is not a finite number; {hint or 'give a finite value'}"
+
+
 def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -> None:
     """Refuse what PyYAML accepts silently: a key given twice in a mapping (the last would win)
     and a number that is not finite (.inf, .nan)."""
@@ -67,10 +78,7 @@ def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -
             _check_document(item, source, (*path, i))
     elif node.tag == "tag:yaml.org,2002:float" and not math.isfinite(_yaml_float(node.value)):
         where = ".".join(str(x) for x in path) or "(top level)"
-        raise UserError(
-            f"{source}:{node.start_mark.line + 1}: {where}: {node.value} is not a finite number; "
-            "give a finite value"
-        )
+        raise UserError(f"{source}:{node.start_mark.line + 1}: {_not_finite(where, node.value)}")
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -85,7 +93,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError:
         value = raw
     if isinstance(value, float) and not math.isfinite(value):
-        raise UserError(f"--set {item!r}: {raw} is not a finite number; give a finite value")
+        raise UserError(f"--set {item!r}: {_not_finite(key.strip(), raw.strip())}")
     return keys, value
 
 

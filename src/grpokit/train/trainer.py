@@ -68,6 +68,7 @@ from grpokit.train.experience import Experience
 from grpokit.train.failures import (
     NonFiniteSteps,
     describe_failure,
+    disk_full_advice,
     is_disk_full,
     signal_name,
 )
@@ -787,7 +788,7 @@ class GRPOTrainer:
         latest = latest_checkpoint(self.run_dir)
         fallback = f"the latest checkpoint is {latest}" if latest else "there is no checkpoint yet"
         if is_disk_full(exc):
-            return f"the disk holding {self.run_dir} is full: free space, then resume; {fallback}"
+            return f"{disk_full_advice(self.run_dir, latest)}; {fallback}"
         if self.dist.enabled:
             # Another rank may be gone: a save, a collective, would wait for it forever.
             return f"no checkpoint written after the failure (several processes); {fallback}"
@@ -799,7 +800,8 @@ class GRPOTrainer:
         try:
             path = self._save(rng=rng)
         except Exception as save_exc:
-            why = "the disk is full" if is_disk_full(save_exc) else describe_failure(save_exc)
+            full = is_disk_full(save_exc)
+            why = disk_full_advice(self.run_dir, latest) if full else describe_failure(save_exc)
             return f"saving a checkpoint failed too ({why}); {fallback}"
         return f"checkpoint of step {self.state.global_step} saved: {path}"
 
