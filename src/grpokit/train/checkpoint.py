@@ -278,8 +278,8 @@ def check_checkpoint(path: Path, params: dict[str, torch.nn.Parameter]) -> Train
     return state
 
 
-_NUMPY_STATE = [
-    np._core.multiarray._reconstruct,
+_NUMPY_STATE: list[Any] = [
+    np.zeros(1).__reduce__()[0],  # the function arrays unpickle through (numpy's _reconstruct)
     np.ndarray,
     np.dtype,
     type(np.dtype(np.uint32)),

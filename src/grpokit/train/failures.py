@@ -40,11 +40,11 @@ def _size(n: int) -> str:
     """A byte count for people: 512 bytes, 3.4 MB, 1.2 GB."""
     if n < 1024:
         return f"{n} bytes"
-    value = float(n)
-    for unit in ("KB", "MB", "GB"):
-        value /= 1024
+    value, unit = n / 1024, "KB"
+    for bigger in ("MB", "GB"):
         if value < 1024:
             break
+        value, unit = value / 1024, bigger
     return f"{value:.1f} {unit}"
 
 
