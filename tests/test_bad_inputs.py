@@ -388,8 +388,9 @@ def letter_e(prompts, completions, **columns):
 TRAINER_FILES = ["trainable.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"]  # fmt: skip
 ADAPTER_FILES = ["model/adapter_model.safetensors", "model/adapter_config.json"]
 MODEL_FILES = [*ADAPTER_FILES, "model/grpokit_policy.json", "model/tokenizer.json", "model/tokenizer_config.json"]  # fmt: skip
-READERS = ("train", "eval", "generate", "export")
-"""The commands that read a checkpoint: resume (all of it), the others its model/."""
+READERS = ("train", "eval", "generate", "export", "export-gguf")
+"""The commands that read a checkpoint: resume (all of it), the others its model/ (a GGUF
+export only where the checkpoint is refused: converting one takes longer than the rest)."""
 
 
 @dataclass(frozen=True)
@@ -505,6 +506,8 @@ def _reads(command: str, damage: Damage) -> bool:
     """Whether ``command`` reads what ``damage`` damaged (else the pair is not run)."""
     if damage.readers:
         return command in damage.readers
+    if command == "export-gguf" and damage.loads:
+        return False
     if command == "train":
         return True
     return damage.names.startswith("model") or damage.names == "manifest.json" or damage.loads
@@ -570,6 +573,7 @@ def _command(command: str, run: Path, prompts: Path, out: Path) -> list[str]:
             "2",
         ],  # fmt: skip
         "export": ["export", ckpt, "--format", "hf", "--out", str(out)],
+        "export-gguf": ["export", str(run), "--format", "gguf", "--out", str(out) + ".gguf"],
     }[command]
 
 
@@ -605,7 +609,8 @@ def test_a_damaged_checkpoint_is_named_and_refused_or_passed_over(
     assert result.exit_code == 2, out
     assert named in out, out
     assert sum(line.lower().startswith("error:") for line in out.splitlines()) == 1, out
-    if command == "eval" and damage.names != "model":  # the intact checkpoint before is named
+    if command in ("eval", "export-gguf") and damage.names != "model":
+        # Given a run directory, they name its newest intact checkpoint to give instead.
         assert f"The newest intact one is {run / 'checkpoint-1'}" in out, out
 
 

@@ -308,3 +308,33 @@ def test_the_disk_full_advice_names_the_directory_its_free_space_and_a_checkpoin
     assert "a checkpoint takes about 3.5 MB (checkpoint-4)" in advice
     assert (f"{free_gb:.1f} GB free" in advice) or (" MB free" in advice), advice
     assert "no earlier checkpoint" in disk_full_advice(tmp_path, None)
+
+
+def test_sft_into_an_output_another_process_writes_is_refused(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    out = tmp_path / "sft"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from grpokit.train.run_lock import output_lock\nwith output_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)",
+            str(out),
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        config = _config(tmp_path, tiny_model_dir, tmp_path / "run", {})
+        demos = tmp_path / "demos.jsonl"
+        demos.write_text(json.dumps({"prompt": "Say hi.", "completion": "hi"}) + "\n")
+        args = ["sft", str(config), "--data", str(demos), "--output", str(out), "--steps", "1"]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert f"{out} is in use by another grpokit process (PID {holder.pid}" in result.output
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0, again.output
