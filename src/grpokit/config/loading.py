@@ -54,8 +54,9 @@ _NEVER = {
 
 
 def _not_finite(where: str, value: str) -> str:
+    """'<value> is not a finite number; <what to write instead>' for the setting ``where``."""
     hint = _NEVER.get(where) if value.lstrip("+").startswith(".inf") else None
-    return f"{where}: {value} is not a finite number; {hint or 'give a finite value'}"
+    return f"{value} is not a finite number; {hint or 'give a finite value'}"
 
 
 def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -> None:
@@ -78,7 +79,8 @@ def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -
             _check_document(item, source, (*path, i))
     elif node.tag == "tag:yaml.org,2002:float" and not math.isfinite(_yaml_float(node.value)):
         where = ".".join(str(x) for x in path) or "(top level)"
-        raise UserError(f"{source}:{node.start_mark.line + 1}: {_not_finite(where, node.value)}")
+        line = node.start_mark.line + 1
+        raise UserError(f"{source}:{line}: {where}: {_not_finite(where, node.value)}")
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
