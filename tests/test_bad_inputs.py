@@ -406,6 +406,8 @@ class Damage:
     """Not a damage: the checkpoint still loads (exit 0, no fall-back)."""
     readers: tuple[str, ...] = ()
     """The commands it is run through (default: resume, and the others for model/ files)."""
+    full: bool = False
+    """Applied to a full fine-tuning run's checkpoint (else a LoRA run's)."""
 
 
 def _truncate(rel: str) -> Callable[[Path], None]:
@@ -440,12 +442,14 @@ def _legacy(apply: Callable[[Path], None]) -> Callable[[Path], None]:
     return both
 
 
-def _edit_tensor(rel: str, change: Callable[[Any], Any]) -> Callable[[Path], None]:
+def _edit_tensor(
+    rel: str, change: Callable[[Any], Any], pick: str = "lora_A"
+) -> Callable[[Path], None]:
     def apply(ckpt: Path) -> None:
         from safetensors.torch import load_file, save_file
 
         tensors = load_file(str(ckpt / rel))
-        name = next(n for n in sorted(tensors) if "lora_A" in n)
+        name = next(n for n in sorted(tensors) if pick in n)
         tensors[name] = change(tensors[name]).contiguous()
         save_file(tensors, str(ckpt / rel), metadata={"format": "pt"})
 
@@ -493,6 +497,19 @@ def _damages() -> list[Damage]:
     # trainable.safetensors, not the adapter. (A float16 copy of the same values loads.)
     edit = _legacy(_edit_tensor("model/adapter_model.safetensors", TENSORS["one-row slice"]))
     out.append(Damage("legacy model/adapter_model.safetensors one-row slice", edit, "model", legacy=True, readers=READERS[1:]))  # fmt: skip
+    # Full fine-tuning: the whole model in model/model.safetensors (and trainable.safetensors).
+    full = "model/model.safetensors"
+    out += [Damage(f"full {full} {w}", WAYS[w](full), full, full=True) for w in ("truncated", "garbage", "deleted")]  # fmt: skip
+    out += [Damage(f"full model/config.json {w}", WAYS[w]("model/config.json"), "model/config.json", full=True) for w in ("garbage", "deleted")]  # fmt: skip
+    for rel in (full, "trainable.safetensors"):
+        slice_ = _edit_tensor(rel, TENSORS["one-row slice"], pick="down_proj")
+        out.append(Damage(f"full {rel} one-row slice", slice_, rel, full=True))
+    # Without a manifest: resume checks trainable.safetensors against the model; eval and
+    # export load model/, where transformers refuses the shape (the message names model/).
+    slice_ = _edit_tensor("trainable.safetensors", TENSORS["one-row slice"], pick="down_proj")
+    out.append(Damage("full legacy trainable.safetensors one-row slice", _legacy(slice_), "trainable.safetensors", legacy=True, full=True))  # fmt: skip
+    slice_ = _edit_tensor(full, TENSORS["one-row slice"], pick="down_proj")
+    out.append(Damage(f"full legacy {full} one-row slice", _legacy(slice_), "model", legacy=True, full=True, readers=READERS[1:]))  # fmt: skip
     for s, change in STATES.items():
         out.append(Damage(f"trainer_state.json {s}", _edit_state(change), "trainer_state.json"))
         out.append(Damage(f"legacy trainer_state.json {s}", _legacy(_edit_state(change)), "trainer_state.json", legacy=True))  # fmt: skip
@@ -516,15 +533,13 @@ def _reads(command: str, damage: Damage) -> bool:
 CKPT_CASES = [(c, d) for d in DAMAGES for c in READERS if _reads(c, d)]
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
-    """A LoRA run of 2 steps with checkpoint-1 and checkpoint-2, shared (copied) by the cases."""
-    d = tmp_path_factory.mktemp("ckpt-run")
+def _train_run(d: Path, model: Path, lora: bool) -> Path:
+    """A run of 2 steps with checkpoint-1 and checkpoint-2 in ``d/run``."""
     (d / "rewards.py").write_text(CKPT_REWARD)
     (d / "train.jsonl").write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("hi", "yes", "bread", "tea")))  # fmt: skip
     (d / "prompts.jsonl").write_text(json.dumps({"prompt": "Say hello."}) + "\n")
     doc = {
-        "model": {"name_or_path": str(tiny_model_dir), "lora": {"r": 4, "alpha": 8}},
+        "model": {"name_or_path": str(model), **({"lora": {"r": 4, "alpha": 8}} if lora else {})},
         "data": {"train": "train.jsonl"},
         "rewards": [{"type": "python", "name": "e", "function": "rewards.py:letter_e"}],
         "training": {
@@ -543,6 +558,18 @@ def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (d / "run").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]  # fmt: skip
     return d / "run"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A LoRA run, shared (copied) by the cases."""
+    return _train_run(tmp_path_factory.mktemp("ckpt-run"), tiny_model_dir, lora=True)
+
+
+@pytest.fixture(scope="module")
+def trained_full_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A full fine-tuning run, shared (copied) by its cases."""
+    return _train_run(tmp_path_factory.mktemp("ckpt-full-run"), tiny_model_dir, lora=False)
 
 
 def _command(command: str, run: Path, prompts: Path, out: Path) -> list[str]:
@@ -585,8 +612,11 @@ def test_the_checkpoint_corpus_covers_every_file_and_reader() -> None:
 
 @pytest.mark.parametrize("command,damage", CKPT_CASES, ids=[f"{c}:{d.id}" for c, d in CKPT_CASES])
 def test_a_damaged_checkpoint_is_named_and_refused_or_passed_over(
-    command: str, damage: Damage, trained_run: Path, tmp_path: Path
+    command: str, damage: Damage, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
+    trained_run: Path = request.getfixturevalue(
+        "trained_full_run" if damage.full else "trained_run"
+    )
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
     damage.apply(run / "checkpoint-2")

@@ -160,6 +160,11 @@ def _load_causal_lm(name_or_path: str, resolved: str, dtype: torch.dtype) -> tor
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise _hub_error(name_or_path, exc) from exc
+    except RuntimeError as exc:  # transformers' refusal of tensors of the wrong shape
+        raise UserError(
+            f"Model '{name_or_path}': its weights do not fit its config.json ({exc}); the "
+            "checkpoint is damaged, or its files come from different models."
+        ) from None
     # A quantisation method can also be attached at load time without being in config.json.
     _check_not_quantised(getattr(model, "config", None), name_or_path)
     if getattr(model, "hf_quantizer", None) is not None:
