@@ -635,6 +635,8 @@ def test_a_damaged_checkpoint_is_named_and_refused_or_passed_over(
         assert result.exit_code == 0, out
         assert f"checkpoint-2 is damaged: {named}" in out, out
         assert "resuming from checkpoint-1, the newest intact checkpoint, at step 1" in out, out
+        changes = (run / "config_changes.jsonl").read_text().splitlines()
+        assert json.loads(changes[-1])["step"] == 1  # the --set applies from the step resumed at
         return
     assert result.exit_code == 2, out
     assert named in out, out
