@@ -1,10 +1,16 @@
 """A corpus of malformed configs, data files and command lines, each run through the `grpokit`
 command in-process: every one must end with exit code 2, one message naming the file or option,
-no traceback, and nothing written. The errors are all found before a model loads."""
+no traceback, and nothing written. The errors are all found before training starts, most before
+a model loads.
+
+The checkpoint corpus below damages what grpokit itself wrote (each file truncated, emptied,
+replaced or deleted; tensors of the wrong shape or dtype; trainer-state fields missing or of the
+wrong type) and reads it back with every command that reads checkpoints."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +114,21 @@ def cli_case(name: str, args: Callable[[Path], list[str]], names: str) -> Case:
     return Case(f"cli:{name}", build, names)
 
 
+def long_prompt_case(name: str, prompt: str, **training: Any) -> Case:
+    """The valid config without max_prompt_length, its second prompt past the model's context
+    (the tiny model's 2048 tokens)."""
+
+    def build(d: Path, model: Path) -> list[str]:
+        doc = _set(_valid(model), "training.max_prompt_length", None)
+        for key, value in training.items():
+            _set(doc, f"training.{key}", value)
+        rows = [{"prompt": "1+1?", "answer": "2"}, {"prompt": prompt, "answer": "1"}]
+        path = _write(d, doc, data="".join(json.dumps(r) + "\n" for r in rows))
+        return ["train", str(path), "--no-progress"]
+
+    return Case(f"context:{name}", build, "train.jsonl:2")
+
+
 FLOATS = [
     "learning_rate",
     "beta",
@@ -176,6 +197,7 @@ CASES: list[Case] = [
     *(config_case(f"training.{k}", v) for k, v in CHOICES.items()),
     *(config_case(f"training.{k}", v) for k, v in TRL_REFUSED.items()),
     config_case("training.learning_rate", RAW, "-.inf"),
+    config_case("training.save_minutes", RAW, ".inf", names="write save_minutes: 0"),
     config_case("training.learning_rate", 0),
     config_case("training.max_completion_length", 10**11),
     config_case("training.num_generations", 3),
@@ -266,6 +288,10 @@ CASES: list[Case] = [
     data_case("garbage", b"PAR1 not really", "train.parquet"),
     data_case("garbage", b"not arrow", "train.arrow"),
     data_case("unknown suffix", b"prompt\n", "train.tsv"),
+    # ---- prompts past the model's context, found before a step tries them
+    long_prompt_case("9390 tokens", "word " * 9389),
+    long_prompt_case("2040 tokens and 16 to complete", "word " * 2040, max_completion_length=16),
+    long_prompt_case("10 MB", "a" * 10_000_000),
     # ---- command lines
     cli_case("nproc 0", lambda c: ["train", str(c), "--nproc", "0"], "--nproc"),
     cli_case("nproc -2", lambda c: ["train", str(c), "--nproc", "-2"], "--nproc"),
@@ -288,6 +314,11 @@ CASES: list[Case] = [
         "set inf", lambda c: ["train", str(c), "--set", "training.learning_rate=.inf"], "--set"
     ),
     cli_case("set nan", lambda c: ["train", str(c), "--set", "training.beta=.nan"], "--set"),
+    cli_case(
+        "set save_minutes inf",
+        lambda c: ["train", str(c), "--set", "training.save_minutes=.inf"],
+        "write save_minutes: 0",
+    ),
     cli_case("set typo", lambda c: ["train", str(c), "--set", "training.bata=0.1"], "config.yaml"),
     cli_case("missing config", lambda c: ["train", str(c.parent / "nope.yaml")], "nope.yaml"),
     cli_case("not a run dir", lambda c: ["train", str(c.parent)], "not a grpokit run"),
@@ -346,3 +377,316 @@ def test_bad_input_gives_one_message_and_exit_2(
     assert sum(line.lower().startswith("error:") for line in out.splitlines()) == 1, out
     # Nothing written: no file added, changed or removed (an empty run directory at most).
     assert _files(tmp_path) == files_before
+
+
+# ---- checkpoints: what grpokit wrote, damaged, read back by every command that reads one -------
+
+CKPT_REWARD = """
+def letter_e(prompts, completions, **columns):
+    return [c.count("e") / max(1, len(c)) for c in completions]
+"""
+TRAINER_FILES = ["trainable.safetensors", "optimizer.pt", "scheduler.pt", "rng.pt", "trainer_state.json"]  # fmt: skip
+ADAPTER_FILES = ["model/adapter_model.safetensors", "model/adapter_config.json"]
+MODEL_FILES = [*ADAPTER_FILES, "model/grpokit_policy.json", "model/tokenizer.json", "model/tokenizer_config.json"]  # fmt: skip
+READERS = ("train", "eval", "generate", "export", "export-gguf")
+"""The commands that read a checkpoint: resume (all of it), the others its model/ (a GGUF
+export only where the checkpoint is refused: converting one takes longer than the rest)."""
+
+
+@dataclass(frozen=True)
+class Damage:
+    id: str
+    apply: Callable[[Path], None]
+    """Damages the checkpoint directory given."""
+    names: str
+    """The path (relative to the checkpoint) the message must name."""
+    legacy: bool = False
+    """Applied to a checkpoint without a manifest (as the previous release wrote them)."""
+    loads: bool = False
+    """Not a damage: the checkpoint still loads (exit 0, no fall-back)."""
+    readers: tuple[str, ...] = ()
+    """The commands it is run through (default: resume, and the others for model/ files)."""
+    full: bool = False
+    """Applied to a full fine-tuning run's checkpoint (else a LoRA run's)."""
+
+
+def _truncate(rel: str) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:
+        data = (ckpt / rel).read_bytes()
+        (ckpt / rel).write_bytes(data[: len(data) // 2])
+
+    return apply
+
+
+def _empty(rel: str) -> Callable[[Path], None]:
+    return lambda ckpt: (ckpt / rel).write_bytes(b"")
+
+
+def _garbage(rel: str) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:  # the same size: only the contents tell
+        size = (ckpt / rel).stat().st_size
+        (ckpt / rel).write_bytes((b"\x07garbage\xff" * (size // 10 + 1))[:size])
+
+    return apply
+
+
+def _delete(rel: str) -> Callable[[Path], None]:
+    return lambda ckpt: (ckpt / rel).unlink()
+
+
+def _legacy(apply: Callable[[Path], None]) -> Callable[[Path], None]:
+    def both(ckpt: Path) -> None:
+        (ckpt / "manifest.json").unlink()
+        apply(ckpt)
+
+    return both
+
+
+def _edit_tensor(
+    rel: str, change: Callable[[Any], Any], pick: str = "lora_A"
+) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(ckpt / rel))
+        name = next(n for n in sorted(tensors) if pick in n)
+        tensors[name] = change(tensors[name]).contiguous()
+        save_file(tensors, str(ckpt / rel), metadata={"format": "pt"})
+
+    return apply
+
+
+def _edit_state(change: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def apply(ckpt: Path) -> None:
+        path = ckpt / "trainer_state.json"
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+    return apply
+
+
+WAYS = {"truncated": _truncate, "emptied": _empty, "garbage": _garbage, "deleted": _delete}
+TENSORS = {
+    "one-row slice": lambda t: t[:1],
+    "float16": lambda t: t.half(),
+}
+STATES = {
+    "only global_step": lambda s: {"global_step": s["global_step"]},
+    "global_step three": lambda s: {**s, "global_step": "three"},
+    "unknown key": lambda s: {**s, "learning_rate": 0.1},
+    "negative position": lambda s: {**s, "position": -1},
+    "a list": lambda s: [s],
+}
+
+
+def _damages() -> list[Damage]:
+    out = []
+    for rel in [*TRAINER_FILES, *MODEL_FILES, "config.yaml"]:
+        out += [Damage(f"{rel} {w}", way(rel), rel) for w, way in WAYS.items()]
+    for rel in [*TRAINER_FILES, *ADAPTER_FILES]:
+        out += [Damage(f"legacy {rel} {w}", _legacy(way(rel)), rel, legacy=True) for w, way in WAYS.items()]  # fmt: skip
+    out += [Damage(f"manifest.json {w}", WAYS[w]("manifest.json"), "manifest.json") for w in ("truncated", "emptied", "garbage")]  # fmt: skip
+    out.append(Damage("manifest.json deleted", _delete("manifest.json"), "", loads=True))
+    for rel in ("trainable.safetensors", "model/adapter_model.safetensors"):
+        for t, change in TENSORS.items():
+            out.append(Damage(f"{rel} {t}", _edit_tensor(rel, change), rel))
+    for t, change in TENSORS.items():
+        edit = _legacy(_edit_tensor("trainable.safetensors", change))
+        out.append(Damage(f"legacy trainable.safetensors {t}", edit, "trainable.safetensors", legacy=True))  # fmt: skip
+    # Without a manifest an adapter's tensors are checked by peft against the base model: a
+    # wrong shape is refused there (naming the adapter's directory). Resume reads
+    # trainable.safetensors, not the adapter. (A float16 copy of the same values loads.)
+    edit = _legacy(_edit_tensor("model/adapter_model.safetensors", TENSORS["one-row slice"]))
+    out.append(Damage("legacy model/adapter_model.safetensors one-row slice", edit, "model", legacy=True, readers=READERS[1:]))  # fmt: skip
+    # Full fine-tuning: the whole model in model/model.safetensors (and trainable.safetensors).
+    full = "model/model.safetensors"
+    out += [Damage(f"full {full} {w}", WAYS[w](full), full, full=True) for w in ("truncated", "garbage", "deleted")]  # fmt: skip
+    out += [Damage(f"full model/config.json {w}", WAYS[w]("model/config.json"), "model/config.json", full=True) for w in ("garbage", "deleted")]  # fmt: skip
+    for rel in (full, "trainable.safetensors"):
+        slice_ = _edit_tensor(rel, TENSORS["one-row slice"], pick="down_proj")
+        out.append(Damage(f"full {rel} one-row slice", slice_, rel, full=True))
+    # Without a manifest: resume checks trainable.safetensors against the model; eval and
+    # export load model/, where transformers refuses the shape (the message names model/).
+    slice_ = _edit_tensor("trainable.safetensors", TENSORS["one-row slice"], pick="down_proj")
+    out.append(Damage("full legacy trainable.safetensors one-row slice", _legacy(slice_), "trainable.safetensors", legacy=True, full=True))  # fmt: skip
+    slice_ = _edit_tensor(full, TENSORS["one-row slice"], pick="down_proj")
+    out.append(Damage(f"full legacy {full} one-row slice", _legacy(slice_), "model", legacy=True, full=True, readers=READERS[1:]))  # fmt: skip
+    for s, change in STATES.items():
+        out.append(Damage(f"trainer_state.json {s}", _edit_state(change), "trainer_state.json"))
+        out.append(Damage(f"legacy trainer_state.json {s}", _legacy(_edit_state(change)), "trainer_state.json", legacy=True))  # fmt: skip
+    return out
+
+
+DAMAGES = _damages()
+
+
+def _reads(command: str, damage: Damage) -> bool:
+    """Whether ``command`` reads what ``damage`` damaged (else the pair is not run)."""
+    if damage.readers:
+        return command in damage.readers
+    if command == "export-gguf" and damage.loads:
+        return False
+    if command == "train":
+        return True
+    return damage.names.startswith("model") or damage.names == "manifest.json" or damage.loads
+
+
+CKPT_CASES = [(c, d) for d in DAMAGES for c in READERS if _reads(c, d)]
+
+
+def _train_run(d: Path, model: Path, lora: bool) -> Path:
+    """A run of 2 steps with checkpoint-1 and checkpoint-2 in ``d/run``."""
+    (d / "rewards.py").write_text(CKPT_REWARD)
+    (d / "train.jsonl").write_text("".join(json.dumps({"prompt": f"Say {w}."}) + "\n" for w in ("hi", "yes", "bread", "tea")))  # fmt: skip
+    (d / "prompts.jsonl").write_text(json.dumps({"prompt": "Say hello."}) + "\n")
+    doc = {
+        "model": {"name_or_path": str(model), **({"lora": {"r": 4, "alpha": 8}} if lora else {})},
+        "data": {"train": "train.jsonl"},
+        "rewards": [{"type": "python", "name": "e", "function": "rewards.py:letter_e"}],
+        "training": {
+            "output_dir": str(d / "run"),
+            "learning_rate": 1e-3,
+            "num_generations": 2,
+            "per_device_train_batch_size": 2,
+            "max_completion_length": 4,
+            "max_steps": 2,
+            "save_steps": 1,
+            "report_to": "none",
+        },
+    }
+    (d / "config.yaml").write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(main, ["train", str(d / "config.yaml"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (d / "run").glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]  # fmt: skip
+    return d / "run"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A LoRA run, shared (copied) by the cases."""
+    return _train_run(tmp_path_factory.mktemp("ckpt-run"), tiny_model_dir, lora=True)
+
+
+@pytest.fixture(scope="module")
+def trained_full_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A full fine-tuning run, shared (copied) by its cases."""
+    return _train_run(tmp_path_factory.mktemp("ckpt-full-run"), tiny_model_dir, lora=False)
+
+
+def _command(command: str, run: Path, prompts: Path, out: Path) -> list[str]:
+    ckpt = str(run / "checkpoint-2")
+    return {
+        # max_steps 1: a fall-back to checkpoint-1 has nothing left to train.
+        "train": ["train", str(run), "--no-progress", "--set", "training.max_steps=1"],
+        "eval": [
+            "eval",
+            "--model",
+            str(run),
+            "--prompts",
+            str(prompts),
+            "--samples",
+            "1",
+            "--out",
+            str(out),
+        ],  # fmt: skip
+        "generate": [
+            "generate",
+            "--model",
+            ckpt,
+            "--prompt",
+            "Say hi.",
+            "--samples",
+            "1",
+            "--max-new-tokens",
+            "2",
+        ],  # fmt: skip
+        "export": ["export", ckpt, "--format", "hf", "--out", str(out)],
+        "export-gguf": ["export", str(run), "--format", "gguf", "--out", str(out) + ".gguf"],
+    }[command]
+
+
+def test_the_checkpoint_corpus_covers_every_file_and_reader() -> None:
+    assert len(DAMAGES) >= 80 and len({d.id for d in DAMAGES}) == len(DAMAGES)
+    for command in READERS:
+        assert sum(c == command for c, _ in CKPT_CASES) >= 20, command
+
+
+@pytest.mark.parametrize("command,damage", CKPT_CASES, ids=[f"{c}:{d.id}" for c, d in CKPT_CASES])
+def test_a_damaged_checkpoint_is_named_and_refused_or_passed_over(
+    command: str, damage: Damage, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    trained_run: Path = request.getfixturevalue(
+        "trained_full_run" if damage.full else "trained_run"
+    )
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    damage.apply(run / "checkpoint-2")
+    result = CliRunner().invoke(
+        main, _command(command, run, trained_run.parent / "prompts.jsonl", tmp_path / "out")
+    )
+    out = result.output
+    assert "Traceback" not in out, out
+    assert result.exception is None or isinstance(result.exception, SystemExit), (result.exception, out)  # fmt: skip
+    if damage.loads:
+        assert result.exit_code == 0, out
+        assert "is damaged" not in out and "error" not in out, out
+        return
+    named = str(run / "checkpoint-2" / damage.names)
+    if command == "train":  # falls back to checkpoint-1, saying which and why
+        assert result.exit_code == 0, out
+        assert f"checkpoint-2 is damaged: {named}" in out, out
+        assert "resuming from checkpoint-1, the newest intact checkpoint, at step 1" in out, out
+        changes = (run / "config_changes.jsonl").read_text().splitlines()
+        assert json.loads(changes[-1])["step"] == 1  # the --set applies from the step resumed at
+        return
+    assert result.exit_code == 2, out
+    assert named in out, out
+    assert sum(line.lower().startswith("error:") for line in out.splitlines()) == 1, out
+    if command in ("eval", "export-gguf") and damage.names != "model":
+        # Given a run directory, they name its newest intact checkpoint to give instead.
+        assert f"The newest intact one is {run / 'checkpoint-1'}" in out, out
+
+
+def test_with_no_intact_checkpoint_resume_is_one_message(trained_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    _garbage("trainable.safetensors")(run / "checkpoint-1")
+    _legacy(_edit_state(STATES["global_step three"]))(run / "checkpoint-2")
+    result = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    assert "no intact checkpoint to resume from" in errors[0]
+    assert str(run / "checkpoint-1" / "trainable.safetensors") in errors[0]
+    assert f"{run / 'checkpoint-2' / 'trainer_state.json'}: field 'global_step' is 'three'" in errors[0]  # fmt: skip
+
+
+def test_a_fall_back_ends_bitwise_equal_to_the_intact_run(
+    trained_run: Path, tmp_path: Path
+) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    intact = load_file(str(trained_run / "checkpoint-2" / "trainable.safetensors"))
+    _garbage("rng.pt")(run / "checkpoint-2")
+    result = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert "resuming from checkpoint-1, the newest intact checkpoint, at step 1" in result.output
+    again = load_file(str(run / "checkpoint-2" / "trainable.safetensors"))
+    assert sorted(again) == sorted(intact)
+    assert all(torch.equal(again[n], intact[n]) for n in intact)
+
+
+def test_long_prompts_are_dropped_with_a_count_when_asked(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    args = long_prompt_case("dropped", "word " * 9389).build(tmp_path, tiny_model_dir)
+    refused = CliRunner().invoke(main, args)
+    assert refused.exit_code == 2
+    assert "train.jsonl:2 (9" in refused.output and "data.drop_long_prompts" in refused.output
+    assert "2048 tokens, max_position_embeddings in its config.json" in refused.output
+    result = CliRunner().invoke(main, [*args, "--set", "data.drop_long_prompts=true"])
+    assert result.exit_code == 0, result.output
+    assert "dropped 1 of 2 data.train prompts longer than the 2044 tokens" in result.output

@@ -120,6 +120,8 @@ def test_resolve_model_arguments(tmp_path: Path) -> None:
         model = run / f"checkpoint-{step}" / "model"
         model.mkdir(parents=True)
         (model / "adapter_config.json").write_text("{}")
+        # Adapter weights (an empty safetensors file): a checkpoint without them is damaged.
+        (model / "adapter_model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")
         (model / "grpokit_policy.json").write_text(json.dumps({"base_model": "/models/base"}))
     (run / "config.yaml").write_text("x: 1\n")
     spec = resolve_model(str(run))

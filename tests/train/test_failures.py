@@ -125,6 +125,13 @@ def test_a_reward_that_raises_saves_the_last_step_and_resumes_to_the_same_weight
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
 
     monkeypatch.delenv("GRPOKIT_TEST_FAIL_AT")
+    # The printed replay command finds the reward's file (next to the original config).
+    replay = next(x for x in failed.output.splitlines() if "replay them with: " in x)
+    replay_args = shlex.split(replay.split("replay them with: ", 1)[1])
+    assert replay_args[:3] == ["grpokit", "rewards", "check"], replay
+    replayed = runner.invoke(main, replay_args[1:])
+    assert replayed.exit_code == 0, replayed.output
+    assert "failed-step-3.jsonl" in replay and "Traceback" not in replayed.output
     counter.write_text("2")  # the reward's own count, as an uninterrupted run would have it
     resumed = runner.invoke(main, _resume_args(failed.output, "resume with: "))
     assert resumed.exit_code == 0, resumed.output
@@ -247,9 +254,87 @@ def test_a_full_disk_keeps_the_earlier_checkpoints_and_resumes(
     first, second = (line for line in out.stdout.splitlines() if line.startswith("exit="))
     assert first == "exit=1", log
     assert f"the disk holding {run} is full" in log and "Traceback" not in log, log
+    assert "free; a checkpoint takes about" in log and "(checkpoint-2)" in log, log
     assert f"the latest checkpoint is {run / 'checkpoint-2'}" in log
     listing = out.stdout.split("exit=1", 1)[1].split("exit=", 1)[0]
     assert "checkpoint-2" in listing and ".tmp-checkpoint" not in listing, listing
     assert second == "exit=0", log
     resumed = load_file(str(tmp_path / "resumed" / "trainable.safetensors"))
     _assert_same(resumed, _final_weights(tmp_path / "whole"))
+
+
+def test_a_second_writer_is_refused_while_readers_are_not_and_a_crash_frees_the_run(
+    tmp_path: Path, tiny_model_dir: Path, counter: Path
+) -> None:
+    import socket
+
+    run = tmp_path / "run"
+    config = _config(tmp_path, tiny_model_dir, run, {}, max_steps=1000)  # killed long before
+    first = _grpokit(["train", str(config), "--no-progress"], _env(counter) | {"GRPOKIT_TEST_SLEEP": "1"})  # fmt: skip
+    deadline = time.monotonic() + 600
+    while not (run / "metrics.jsonl").is_file() or not (run / "metrics.jsonl").read_text():
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.2)
+    try:
+        for args in (["train", str(config)], ["train", str(run)]):  # a fresh start, a resume
+            second = _grpokit([*args, "--no-progress"], _env(counter))
+            _, stderr = second.communicate(timeout=600)
+            assert second.returncode == 2, stderr
+            assert "Traceback" not in stderr
+            assert f"{run} is in use by another grpokit process (PID {first.pid} on host {socket.gethostname()}" in stderr  # fmt: skip
+        # Readers take no lock.
+        report = CliRunner().invoke(main, ["report", str(run)])
+        assert report.exit_code == 0, report.output
+        assert first.poll() is None  # the first run was never disturbed
+    finally:
+        first.kill()  # SIGKILL: no clean-up runs, the kernel releases the lock
+        first.communicate(timeout=600)
+    after = CliRunner().invoke(main, ["train", str(run), "--no-progress"])
+    assert "in use by another" not in after.output, after.output
+
+
+def test_the_disk_full_advice_names_the_directory_its_free_space_and_a_checkpoints_size(
+    tmp_path: Path,
+) -> None:
+    from grpokit.train.failures import disk_full_advice
+
+    ckpt = tmp_path / "checkpoint-4"
+    (ckpt / "model").mkdir(parents=True)
+    (ckpt / "optimizer.pt").write_bytes(b"\0" * (3 << 20))
+    (ckpt / "model" / "adapter_model.safetensors").write_bytes(b"\0" * (1 << 19))
+    advice = disk_full_advice(tmp_path, ckpt)
+    free_gb = shutil.disk_usage(tmp_path).free / (1 << 30)
+    assert advice.startswith(f"the disk holding {tmp_path} is full (")
+    assert "a checkpoint takes about 3.5 MB (checkpoint-4)" in advice
+    assert (f"{free_gb:.1f} GB free" in advice) or (" MB free" in advice), advice
+    assert "no earlier checkpoint" in disk_full_advice(tmp_path, None)
+
+
+def test_sft_into_an_output_another_process_writes_is_refused(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    out = tmp_path / "sft"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from grpokit.train.run_lock import output_lock\nwith output_lock(Path(sys.argv[1])):\n    print('held', flush=True); time.sleep(600)",
+            str(out),
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        config = _config(tmp_path, tiny_model_dir, tmp_path / "run", {})
+        demos = tmp_path / "demos.jsonl"
+        demos.write_text(json.dumps({"prompt": "Say hi.", "completion": "hi"}) + "\n")
+        args = ["sft", str(config), "--data", str(demos), "--output", str(out), "--steps", "1"]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert f"{out} is in use by another grpokit process (PID {holder.pid}" in result.output
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0, again.output

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,18 @@ def _yaml_float(text: str) -> float:
         return 0.0
 
 
+_NEVER = {
+    "training.save_minutes": "to never checkpoint by time, write save_minutes: 0 (0 turns it off)",
+}
+"""Settings where an infinite value would mean "never", and what to write for that instead."""
+
+
+def _not_finite(where: str, value: str) -> str:
+    """'<value> is not a finite number; <what to write instead>' for the setting ``where``."""
+    hint = _NEVER.get(where) if value.lstrip("+").startswith(".inf") else None
+    return f"{value} is not a finite number; {hint or 'give a finite value'}"
+
+
 def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -> None:
     """Refuse what PyYAML accepts silently: a key given twice in a mapping (the last would win)
     and a number that is not finite (.inf, .nan)."""
@@ -67,10 +80,8 @@ def _check_document(node: yaml.Node, source: Path, path: tuple[Any, ...] = ()) -
             _check_document(item, source, (*path, i))
     elif node.tag == "tag:yaml.org,2002:float" and not math.isfinite(_yaml_float(node.value)):
         where = ".".join(str(x) for x in path) or "(top level)"
-        raise UserError(
-            f"{source}:{node.start_mark.line + 1}: {where}: {node.value} is not a finite number; "
-            "give a finite value"
-        )
+        line = node.start_mark.line + 1
+        raise UserError(f"{source}:{line}: {where}: {_not_finite(where, node.value)}")
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
@@ -85,7 +96,7 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     except yaml.YAMLError:
         value = raw
     if isinstance(value, float) and not math.isfinite(value):
-        raise UserError(f"--set {item!r}: {raw} is not a finite number; give a finite value")
+        raise UserError(f"--set {item!r}: {_not_finite(key.strip(), raw.strip())}")
     return keys, value
 
 
@@ -214,11 +225,27 @@ def validate_config(
     return cfg
 
 
+def run_config_dir(path: Path) -> Path | None:
+    """For a run directory's config.yaml: the directory its relative paths were written against
+    (the original config's, recorded in the run's run.json), else None."""
+    info = path.parent / "run.json"
+    if path.name != "config.yaml" or not info.is_file():
+        return None
+    try:
+        config_dir = json.loads(info.read_text(encoding="utf-8")).get("config_dir")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+        return None
+    return Path(config_dir) if isinstance(config_dir, str) and config_dir else None
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKitConfig:
-    """Read and validate a YAML config; errors become one UserError naming file, line and field."""
+    """Read and validate a YAML config; errors become one UserError naming file, line and field.
+
+    A run directory's config.yaml resolves its relative paths (reward files, data) against the
+    original config's directory, as when the run started (see :func:`run_config_dir`)."""
     path = Path(path)
     data, lines = read_config_data(path)
-    return validate_config(data, path, lines, overrides)
+    return validate_config(data, path, lines, overrides, config_dir=run_config_dir(path))
 
 
 def load_reward_specs(path: Path) -> tuple[list[RewardSpec], Path]:

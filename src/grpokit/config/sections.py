@@ -169,6 +169,12 @@ class DataConfig(_Strict):
         None, description="File with the system prompt (relative to the config file)."
     )
     shuffle: bool = Field(True, description="Shuffle the prompts each epoch (seeded).")
+    drop_long_prompts: bool = Field(
+        False,
+        description="Without training.max_prompt_length, a prompt (with the chat template and "
+        "system prompt) that leaves less than max_completion_length tokens of the model's "
+        "context is refused, with its line; true drops such prompts instead and prints how many.",
+    )
 
     @model_validator(mode="after")
     def _one_system_prompt(self) -> DataConfig:

@@ -109,7 +109,9 @@ class TrainingConfig(_Strict):
         512,
         ge=1,
         description="Prompts longer than this (in tokens) are truncated from the left; null keeps "
-        "them whole (TRL 1.x dropped this setting; older TRL configs have it).",
+        "them whole, and one that leaves less than max_completion_length of the model's context "
+        "is refused before training (or dropped: data.drop_long_prompts). TRL 1.x dropped this "
+        "setting; older TRL configs have it.",
         json_schema_extra=_GEN,
     )
     max_completion_length: int = Field(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpokit.data.prompts import Prompt
+from grpokit.data.prompts import Prompt, PromptRow
 from grpokit.errors import UserError, read_utf8
 
 # The separator is an expression: transformers renders templates with trim_blocks, which would
@@ -53,6 +53,27 @@ def to_messages(prompt: Prompt, system_prompt: str | None) -> list[dict[str, str
     return messages
 
 
+def render_prompt(
+    tokenizer: Any,
+    prompt: Prompt,
+    *,
+    system_prompt: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> str:
+    """The prompt as the model reads it: the system prompt and the messages through the chat
+    template, with the generation prompt (see :func:`encode_prompt`)."""
+    messages = to_messages(prompt, system_prompt)
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(NO_TEMPLATE.format(name=getattr(tokenizer, "name_or_path", "the model")))
+    text: str = tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=True,
+        **dict(chat_template_kwargs or {}),
+    )
+    return text
+
+
 def encode_prompt(
     tokenizer: Any,
     prompt: Prompt,
@@ -69,14 +90,8 @@ def encode_prompt(
     ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
     variables, e.g. ``{"enable_thinking": False}`` for Qwen3.
     """
-    messages = to_messages(prompt, system_prompt)
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError(NO_TEMPLATE.format(name=getattr(tokenizer, "name_or_path", "the model")))
-    text = tokenizer.apply_chat_template(
-        messages,
-        tokenize=False,
-        add_generation_prompt=True,
-        **dict(chat_template_kwargs or {}),
+    text = render_prompt(
+        tokenizer, prompt, system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs
     )
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
@@ -93,3 +108,42 @@ def prompt_text(prompt: Prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n".join(m["content"] for m in prompt if m["role"] != "system")
+
+
+def prompts_past_context(
+    tokenizer: Any,
+    rows: Sequence[PromptRow],
+    room: int,
+    *,
+    system_prompt: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+) -> list[tuple[int, str]]:
+    """The rows whose rendered prompt (see :func:`render_prompt`) is longer than ``room``
+    tokens, as (index, its length in words: "9390 tokens").
+
+    A text longer than ``room`` times the longest token in the vocabulary (in characters) is
+    too long without counting: a 10 MB prompt is refused in milliseconds, not tokenized for a
+    minute. (Each token spells at most that many characters: byte-level and SentencePiece
+    vocabularies spell every byte or character they cover.)
+    """
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=1)
+    out: list[tuple[int, str]] = []
+    texts: list[tuple[int, str]] = []
+    for i, row in enumerate(rows):
+        text = render_prompt(
+            tokenizer,
+            row.prompt,
+            system_prompt=system_prompt,
+            chat_template_kwargs=chat_template_kwargs,
+        )
+        if len(text) > room * longest:
+            out.append((i, f"{len(text):,} characters"))
+        else:
+            texts.append((i, text))
+    for start in range(0, len(texts), 256):
+        chunk = texts[start : start + 256]
+        encoded = tokenizer([t for _, t in chunk], add_special_tokens=False)["input_ids"]
+        for (i, _), ids in zip(chunk, encoded, strict=True):
+            if len(ids) > room:
+                out.append((i, f"{len(ids)} tokens"))
+    return sorted(out)

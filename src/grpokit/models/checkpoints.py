@@ -17,6 +17,7 @@ from pathlib import Path
 from grpokit.errors import UserError
 from grpokit.model_files.embedded import EMBEDDED_MODEL
 from grpokit.models.loading import POLICY_FILE
+from grpokit.models.manifest import MANIFEST, CheckpointDamaged, check_model
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _LABEL = re.compile(r"^(?P<label>[A-Za-z0-9_.\-]+)=(?P<path>.+)$")
@@ -38,8 +39,31 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """A training checkpoint-N directory (its model in ``model/``), whole or damaged."""
+    markers = ("model", MANIFEST, "trainable.safetensors", "trainer_state.json")
+    return any((path / name).exists() for name in markers)
+
+
 def _holds_model(path: Path) -> bool:
     return (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+
+
+def _intact_model(run_dir: Path, damaged: CheckpointDamaged, option: str) -> UserError:
+    """The error for a run whose latest checkpoint is damaged, naming the newest intact one."""
+    for earlier in reversed(checkpoint_dirs(run_dir)[:-1]):
+        try:
+            check_model(earlier / "model")
+        except CheckpointDamaged:
+            continue
+        return UserError(
+            f"{option} {run_dir}: its latest checkpoint is damaged: {damaged}. The newest "
+            f"intact one is {earlier}: give it instead"
+        )
+    return UserError(
+        f"{option} {run_dir}: its latest checkpoint is damaged ({damaged}), and it has no "
+        "intact earlier one"
+    )
 
 
 def model_dir(path: Path, *, option: str = "--checkpoint") -> Path:
@@ -97,18 +121,26 @@ def resolve_model(
     latest = latest_checkpoint(path)
     if latest is not None and not (path / "config.json").is_file():
         run_dir, path = path, latest
-    if (path / "model").is_dir():
+    if _is_checkpoint(path):
         run_dir = run_dir or (path.parent if (path.parent / "config.yaml").is_file() else None)
         default_label = f"{path.parent.name}/{path.name}"
         path = path / "model"
     else:
         default_label = path.name
+    if _holds_model(path) or _is_checkpoint(path.parent):
+        try:
+            check_model(path)
+        except CheckpointDamaged as e:
+            if run_dir is not None and latest is not None and path.parent == latest:
+                raise _intact_model(run_dir, e, option) from None
+            raise UserError(f"{option} {arg}: a damaged checkpoint: {e}") from None
     if (path / "adapter_config.json").is_file():
         info_path = path / POLICY_FILE
         base = embedded_default
         if info_path.is_file():
-            info = json.loads(info_path.read_text(encoding="utf-8"))
-            base = str(info.get("base_model") or base)
+            info = json.loads(info_path.read_text(encoding="utf-8"))  # checked: valid JSON
+            if isinstance(info, dict):
+                base = str(info.get("base_model") or base)
         return ModelSpec(label or default_label, base, str(path), arg, run_dir)
     if (path / "config.json").is_file():
         return ModelSpec(label or default_label, str(path), None, arg, run_dir)

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from grpokit.errors import UserError
 from grpokit.model_files.embedded import EMBEDDED_MODEL
 from grpokit.model_files.resolve import hub_error, load_tokenizer, pad_token_id, resolve_model_path
+from grpokit.models.manifest import CheckpointDamaged, check_model
 from grpokit.models.onednn import (
     CpuMatmul,
     bf16_compute_applies,
@@ -79,6 +80,11 @@ def _load_causal_lm(name_or_path: str, resolved: str, dtype: torch.dtype) -> tor
         model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(resolved, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise hub_error(name_or_path, exc) from exc
+    except RuntimeError as exc:  # transformers' refusal of tensors of the wrong shape
+        raise UserError(
+            f"Model '{name_or_path}': its weights do not fit its config.json ({exc}); the "
+            "checkpoint is damaged, or its files come from different models."
+        ) from None
     # A quantisation method can also be attached at load time without being in config.json.
     _check_not_quantised(getattr(model, "config", None), name_or_path)
     if getattr(model, "hf_quantizer", None) is not None:
@@ -129,6 +135,10 @@ def _apply_init_from(
             f"init_from '{init_from}' is not a directory. Give a checkpoint directory written by "
             "grpokit (a full model or a LoRA adapter)."
         )
+    try:
+        check_model(init_from)
+    except CheckpointDamaged as exc:
+        raise UserError(f"init_from '{init_from}': a damaged checkpoint: {exc}") from None
     if (init_from / "adapter_config.json").is_file():
         info = _read_policy_file(init_from)
         inner = info.get("init_from")
@@ -355,6 +365,23 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 """Where model configs state their context length (Llama/Qwen/Mistral, GPT-2, others)."""
 
 
+_UNSET_LENGTH = 10**8
+"""transformers sets model_max_length to a huge number (1e30) when a tokenizer states none."""
+
+
+def model_context(config: Any, tokenizer: Any = None) -> tuple[int, str] | None:
+    """The model's context length in tokens and where it was read: the config's
+    max_position_embeddings (or its other names), else the tokenizer's model_max_length; None
+    when neither states one."""
+    key = next((k for k in _CONTEXT_KEYS if isinstance(getattr(config, k, None), int)), None)
+    if key is not None:
+        return int(getattr(config, key)), f"{key} in its config.json"
+    length = getattr(tokenizer, "model_max_length", None)
+    if isinstance(length, int) and 0 < length < _UNSET_LENGTH:
+        return length, "model_max_length in its tokenizer_config.json"
+    return None
+
+
 def check_context_length(
     name_or_path: str, *, max_prompt_length: int | None, max_completion_length: int
 ) -> None:
@@ -370,10 +397,10 @@ def check_context_length(
         config = AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as exc:
         raise hub_error(name_or_path, exc) from exc
-    key = next((k for k in _CONTEXT_KEYS if isinstance(getattr(config, k, None), int)), None)
-    if key is None:
+    found = model_context(config)
+    if found is None:
         return
-    context: int = getattr(config, key)
+    context, key = found
     prompt = max_prompt_length or 0
     if prompt + max_completion_length <= context:
         return
@@ -391,5 +418,5 @@ def check_context_length(
     )
     raise UserError(
         f"{need} tokens do not fit the context of model '{name_or_path}' ({context} tokens, "
-        f"{key} in its config.json); {fix}"
+        f"{key}); {fix}"
     )

@@ -6,6 +6,12 @@ checkpoint-<step>/
   optimizer.pt, scheduler.pt, rng.pt
   trainer_state.json      step, data position, metrics needed to continue
   config.yaml             the resolved config
+  manifest.json           written last: every file's size and sha256, the tensors' names,
+                          shapes and dtypes (see grpokit.models.manifest)
+
+A checkpoint is checked whole before anything of it is loaded: its manifest (or, for a
+checkpoint written before manifests, each file's format), the trainer state's fields, and every
+tensor's name, shape and dtype against the model it is loaded into.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ import errno
 import json
 import random
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +28,29 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from grpokit.errors import UserError
+from grpokit.models.manifest import (
+    CheckpointDamaged,
+    TensorInfo,
+    check_file_format,
+    check_model,
+    safetensors_header,
+    verify_checkpoint,
+    write_manifest,
+)
 from grpokit.sampling import checkpoint_dirs
 from grpokit.train.fsdp import load_full_state
+
+STATE_VERSION = 1
+"""The layout of trainer_state.json (its fields, below); the manifest records it."""
+
+RESUME_FILES = (
+    "trainable.safetensors",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng.pt",
+    "trainer_state.json",
+)
+"""The files a resume reads (besides model/, which eval and export read)."""
 
 
 @dataclass
@@ -156,6 +182,153 @@ def _write(
     torch.save(rng, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
     (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+    write_manifest(tmp, trainer_state_version=STATE_VERSION)  # last: the checkpoint is whole
+
+
+def read_trainer_state(path: Path) -> TrainerState:
+    """trainer_state.json, every field present, an integer of at least 0, and no other key.
+
+    Raises:
+        CheckpointDamaged: naming the file and the field.
+    """
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointDamaged(path, "missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointDamaged(path, f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointDamaged(path, f"expected a JSON object, got {type(data).__name__}")
+    names = [f.name for f in fields(TrainerState)]
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise CheckpointDamaged(path, f"unknown field {unknown[0]!r} (expected {', '.join(names)})")
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise CheckpointDamaged(
+            path, f"field {missing[0]!r} is missing: a resume would restart it from 0"
+        )
+    for name in names:
+        value = data[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointDamaged(
+                path, f"field {name!r} is {value!r}; expected a whole number of at least 0"
+            )
+    return TrainerState(**data)
+
+
+_DTYPES = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
+
+
+def _check_weights(
+    file: Path, tensors: dict[str, TensorInfo], params: dict[str, torch.nn.Parameter]
+) -> None:
+    """The saved trainable tensors are exactly the model's trainable parameters, each of the
+    parameter's shape and dtype (a copy_ would broadcast a wrong shape, cast a wrong dtype)."""
+    trainable = {n: p for n, p in params.items() if p.requires_grad}
+    unknown = [n for n in tensors if n not in params]
+    if unknown:
+        raise CheckpointDamaged(
+            file,
+            f"holds {unknown[0]!r}, which the configured model does not have; resume with "
+            "the run's own config",
+        )
+    missing = [n for n in trainable if n not in tensors]
+    if missing:
+        raise CheckpointDamaged(file, f"lacks the trainable parameter {missing[0]!r}")
+    for name, info in tensors.items():
+        param = params[name]
+        want = (_DTYPES.get(param.dtype, str(param.dtype)), tuple(param.shape))
+        if (info.dtype, info.shape) != want:
+            raise CheckpointDamaged(
+                file,
+                f"tensor {name!r} is {info.dtype} {list(info.shape)}; the model's "
+                f"parameter is {want[0]} {list(want[1])}",
+            )
+
+
+def check_checkpoint(path: Path, params: dict[str, torch.nn.Parameter]) -> TrainerState:
+    """Everything about a checkpoint that can be checked without loading it: its manifest (or
+    each file's format), the files a resume needs, the trainer state and the saved tensors'
+    names, shapes and dtypes against ``params``. Returns the trainer state.
+
+    Raises:
+        CheckpointDamaged: naming the first damaged or missing file and what is wrong.
+    """
+    manifest = verify_checkpoint(path)
+    for name in RESUME_FILES:
+        if not (path / name).is_file():
+            raise CheckpointDamaged(path / name, "missing: the checkpoint cannot resume a run")
+    if manifest is not None and (manifest.trainer_state_version or 0) > STATE_VERSION:
+        raise CheckpointDamaged(
+            path / "trainer_state.json",
+            f"layout version {manifest.trainer_state_version}, written by a newer grpokit; "
+            "upgrade grpokit to resume it",
+        )
+    state = read_trainer_state(path / "trainer_state.json")
+    if manifest is None:  # written before manifests: check what each file's format allows
+        for name in RESUME_FILES:
+            check_file_format(path / name)
+        check_model(path / "model")
+    file = path / "trainable.safetensors"
+    _check_weights(file, safetensors_header(file), params)
+    return state
+
+
+_NUMPY_STATE: list[Any] = [
+    np.zeros(1).__reduce__()[0],  # the function arrays unpickle through (numpy's _reconstruct)
+    np.ndarray,
+    np.dtype,
+    type(np.dtype(np.uint32)),
+]
+"""What NumPy's random state (in rng.pt) unpickles to, allowed on top of torch's own types."""
+
+
+def _torch_load(path: Path) -> Any:
+    """A .pt file with ``weights_only`` (tensors, numbers, strings and containers; NumPy's
+    random state): a damaged or hostile file raises CheckpointDamaged, it never runs code."""
+    try:
+        with torch.serialization.safe_globals(_NUMPY_STATE):
+            return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointDamaged(path, f"unreadable ({type(exc).__name__}: {first[:160]})") from None
+
+
+def _check_optimizer_state(
+    path: Path, state: Any, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter]
+) -> None:
+    """The optimizer state's groups hold the parameters the optimizer has, and each
+    per-parameter tensor (Adam's moments) has its parameter's shape."""
+    if not (
+        isinstance(state, dict)
+        and isinstance(state.get("state"), dict)
+        and isinstance(state.get("param_groups"), list)
+    ):
+        raise CheckpointDamaged(path, "not an optimizer state (no 'state' and 'param_groups')")
+    groups = state["param_groups"]
+    sizes = [len(g.get("params", [])) if isinstance(g, dict) else -1 for g in groups]
+    want = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != want:
+        raise CheckpointDamaged(
+            path, f"holds parameter groups of sizes {sizes}; the optimizer's are {want}"
+        )
+    for index, values in state["state"].items():
+        if (
+            not isinstance(index, int)
+            or not 0 <= index < len(params)
+            or not isinstance(values, dict)
+        ):
+            raise CheckpointDamaged(path, f"holds state for an unknown parameter {index!r}")
+        for key, value in values.items():
+            shape = params[index].shape
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != shape:
+                raise CheckpointDamaged(
+                    path, f"{key} of parameter {index} is {list(value.shape)}; it is {list(shape)}"
+                )
 
 
 def load_checkpoint(
@@ -169,45 +342,57 @@ def load_checkpoint(
 ) -> TrainerState:
     """Restore weights, optimizer, schedule and every RNG; returns the trainer state.
 
-    With ``sharded`` (an FSDP model, every rank calling), rank 0 reads the weights and the
-    optimizer state and the other ranks receive their shards.
+    The checkpoint is checked first (see :func:`check_checkpoint`) and every file read before
+    anything is restored, so a damaged one raises :class:`CheckpointDamaged` and changes
+    nothing. With ``sharded`` (an FSDP model, every rank calling), rank 0 reads the weights and
+    the optimizer state and the other ranks receive their shards.
     """
-    missing = [
-        name
-        for name in ("trainable.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json")
-        if not (path / name).is_file()
-    ]
-    if missing:
-        raise UserError(
-            f"{path}: an incomplete checkpoint (no {', '.join(missing)}); it cannot resume a run. "
-            "Move it aside to resume from the checkpoint before it."
-        )
     params = dict(policy.model.named_parameters())
+    state = check_checkpoint(path, params)
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
 
     def read() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        weights = load_file(str(path / "trainable.safetensors"))
-        missing = [n for n in weights if n not in params]
-        if missing:
-            raise UserError(
-                f"{path}: checkpoint parameters do not match the configured model "
-                f"(e.g. {missing[0]}); resume with the run's own config"
-            )
-        return weights, torch.load(path / "optimizer.pt", weights_only=False)
+        try:
+            weights = load_file(str(path / "trainable.safetensors"))
+        except Exception as exc:
+            raise CheckpointDamaged(path / "trainable.safetensors", f"unreadable ({exc})") from None
+        optimizer_state = _torch_load(path / "optimizer.pt")
+        _check_optimizer_state(path / "optimizer.pt", optimizer_state, optimizer, ordered)
+        return weights, optimizer_state
 
+    scheduler_state = _torch_load(path / "scheduler.pt")
+    if not isinstance(scheduler_state, dict):
+        raise CheckpointDamaged(path / "scheduler.pt", "not a learning-rate schedule's state")
+    rng = _torch_load(path / "rng.pt")
+    keys = ("python", "numpy", "torch", "cuda", "generator")
+    if not isinstance(rng, dict) or any(k not in rng for k in keys):
+        raise CheckpointDamaged(path / "rng.pt", f"not the random states ({', '.join(keys)})")
     if sharded:
         load_full_state(policy.model, optimizer, read)
     else:
         weights, optimizer_state = read()
         with torch.no_grad():
             for name, value in weights.items():
-                params[name].copy_(value.to(params[name].device, params[name].dtype))
-        optimizer.load_state_dict(optimizer_state)
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
+                params[name].copy_(value.to(params[name].device))
+        _restore(path / "optimizer.pt", lambda: optimizer.load_state_dict(optimizer_state))
+    _restore(path / "scheduler.pt", lambda: scheduler.load_state_dict(scheduler_state))
+    _restore(path / "rng.pt", lambda: _set_rng(rng, generator))
+    return state
+
+
+def _restore(path: Path, apply: Any) -> None:
+    try:
+        apply()
+    except (TypeError, ValueError, KeyError, IndexError, RuntimeError) as exc:
+        raise CheckpointDamaged(
+            path, f"does not fit this run ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _set_rng(rng: dict[str, Any], generator: torch.Generator) -> None:
+    random.setstate(tuple(rng["python"]) if isinstance(rng["python"], list) else rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])
     if rng["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(rng["cuda"])
     generator.set_state(rng["generator"])
-    return TrainerState(**json.loads((path / "trainer_state.json").read_text()))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import shutil
 import signal
+from pathlib import Path
 
 from grpokit.rewards.compose import RewardError
 
@@ -32,6 +34,33 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _size(n: int) -> str:
+    """A byte count for people: 512 bytes, 3.4 MB, 1.2 GB."""
+    if n < 1024:
+        return f"{n} bytes"
+    value, unit = n / 1024, "KB"
+    for bigger in ("MB", "GB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
+
+
+def disk_full_advice(run_dir: Path, latest: Path | None) -> str:
+    """Which disk is full, how much is free on it and how much the next checkpoint needs (the
+    size of the last one), in one sentence."""
+    try:
+        free = f"{_size(shutil.disk_usage(run_dir).free)} free"
+    except OSError:
+        free = "free space unknown"
+    if latest is None:
+        need = "there is no earlier checkpoint to size the next one by"
+    else:
+        taken = sum(p.stat().st_size for p in latest.rglob("*") if p.is_file())
+        need = f"a checkpoint takes about {_size(taken)} ({latest.name})"
+    return f"the disk holding {run_dir} is full ({free}; {need}): free space, then resume"
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -19,10 +19,9 @@ from typing import Any
 
 from grpokit.config import GRPOKitConfig, load_config, read_config_data, validate_config
 from grpokit.errors import UserError
-from grpokit.files import write_atomic
 from grpokit.models.loading import check_context_length
 from grpokit.monitor.trackers import ReportBuilder
-from grpokit.sampling import latest_checkpoint
+from grpokit.train.run_lock import run_lock
 from grpokit.train.trainer import GRPOTrainer, TrainResult
 
 CHANGES_FILE = "config_changes.jsonl"
@@ -102,8 +101,9 @@ def train_from_config(
     """Train from a config file; ``build_report`` writes the HTML report the trackers upload."""
     cfg = load_config(config, overrides)
     _check_can_run(cfg, config)
-    trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress, build_report=build_report)
-    return trainer.train()
+    with run_lock((output_dir or cfg.output_dir).resolve()):
+        trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress, build_report=build_report)
+        return trainer.train()
 
 
 def _diff(old: Any, new: Any, key: str = "") -> list[tuple[str, Any, Any]]:
@@ -131,18 +131,14 @@ def _why_frozen(key: str) -> str:
     return next(why for prefix, why in _FROZEN_WHY if key.startswith(prefix))
 
 
-def _record_changes(run_dir: Path, cfg: GRPOKitConfig, changes: list[tuple[str, Any, Any]]) -> None:
-    """Append the changes with the step they apply from; rewrite config.yaml atomically."""
-    latest = latest_checkpoint(run_dir)
-    if latest is None:
-        raise UserError(f"{run_dir}: no checkpoint-<step> directory to resume from")
-    step = int(latest.name.rsplit("-", 1)[1])
+def _record_changes(run_dir: Path, changes: list[tuple[str, Any, Any]], step: int) -> None:
+    """Append the changes with the step they apply from (the trainer has rewritten
+    config.yaml, atomically, to the new config)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     with (run_dir / CHANGES_FILE).open("a", encoding="utf-8") as f:
         for key, old, new in changes:
             row = {"step": step, "key": key, "old": old, "new": new, "time": stamp}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    write_atomic(run_dir / "config.yaml", cfg.to_yaml())
 
 
 def resume_run(
@@ -177,9 +173,11 @@ def resume_run(
             f"{run_dir}/checkpoint-N --output-dir NEW_DIR"
         )
     _check_can_run(cfg, cfg_path)
-    if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
-        _record_changes(run_dir, cfg, changes)
-    trainer = GRPOTrainer(
-        cfg, run_dir=run_dir, resume=True, progress=progress, build_report=build_report
-    )
-    return trainer.train()
+    with run_lock(run_dir.resolve()):
+        trainer = GRPOTrainer(
+            cfg, run_dir=run_dir, resume=True, progress=progress, build_report=build_report
+        )
+        if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
+            # From the step resumed at: the newest intact checkpoint's.
+            _record_changes(run_dir, changes, trainer.state.global_step)
+        return trainer.train()

@@ -18,9 +18,11 @@ from pydantic import ValidationError
 import grpokit
 from grpokit.config import GRPOKitConfig, TrainingConfig
 from grpokit.core.losses import PolicyLoss
+from grpokit.data.chat import prompts_past_context
+from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.files import write_atomic, write_json
-from grpokit.models.loading import Policy
+from grpokit.models.loading import Policy, model_context
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import ReportBuilder, tracker_sinks
 from grpokit.rollout.base import RolloutEngine
@@ -195,3 +197,67 @@ def open_sinks(
         )
     )
     return sinks
+
+
+def fit_to_context(
+    cfg: GRPOKitConfig,
+    policy: Policy,
+    rows: list[PromptRow],
+    which: str,
+    log: Callable[[str], None],
+) -> list[PromptRow]:
+    """The prompts that leave room for max_completion_length in the model's context.
+
+    With max_prompt_length, longer prompts are cut from the left to fit (the run checked that
+    max_prompt_length does): how many is said. Without it, too-long prompts are refused with their
+    lines (or dropped with data.drop_long_prompts), before a step tries to fit them.
+    """
+    a = cfg.training
+    if not rows:
+        return rows
+
+    def longer_than(room: int) -> list[tuple[int, str]]:
+        return prompts_past_context(
+            policy.tokenizer,
+            rows,
+            room,
+            system_prompt=cfg.system_prompt,
+            chat_template_kwargs=a.chat_template_kwargs,
+        )
+
+    if a.max_prompt_length is not None:
+        long = longer_than(a.max_prompt_length)
+        if long:
+            log(
+                f"{len(long)} of {len(rows)} data.{which} prompts are longer than "
+                f"training.max_prompt_length ({a.max_prompt_length} tokens) and are cut "
+                f"from the left, e.g. {rows[long[0][0]].source} ({long[0][1]})"
+            )
+        return rows
+    found = model_context(policy.model.config, policy.tokenizer)
+    if found is None:
+        return rows
+    context, where = found
+    room = context - a.max_completion_length
+    long = longer_than(room)
+    if not long:
+        return rows
+    what = (
+        f"longer than the {room} tokens the model's context leaves ({context} tokens, "
+        f"{where}, less training.max_completion_length {a.max_completion_length})"
+    )
+    if cfg.data.drop_long_prompts and len(long) < len(rows):
+        log(f"dropped {len(long)} of {len(rows)} data.{which} prompts {what}")
+        skip = {i for i, _ in long}
+        return [r for i, r in enumerate(rows) if i not in skip]
+    listed = ", ".join(f"{rows[i].source or f'row {i + 1}'} ({n})" for i, n in long[:10])
+    more = f" and {len(long) - 10} more" if len(long) > 10 else ""
+    fix = (
+        "no prompt is left to train on"
+        if cfg.data.drop_long_prompts
+        else "shorten or remove them, set data.drop_long_prompts: true to drop them, or "
+        "set training.max_prompt_length to cut them from the left"
+    )
+    raise UserError(
+        f"data.{which}: {len(long)} of {len(rows)} prompts are {what}: {listed}{more}; {fix}"
+    )

@@ -102,26 +102,28 @@ def sft_cmd(
     `model.init_from` (it also becomes the KL reference).
     """
     from grpokit.config import load_config
+    from grpokit.train.run_lock import output_lock
     from grpokit.train.sft_run import Criterion, run_sft_from_config
 
     cfg = load_config(config, list(overrides))
     out = output if output is not None else cfg.output_dir / "sft"
-    result = run_sft_from_config(
-        cfg,
-        output=out,
-        data=data,
-        from_rollouts=from_rollouts,
-        criterion=Criterion(reward, threshold),
-        prompts=n_prompts,
-        generations=generations,
-        min_kept=min_kept,
-        steps=steps,
-        batch_size=batch_size,
-        learning_rate=learning_rate,
-        lora=None if full is None else not full,
-        seed=seed,
-        log=click.echo,
-    )
+    with output_lock(out.resolve()):  # one writer: a second sft into `out` is refused
+        result = run_sft_from_config(
+            cfg,
+            output=out,
+            data=data,
+            from_rollouts=from_rollouts,
+            criterion=Criterion(reward, threshold),
+            prompts=n_prompts,
+            generations=generations,
+            min_kept=min_kept,
+            steps=steps,
+            batch_size=batch_size,
+            learning_rate=learning_rate,
+            lora=None if full is None else not full,
+            seed=seed,
+            log=click.echo,
+        )
     click.echo(f"checkpoint: {result.output}")
     click.echo(
         f"next: grpokit preflight {config} --checkpoint {result.output}\n"

@@ -30,6 +30,7 @@ from grpokit.data.prompts import check_columns
 from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
+from grpokit.models.manifest import CheckpointDamaged
 from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
 from grpokit.monitor.trackers import ReportBuilder, missing_tracker_packages
@@ -40,6 +41,7 @@ from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import (
     Sampler,
     ScoredBatch,
+    checkpoint_dirs,
     latest_checkpoint,
     resolve_device,
     sampling_params,
@@ -66,6 +68,7 @@ from grpokit.train.experience import Experience
 from grpokit.train.failures import (
     NonFiniteSteps,
     describe_failure,
+    disk_full_advice,
     is_disk_full,
     signal_name,
 )
@@ -76,6 +79,7 @@ from grpokit.train.setup import (
     build_loss,
     build_optimizer,
     build_policy,
+    fit_to_context,
     open_sinks,
     total_steps,
     with_process_count,
@@ -167,6 +171,8 @@ class GRPOTrainer:
             self.args.max_prompt_length,
             self.args.chat_template_kwargs,
         )
+        self.rows = fit_to_context(self.cfg, self.policy, self.rows, "train", self.log)
+        self.heldout = fit_to_context(self.cfg, self.policy, self.heldout, "heldout", self.log)
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
         a = self.args
@@ -226,20 +232,41 @@ class GRPOTrainer:
         return rewards
 
     def _restore(self) -> TrainerState:
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
+        """Load the newest intact checkpoint. A damaged one is named with what is wrong and the
+        one before it is tried; with none intact, one message lists them all."""
+        found = checkpoint_dirs(self.run_dir)
+        if not found:
             raise UserError(f"{self.run_dir}: no checkpoint-<step> directory to resume from")
-        state = load_checkpoint(
-            ckpt,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            generator=self.generator,
-            sharded=self.sharded,
-        )
+        damaged: list[CheckpointDamaged] = []
+        for ckpt in reversed(found):
+            try:
+                state = load_checkpoint(
+                    ckpt,
+                    policy=self.policy,
+                    optimizer=self.optimizer,
+                    scheduler=self.scheduler,
+                    generator=self.generator,
+                    sharded=self.sharded,
+                )
+            except CheckpointDamaged as e:
+                self.log(f"{ckpt.name} is damaged: {e}")
+                damaged.append(e)
+                continue
+            break
+        else:
+            listed = "; ".join(str(e) for e in damaged)
+            raise UserError(
+                f"{self.run_dir}: no intact checkpoint to resume from ({listed}). Start a new "
+                "run, or restore a checkpoint from a copy"
+            )
         self.stream.seek(state.epoch, state.position)
         if self.dist.rank:  # the checkpoint holds rank 0's generator
             self.generator.manual_seed(self._rank_seed(state.generation_round))
+        if damaged:
+            self.log(
+                f"resuming from {ckpt.name}, the newest intact checkpoint, at step "
+                f"{state.global_step} (the steps after it run again)"
+            )
         self.log(f"resumed from {ckpt} at step {state.global_step}")
         return state
 
@@ -702,7 +729,7 @@ class GRPOTrainer:
         latest = latest_checkpoint(self.run_dir)
         fallback = f"the latest checkpoint is {latest}" if latest else "there is no checkpoint yet"
         if is_disk_full(exc):
-            return f"the disk holding {self.run_dir} is full: free space, then resume; {fallback}"
+            return f"{disk_full_advice(self.run_dir, latest)}; {fallback}"
         if self.dist.enabled:
             # Another rank may be gone: a save, a collective, would wait for it forever.
             return f"no checkpoint written after the failure (several processes); {fallback}"
@@ -714,7 +741,8 @@ class GRPOTrainer:
         try:
             path = self._save(rng=rng)
         except Exception as save_exc:
-            why = "the disk is full" if is_disk_full(save_exc) else describe_failure(save_exc)
+            full = is_disk_full(save_exc)
+            why = disk_full_advice(self.run_dir, latest) if full else describe_failure(save_exc)
             return f"saving a checkpoint failed too ({why}); {fallback}"
         return f"checkpoint of step {self.state.global_step} saved: {path}"
 
