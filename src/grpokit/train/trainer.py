@@ -546,6 +546,7 @@ class GRPOTrainer:
             stderr = cluster_mean_stderr(scored.per_prompt(j))
             if stderr is not None:  # lets the heldout monitor test a drop against eval noise
                 out[f"eval/{r.name}/stderr"] = stderr
+        out.update({f"eval/{key}": value for key, value in scored.part_pass_rates().items()})
         total = torch.cat([b.scores.total for b in scored.batches])
         valid = total[~torch.isnan(total)]
         out["eval/reward"] = float(valid.mean()) if len(valid) else float("nan")

@@ -228,6 +228,12 @@ class JudgeParams(BaseModel):
         description="How the ensemble's scores of one completion are combined (judges that "
         "gave no score are left out).",
     )
+    require_logprobs: bool = Field(
+        default=True,
+        description="In expected mode, stop before training when a judge's start-up reply "
+        "(check_at_start) comes without token log-probabilities, instead of scoring every "
+        "completion from the written number; false accepts the written numbers.",
+    )
     cache: bool = Field(
         default=True,
         description="Keep judge scores in a SQLite cache so the same completion is never "
