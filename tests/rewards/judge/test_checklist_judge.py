@@ -180,6 +180,13 @@ def test_question_items_on_the_real_llama_server(llama_server: LlamaServer, tmp_
         assert present and all(0.0 <= v <= 1.0 for v in present)
         assert any(0.0 < v < 1.0 for v in present)
         assert 0.0 <= scores.metrics[f"checklist/{name}/pass_rate"] <= 1.0
+        # llama.cpp reports usage: what each question cost, in tokens.
+        assert scores.metrics[f"judge/{name}/tokens_in"] > 0
+        assert scores.metrics[f"judge/{name}/tokens_out"] > 0
+    assert scores.metrics["judge/tokens_in"] == sum(
+        scores.metrics[f"judge/{name}/tokens_in"] for name in ("price", "customer")
+    )
+    assert again.metrics["judge/tokens_in"] == 0.0
     # The second call is answered from the cache with the same numbers.
     assert again.metrics["judge/price/cache_hit_rate"] == 1.0
     assert again.parts["checklist/price"].tolist() == pytest.approx(

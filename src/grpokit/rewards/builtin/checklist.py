@@ -364,6 +364,10 @@ class Checklist(Reward):
                         metrics[f"{head}/{item.name}/{tail}"] = value
             item_scores[item.name] = scores
         self.last_parts = {f"checklist/{item.name}": item_scores[item.name] for item in self.items}
+        for kind in ("tokens_in", "tokens_out", "cost"):
+            per_item = [metrics.get(f"judge/{name}/{kind}") for name in self.judged]
+            if any(v is not None for v in per_item):
+                metrics[f"judge/{kind}"] = sum(v for v in per_item if v is not None)
         self.last_metrics = metrics
         weights = [item.weight for item in self.items]
         return [
@@ -385,6 +389,7 @@ def _question_rewards(params: ChecklistParams, ctx: BuildContext, where: str) ->
         build_backend,
         check_judge_scores,
         default_cache_path,
+        judge_prices,
     )
 
     asks = [(i, item) for i, item in enumerate(params.items) if item.question is not None]
@@ -408,6 +413,7 @@ def _question_rewards(params: ChecklistParams, ctx: BuildContext, where: str) ->
                     rubric=rubric,
                     score_range=(0.0, 1.0),
                     temperature=spec.temperature,
+                    prices=judge_prices(spec),
                 )
                 for j, (spec, backend) in enumerate(zip(params.judges, backends, strict=True))
             ]

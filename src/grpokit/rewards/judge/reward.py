@@ -12,7 +12,10 @@ Per call it records metrics in ``last_metrics`` (merged into the step's metrics 
   with an ensemble);
 - ``judge/expected_fallback_rate``: in expected mode, share of fresh scores read from the written
   number because the backend returned no usable logprobs;
-- ``judge/seconds``: wall time of the call.
+- ``judge/seconds``: wall time of the call;
+- ``judge/<label>/tokens_in``, ``/tokens_out``: tokens the judge's fresh requests used (the
+  server's ``usage``; cached answers cost none), ``/cost`` for a judge with prices per million
+  tokens; ``judge/tokens_in``, ``judge/tokens_out``, ``judge/cost``: their sums.
 
 When more than ``max_parse_failure_rate`` of a call's replies held no score, it logs a warning
 with an example reply (once, until a call is back under the limit); ``rewards check`` prints it.
@@ -20,6 +23,7 @@ with an example reply (once, until a call is back under the limit); ``rewards ch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -63,6 +67,8 @@ class Judge:
     rubric: Rubric
     score_range: tuple[float, float]
     temperature: float = 0.0
+    prices: tuple[float, float] | None = None
+    """Price of a million (input, output) tokens, for the cost metric; None: not priced."""
 
     def scoring_key(self, mode: Mode) -> str:
         low, high = self.score_range
@@ -81,6 +87,9 @@ class JudgeOutcome:
     cached: bool = False
     fallback: bool = False
     """Expected mode only: scored from the written number because no logprobs came back."""
+    usage: tuple[int, int] | None = None
+    """(input, output) tokens the request used, as the backend counted them; None when cached
+    or not counted."""
 
 
 @dataclass
@@ -94,6 +103,11 @@ class JudgedBatch:
 
 def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
     """Turn a backend reply into a normalised score (None when it has none)."""
+    outcome = _score_text(reply, mode, low, high)
+    return dataclasses.replace(outcome, usage=reply.usage) if reply.usage else outcome
+
+
+def _score_text(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
     if reply.text is None:
         return JudgeOutcome(score=None, reply=None, error=reply.error or "no reply")
     if mode == "yes_no":
@@ -109,6 +123,33 @@ def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> Judge
         reply=reply.text,
         fallback=mode == "expected",
     )
+
+
+def usage_metrics(
+    judges: Sequence[Judge], outcomes: Sequence[Sequence[JudgeOutcome]]
+) -> dict[str, float]:
+    """What one call's fresh judge requests used: ``judge/<label>/tokens_in``, ``/tokens_out``
+    and, for a priced judge, ``/cost``; their sums ``judge/tokens_in``, ``judge/tokens_out``
+    and ``judge/cost`` (when any judge is priced). Cached answers cost nothing."""
+    metrics: dict[str, float] = {}
+    totals = [0.0, 0.0, 0.0]
+    priced = False
+    for judge, row in zip(judges, outcomes, strict=True):
+        used_in = sum(o.usage[0] for o in row if o.usage is not None)
+        used_out = sum(o.usage[1] for o in row if o.usage is not None)
+        metrics[f"judge/{judge.label}/tokens_in"] = float(used_in)
+        metrics[f"judge/{judge.label}/tokens_out"] = float(used_out)
+        totals[0] += used_in
+        totals[1] += used_out
+        if judge.prices is not None:
+            priced = True
+            cost = (used_in * judge.prices[0] + used_out * judge.prices[1]) / 1e6
+            metrics[f"judge/{judge.label}/cost"] = cost
+            totals[2] += cost
+    metrics["judge/tokens_in"], metrics["judge/tokens_out"] = totals[0], totals[1]
+    if priced:
+        metrics["judge/cost"] = totals[2]
+    return metrics
 
 
 def aggregate_scores(
@@ -311,6 +352,7 @@ class JudgeReward(Reward):
         for judge, row in zip(self.judges, outcomes, strict=True):
             values = [o.score for o in row if o.score is not None]
             metrics[f"judge/{judge.label}/mean"] = statistics.fmean(values) if values else math.nan
+        metrics.update(usage_metrics(self.judges, outcomes))
         if len(self.judges) > 1:
             spreads = [
                 statistics.pstdev(present)
@@ -411,6 +453,17 @@ def check_judge_scores(
         )
 
 
+def judge_prices(spec: OpenAIJudge | LocalJudge) -> tuple[float, float] | None:
+    """A judge's prices per million (input, output) tokens; None when neither is set (an
+    unset one of the two counts as free)."""
+    if not isinstance(spec, OpenAIJudge):
+        return None
+    prices = (spec.price_per_million_input_tokens, spec.price_per_million_output_tokens)
+    if prices == (None, None):
+        return None
+    return (prices[0] or 0.0, prices[1] or 0.0)
+
+
 def build_backend(spec: OpenAIJudge | LocalJudge, where: str) -> JudgeBackend:
     """Construct (and for HTTP, contact) one judge's backend."""
     if isinstance(spec, OpenAIJudge):
@@ -464,6 +517,7 @@ def build_judge_reward(
                     rubric=rubric,
                     score_range=spec.score_range or params.score_range,
                     temperature=spec.temperature,
+                    prices=judge_prices(spec),
                 )
             )
             if isinstance(spec, OpenAIJudge) and spec.check_at_start:
