@@ -284,3 +284,20 @@ def test_judge_usage_sums_the_steps_totals(tmp_path: Path) -> None:
     )
     assert judge_usage_rows(two) == [["judge cost", "1.75"]]
     assert judge_usage_rows(run([{"reward": 1.0}])) == []
+
+
+def test_forecast_rows_hold_checklist_items_against_heldout(tmp_path: Path) -> None:
+    from grpokit.evaluate.report import forecast_rows
+    from grpokit.evaluate.rundir import RunData
+
+    rows = [
+        {"step": 1, "pass_rate/quality": 0.2, "forecast/quality/pass_rate": 0.5,
+         "checklist/price/pass_rate": 0.25, "forecast/checklist/price/pass_rate": 0.75},
+        {"step": 2, "pass_rate/quality": 0.4, "checklist/price/pass_rate": 0.5,
+         "eval/quality/pass_rate": 0.3, "eval/checklist/price/pass_rate": 0.6},
+    ]  # fmt: skip
+    run = RunData(tmp_path, None, {}, {}, rows, [], None)
+    assert forecast_rows(run, ["quality"]) == [
+        ["quality", "50%", "20%", "40%", "30%"],
+        ["checklist/price", "75%", "25%", "50%", "60%"],
+    ]

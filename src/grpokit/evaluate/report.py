@@ -17,6 +17,7 @@ from typing import Any
 import pydantic
 from matplotlib.figure import Figure
 
+from grpokit.core.forecast import forecast_checks
 from grpokit.errors import UserError
 from grpokit.evaluate import plots
 from grpokit.evaluate.html import esc, img, page, section, table
@@ -209,10 +210,14 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def forecast_rows(run: RunData, names: Sequence[str]) -> list[list[object]]:
+    """Per reward, then per reward part with a forecast (a checklist's items): the forecast,
+    the training pass rate at the first step and over the last 20%, the last held-out one."""
     rows: list[list[object]] = []
-    for n in names:
+    parts = [c.name for c in forecast_checks(run.metrics) if c.name not in names]
+    for n in [*names, *parts]:
         forecast = [v for v in run.series(f"forecast/{n}/pass_rate")[1] if v is not None]
-        observed = [v for v in run.series(f"pass_rate/{n}")[1] if v is not None]
+        key = f"pass_rate/{n}" if n in names else f"{n}/pass_rate"
+        observed = [v for v in run.series(key)[1] if v is not None]
         held = [v for v in run.series(f"eval/{n}/pass_rate")[1] if v is not None]
         if not (forecast or observed or held):
             continue

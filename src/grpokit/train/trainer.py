@@ -85,6 +85,7 @@ from grpokit.train.step_metrics import (
     LossSums,
     completion_records,
     forecast_metrics,
+    forecast_summary,
     rollout_metrics,
     step_summary,
 )
@@ -486,7 +487,13 @@ class GRPOTrainer:
         if self.state.global_step == 0:
             a = self.args
             names = self.rewards.names
-            shared |= forecast_metrics(shared, names, beta=a.beta, scale_rewards=a.scale_rewards)
+            shared |= forecast_metrics(
+                shared,
+                names,
+                beta=a.beta,
+                scale_rewards=a.scale_rewards,
+                part_names=self.rewards.part_names,
+            )
         shared["num_tokens"] = float(
             sum(len(p) for p in scored.prompt_ids) * scored.group_size
             + sum(len(c) for c in scored.rollout.completion_ids)
@@ -634,6 +641,9 @@ class GRPOTrainer:
                 )
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
+        if self.dist.is_main:
+            for line in forecast_summary(self.history):
+                self.log(line)
         self.close()
         return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
 
