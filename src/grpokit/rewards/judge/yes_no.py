@@ -52,12 +52,11 @@ def find_answer(reply: str) -> tuple[bool, int] | None:
     >>> find_answer("Answer: No, there is no price."), find_answer("I cannot tell.")
     ((False, 8), None)
     """
-    match = _ANSWER_RE.search(unicodedata.normalize("NFKC", reply))
+    # Searched in the reply as written (no folding), so the offset matches the tokens'.
+    match = _ANSWER_RE.search(reply)
     if match is None:
         return None
-    word = match.group(0).lower()
-    # NFKC keeps offsets for the characters these words are made of (ASCII, hiragana).
-    return word in YES_WORDS, match.start()
+    return match.group(0).lower() in YES_WORDS, match.start()
 
 
 def parse_yes_no(reply: str) -> float | None:
