@@ -234,6 +234,16 @@ CASES: list[Case] = [
     config_case("rewards.0.type", "xml_formt"),
     config_case("rewards.0.weight", RAW, ".nan"),
     config_case("rewards.1.gate", {"reward": "nope"}),
+    *(
+        config_case("rewards", [{"type": "xml_format"}, {"type": "checklist", "items": [item]}])
+        for item in (
+            {"name": "none"},
+            {"name": "two", "regex": "x", "max_chars": 9},
+            {"name": "re", "regex": "(x"},
+            {"name": "blind", "question": "Priced? Yes or no."},
+            {"name": "g", "regex": "x", "gate": {"reward": "nope"}},
+        )
+    ),
     config_case("monitors", RAW, "[1]"),
     config_case("model_name_or_path", "Qwen/Qwen2.5-0.5B"),
     config_case("dataset_name", "trl-lib/tldr"),

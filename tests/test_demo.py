@@ -68,6 +68,29 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     gain = summary["grpo_gain"]
     assert -1.0 <= gain["low"] <= gain["mean"] <= gain["high"] <= 1.0
     assert "after GRPO - after SFT" in text
+    # The forecast from the SFT's pass rate, beside what GRPO measured, per reward.
+    assert [f["reward"] for f in summary["forecast"]] == ["format", "answer"]
+    assert all("measured" in f for f in summary["forecast"])
+    assert "forecast from the SFT's" in text
     lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
     assert (tmp_path / "grpo" / "checkpoint-2" / "model").is_dir()
+
+
+def test_forecast_against_grpo_per_reward() -> None:
+    from grpokit.core.forecast import forecast_for_reward
+    from grpokit.demo import StageResult, forecast_against_grpo
+
+    sft = [StageResult("format", 30, 40, 0.6, 0.85), StageResult("answer", 10, 40, 0.15, 0.4)]
+    grpo = [StageResult("format", 38, 40, 0.85, 0.99), StageResult("answer", 16, 40, 0.25, 0.55)]
+    rows = forecast_against_grpo(sft, grpo, beta=0.04, scale_rewards="group")
+    answer = rows[1]
+    assert answer["reward"] == "answer" and answer["p_ref"] == 0.25
+    assert answer["forecast"] == forecast_for_reward(0.25, beta=0.04, std_normalized=True)
+    assert answer["forecast_low"] == forecast_for_reward(0.15, beta=0.04, std_normalized=True)
+    assert answer["forecast_low"] <= answer["forecast"] <= answer["forecast_high"]
+    assert (answer["measured"], answer["low"], answer["high"]) == (0.4, 0.25, 0.55)
+    # Without a GRPO stage: the forecast alone; without std scaling, the other fixed point.
+    alone = forecast_against_grpo(sft, None, beta=0.04, scale_rewards="none")
+    assert "measured" not in alone[0]
+    assert alone[1]["forecast"] == forecast_for_reward(0.25, beta=0.04, std_normalized=False)

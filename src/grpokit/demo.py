@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpokit.config import EMBEDDED_MODEL, GRPOKitConfig, ModelConfig, load_config
+from grpokit.core.forecast import forecast, std_normalized_for
 from grpokit.core.losses import LossTypeName
 from grpokit.core.stats import cluster_pass_summary, paired_difference
 from grpokit.data.prompts import PromptRow, load_prompts
@@ -195,6 +196,38 @@ def paired_gain(before: Sampled, after: Sampled, reward: int) -> tuple[float, fl
     return paired_difference([a for a, _ in pairs], [b for _, b in pairs])
 
 
+def forecast_against_grpo(
+    sft: list[StageResult],
+    grpo: list[StageResult] | None,
+    *,
+    beta: float,
+    scale_rewards: str,
+) -> list[dict[str, Any]]:
+    """Per reward: the success-amplification forecast (docs/math.md 5) from the SFT checkpoint's
+    held-out pass rate, with the bounds its interval gives, beside the pass rate the GRPO
+    checkpoint measured on the same problems and seeds (when there is one)."""
+    std = std_normalized_for(scale_rewards)
+    out: list[dict[str, Any]] = []
+    for j, start in enumerate(sft):
+        f = forecast(start.rate, (start.low, start.high), beta=beta, std_normalized=std)
+        row: dict[str, Any] = {
+            "reward": start.name,
+            "p_ref": start.rate,
+            "forecast": f.p_star,
+            "forecast_low": f.p_star_low,
+            "forecast_high": f.p_star_high,
+        }
+        if grpo is not None:
+            measured = grpo[j]
+            row |= {"measured": measured.rate, "low": measured.low, "high": measured.high}
+        out.append(row)
+    return out
+
+
+def _percent(value: float | None) -> str:
+    return "?" if value is None or math.isnan(value) else f"{value:.0%}"
+
+
 def _load_base(
     cfg: GRPOKitConfig, rewards: RewardSet, output_dir: Path, *, init_from: Path | None = None
 ) -> Sampler:
@@ -355,6 +388,24 @@ def run_demo(
             f"{results['after GRPO'][answer].name}: after GRPO - after SFT = {gain[0]:+.3f} "
             f"[{gain[1]:+.3f}, {gain[2]:+.3f}] (paired over the {len(rows)} problems, 95%)"
         )
+    train = cfg.training
+    summary["forecast"] = forecast_against_grpo(
+        results["after SFT"],
+        results.get("after GRPO"),
+        beta=train.beta,
+        scale_rewards=train.scale_rewards,
+    )
+    for row in summary["forecast"]:
+        line = (
+            f"{row['reward']}: forecast from the SFT's {_percent(row['p_ref'])} at beta "
+            f"{train.beta:g}: {_percent(row['forecast'])} [{_percent(row['forecast_low'])}, "
+            f"{_percent(row['forecast_high'])}]"
+        )
+        if "measured" in row:
+            line += (
+                f"; after GRPO {_percent(row['measured'])} [{row['low']:.2f}, {row['high']:.2f}]"
+            )
+        console.print(line)
     if "reward_late" in summary:
         k = summary["reward_window"]
         console.print(

@@ -260,3 +260,44 @@ def test_cli_commands(run_dir: Path, tmp_path: Path) -> None:
         compare_cmd, [str(run_dir), str(run_dir), "--out", str(tmp_path / "c.html")]
     )
     assert res.exit_code == 0, res.output
+
+
+def test_judge_usage_sums_the_steps_totals(tmp_path: Path) -> None:
+    from grpokit.evaluate.report import judge_usage_rows
+    from grpokit.evaluate.rundir import RunData
+
+    def run(metrics: list[dict[str, float]]) -> RunData:
+        rows = [{"step": i + 1, **m} for i, m in enumerate(metrics)]
+        return RunData(tmp_path, None, {}, {}, rows, [], None)
+
+    # One judge reward: its totals and a per-judge part that must not be counted twice.
+    one = run(
+        [
+            {"judge/tokens_in": 1000, "judge/0/tokens_in": 1000, "judge/tokens_out": 10},
+            {"judge/tokens_in": 500, "judge/0/tokens_in": 500, "judge/tokens_out": 5},
+        ]
+    )
+    assert judge_usage_rows(one) == [["judge tokens in", "1,500"], ["judge tokens out", "15"]]
+    # Two reporting rewards: each reward's totals, priced.
+    two = run(
+        [{"judge/a/cost": 0.25, "judge/a/0/cost": 0.25, "judge/b/cost": 0.5}, {"judge/a/cost": 1}]
+    )
+    assert judge_usage_rows(two) == [["judge cost", "1.75"]]
+    assert judge_usage_rows(run([{"reward": 1.0}])) == []
+
+
+def test_forecast_rows_hold_checklist_items_against_heldout(tmp_path: Path) -> None:
+    from grpokit.evaluate.report import forecast_rows
+    from grpokit.evaluate.rundir import RunData
+
+    rows = [
+        {"step": 1, "pass_rate/quality": 0.2, "forecast/quality/pass_rate": 0.5,
+         "checklist/price/pass_rate": 0.25, "forecast/checklist/price/pass_rate": 0.75},
+        {"step": 2, "pass_rate/quality": 0.4, "checklist/price/pass_rate": 0.5,
+         "eval/quality/pass_rate": 0.3, "eval/checklist/price/pass_rate": 0.6},
+    ]  # fmt: skip
+    run = RunData(tmp_path, None, {}, {}, rows, [], None)
+    assert forecast_rows(run, ["quality"]) == [
+        ["quality", "50%", "20%", "40%", "30%"],
+        ["checklist/price", "75%", "25%", "50%", "60%"],
+    ]

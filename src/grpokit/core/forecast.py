@@ -13,11 +13,21 @@ p* = 1 whenever p_ref > 0 (and 0 when p_ref = 0). The functions return that limi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from grpokit.core.theory import fixed_point, fixed_points
 
-__all__ = ["FORECAST_EPS", "Forecast", "forecast", "forecast_for_reward", "std_normalized_for"]
+__all__ = [
+    "FORECAST_EPS",
+    "Forecast",
+    "ForecastCheck",
+    "forecast",
+    "forecast_checks",
+    "forecast_for_reward",
+    "std_normalized_for",
+]
 
 FORECAST_EPS = 1e-6
 """eps inside sqrt(p(1-p) + eps), as in docs/math.md's worked values; p* barely depends on it."""
@@ -105,3 +115,73 @@ def forecast(
         with_std=with_std,
         without_std=without_std,
     )
+
+
+@dataclass(frozen=True)
+class ForecastCheck:
+    """One reward's (or checklist item's) forecast held against what the run measured."""
+
+    name: str
+    """The reward's name, or a reward part's (``checklist/<item>``)."""
+    p_ref: float | None
+    """The training pass rate the forecast started from (the forecast's step)."""
+    forecast: float
+    """p*, the forecast pass rate."""
+    heldout_first: float | None
+    """The first held-out pass rate logged (None without held-out checks)."""
+    heldout_last: float | None
+    """The last held-out pass rate logged."""
+    heldout_step: int | None
+    """The step of ``heldout_last``."""
+
+    @property
+    def shortfall(self) -> float | None:
+        """forecast - last held-out pass rate (positive: the run stopped short of p*)."""
+        return None if self.heldout_last is None else self.forecast - self.heldout_last
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def forecast_checks(rows: Sequence[Mapping[str, Any]]) -> list[ForecastCheck]:
+    """Every forecast a run logged (``forecast/<name>/pass_rate``, first value) with the pass
+    rate it started from (``pass_rate/<name>``, or ``<name>/pass_rate`` for a reward part, in
+    the same row) and the held-out pass rates (``eval/<name>/pass_rate``), first and last.
+
+    rows: the run's metric rows in step order (each may hold ``step``).
+    """
+    found: dict[str, ForecastCheck] = {}
+    for row in rows:
+        for key, value in row.items():
+            if not (key.startswith("forecast/") and key.endswith("/pass_rate")):
+                continue
+            name = key[len("forecast/") : -len("/pass_rate")]
+            p_star = _number(value)
+            if name in found or not name or p_star is None:
+                continue
+            p_ref = _number(row.get(f"pass_rate/{name}"))
+            if p_ref is None:
+                p_ref = _number(row.get(f"{name}/pass_rate"))
+            found[name] = ForecastCheck(name, p_ref, p_star, None, None, None)
+    out = []
+    for name, check in found.items():
+        held = [
+            (row.get("step"), v)
+            for row in rows
+            if (v := _number(row.get(f"eval/{name}/pass_rate"))) is not None
+        ]
+        if held:
+            step = held[-1][0]
+            check = ForecastCheck(
+                name,
+                check.p_ref,
+                check.forecast,
+                held[0][1],
+                held[-1][1],
+                step if isinstance(step, int) and not isinstance(step, bool) else None,
+            )
+        out.append(check)
+    return out

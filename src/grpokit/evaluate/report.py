@@ -17,6 +17,7 @@ from typing import Any
 import pydantic
 from matplotlib.figure import Figure
 
+from grpokit.core.forecast import forecast_checks
 from grpokit.errors import UserError
 from grpokit.evaluate import plots
 from grpokit.evaluate.html import esc, img, page, section, table
@@ -161,7 +162,30 @@ def summary_rows(run: RunData, alerts: Sequence[dict[str, Any]]) -> list[list[ob
     total = [v for v in run.series("step_time")[1] if v is not None]
     if total:
         rows.append(["training time", f"{sum(total) / 60:.1f} min ({mean(total):.1f} s a step)"])
+    rows += judge_usage_rows(run)
     rows.append(["monitor alerts", str(len(alerts))])
+    return rows
+
+
+def judge_usage_rows(run: RunData) -> list[list[object]]:
+    """What the judges used over the run: tokens in / out and, when priced, the cost.
+
+    A judge reward logs its step's totals as ``judge/tokens_in`` (``judge/<reward>/tokens_in``
+    when several rewards report metrics) beside per-judge ``judge/<label>/...`` parts: the
+    totals are the keys with the fewest parts.
+    """
+    rows: list[list[object]] = []
+    logged = run.keys()
+    for kind, label in (("tokens_in", "judge tokens in"), ("tokens_out", "judge tokens out"),
+                        ("cost", "judge cost")):  # fmt: skip
+        keys = [k for k in logged if k.startswith("judge/") and k.endswith(f"/{kind}")]
+        if not keys:
+            continue
+        fewest = min(k.count("/") for k in keys)
+        total = sum(
+            v for k in keys if k.count("/") == fewest for v in run.series(k)[1] if v is not None
+        )
+        rows.append([label, f"{total:.4g}" if kind == "cost" else f"{total:,.0f}"])
     return rows
 
 
@@ -186,10 +210,14 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 
 
 def forecast_rows(run: RunData, names: Sequence[str]) -> list[list[object]]:
+    """Per reward, then per reward part with a forecast (a checklist's items): the forecast,
+    the training pass rate at the first step and over the last 20%, the last held-out one."""
     rows: list[list[object]] = []
-    for n in names:
+    parts = [c.name for c in forecast_checks(run.metrics) if c.name not in names]
+    for n in [*names, *parts]:
         forecast = [v for v in run.series(f"forecast/{n}/pass_rate")[1] if v is not None]
-        observed = [v for v in run.series(f"pass_rate/{n}")[1] if v is not None]
+        key = f"pass_rate/{n}" if n in names else f"{n}/pass_rate"
+        observed = [v for v in run.series(key)[1] if v is not None]
         held = [v for v in run.series(f"eval/{n}/pass_rate")[1] if v is not None]
         if not (forecast or observed or held):
             continue

@@ -23,12 +23,21 @@ class Reward(ABC):
 
     #: Dataset columns this reward reads, checked before training starts.
     required_columns: frozenset[str] = frozenset()
+    #: Other rewards of the set whose values (for the same completions) this reward reads; the
+    #: set passes them as the keyword ``reward_values`` ({name: [value or None, ...]}).
+    reads_rewards: frozenset[str] = frozenset()
+    #: Names of the per-completion sub-scores this reward reports in ``last_parts`` (a
+    #: checklist's items, ``checklist/<item>``); the set logs ``<part>/pass_rate``.
+    part_names: tuple[str, ...] = ()
 
     def __init__(self, name: str) -> None:
         self.__name__ = name
         #: Metrics about the last call (a judge's parse failures, cache hits ...), logged with
         #: the step's metrics; empty for rewards that report nothing.
         self.last_metrics: dict[str, float] = {}
+        #: Each of ``part_names`` -> one value in [0, 1] (or None) per completion of the last
+        #: call.
+        self.last_parts: dict[str, list[float | None]] = {}
 
     def __call__(
         self,

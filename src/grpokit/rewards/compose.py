@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,7 +53,11 @@ class RewardScores:
     metrics: dict[str, float]
     """``rewards/<name>/mean`` and ``/std`` over the non-NaN values of ``per_function`` (gated-out
     rows included with their ``otherwise`` value, i.e. what enters the total), ``/none_frac``
-    (share of the batch where the reward itself returned None) and ``/gated_out_frac``."""
+    (share of the batch where the reward itself returned None) and ``/gated_out_frac``; and
+    ``<part>/pass_rate`` for each reward part (see ``parts``)."""
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Sub-scores some rewards report per completion (a checklist's items, ``checklist/<item>``):
+    (B,) float32 each, gated-out rows at their reward's gate ``otherwise``, NaN = None."""
 
     def column(self, name: str) -> list[float | None]:
         """The values of one reward as a list, None for NaN."""
@@ -82,6 +86,17 @@ class RewardSet:
         self.weights: list[float] = [e.weight for e in entries]
         self.max_values: list[float | None] = [e.max_value for e in entries]
         self.required_columns: set[str] = set().union(*(e.fn.required_columns for e in entries))
+        self._index = {name: j for j, name in enumerate(self.names)}
+        owners: dict[str, str] = {}
+        for entry in entries:
+            for part in entry.fn.part_names:
+                if part in owners:
+                    raise UserError(
+                        f"rewards {owners[part]!r} and {entry.name!r} both report {part!r} "
+                        "(a checklist item's metric): give their items distinct names"
+                    )
+                owners[part] = entry.name
+        self.part_names: list[str] = list(owners)
 
     def check_columns(self, available: Iterable[str], *, source: str = "the dataset") -> None:
         """Raise :class:`UserError` if a reward needs a column that ``source`` does not have."""
@@ -111,6 +126,9 @@ class RewardSet:
         gated_out = torch.zeros((batch, width), dtype=torch.bool)
         returned_none = torch.zeros((batch, width), dtype=torch.bool)
 
+        parts = {
+            name: torch.full((batch,), math.nan, dtype=torch.float64) for name in self.part_names
+        }
         called: list[int] = []
         for j in self._order:
             entry = self._entries[j]
@@ -125,15 +143,32 @@ class RewardSet:
                 gated_out[closed, j] = True
                 otherwise = math.nan if entry.gate_otherwise is None else entry.gate_otherwise
                 values[closed, j] = otherwise
+                for part in entry.fn.part_names:
+                    parts[part][closed] = otherwise
             if not rows:
                 continue
             called.append(j)
-            result = _call_reward(entry, prompts, completions, columns, rows)
+            read = {
+                name: [_value(values[row, self._index[name]]) for row in rows]
+                for name in entry.fn.reads_rewards
+            }
+            result = _call_reward(entry, prompts, completions, columns, rows, read)
             for row, value in zip(rows, result, strict=True):
                 if value is None:
                     returned_none[row, j] = True
                 else:
                     values[row, j] = value
+            for part in entry.fn.part_names:
+                reported = entry.fn.last_parts.get(part)
+                if reported is None or len(reported) != len(rows):
+                    raise RewardError(
+                        f"reward {entry.name!r} reported no value of {part!r} for each of its "
+                        f"{len(rows)} completions",
+                        reward=entry.name,
+                    )
+                parts[part][rows] = torch.tensor(
+                    [math.nan if v is None else float(v) for v in reported], dtype=torch.float64
+                )
 
         weights = torch.tensor(self.weights, dtype=torch.float64)
         present = ~torch.isnan(values)
@@ -142,7 +177,11 @@ class RewardSet:
         total = torch.where(present.any(dim=1), total, torch.full_like(total, math.nan))
         metrics = _metrics(self.names, values, gated_out, returned_none)
         metrics.update(self._reward_own_metrics(called))
-        return RewardScores(list(self.names), values.float(), gated_out, total.float(), metrics)
+        floats = {name: column.float() for name, column in parts.items()}
+        metrics.update(part_pass_rates(floats))
+        return RewardScores(
+            list(self.names), values.float(), gated_out, total.float(), metrics, floats
+        )
 
     def _reward_own_metrics(self, called: list[int]) -> dict[str, float]:
         """Metrics a reward reports about itself (a judge's parse failures, cache hits ...).
@@ -173,12 +212,31 @@ class RewardSet:
         self.close()
 
 
+def part_pass_rates(parts: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``<part>/pass_rate``: the mean of each (B,) part over its non-NaN values (NaN if none).
+
+    A checklist item's values are 0/1 successes or probabilities of success, so the mean is the
+    item's success rate (its expected value for probabilities).
+    """
+    out: dict[str, float] = {}
+    for name, column in parts.items():
+        present = column[~torch.isnan(column)]
+        out[f"{name}/pass_rate"] = float(present.double().mean()) if present.numel() else math.nan
+    return out
+
+
+def _value(value: torch.Tensor) -> float | None:
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
 def _call_reward(
     entry: _Entry,
     prompts: list[Any],
     completions: list[Any],
     columns: dict[str, list[Any]],
     rows: list[int],
+    reward_values: dict[str, list[float | None]],
 ) -> list[float | None]:
     full = len(rows) == len(completions)
     sub_prompts = prompts if full else [prompts[i] for i in rows]
@@ -191,8 +249,10 @@ def _call_reward(
             for i, (p, c) in enumerate(zip(sub_prompts, sub_completions, strict=True))
         ]
 
+    # Only rewards that read other rewards get them (a user's function may not take the keyword).
+    extra = {"reward_values": reward_values} if entry.fn.reads_rewards else {}
     try:
-        result = entry.fn(prompts=sub_prompts, completions=sub_completions, **sub_columns)
+        result = entry.fn(prompts=sub_prompts, completions=sub_completions, **sub_columns, **extra)
     except UserError:
         raise
     except Exception as exc:
@@ -202,12 +262,12 @@ def _call_reward(
             inputs=inputs(),
         ) from exc
     try:
-        return _check_result(entry.name, result, len(rows))
+        return check_result(entry.name, result, len(rows))
     except RewardError as exc:  # what came back is wrong: no exception of the reward's own
         raise RewardError(str(exc), reward=entry.name, inputs=inputs()) from None
 
 
-def _check_result(name: str, result: Any, expected: int) -> list[float | None]:
+def check_result(name: str, result: Any, expected: int) -> list[float | None]:
     if isinstance(result, torch.Tensor):
         result = result.tolist()
     if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):

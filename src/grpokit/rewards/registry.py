@@ -67,6 +67,7 @@ _BUILTIN_MODULES: tuple[str, ...] = (
     "grpokit.rewards.builtin.logic_tree",
     "grpokit.rewards.builtin.python_fn",
     "grpokit.rewards.builtin.reward_model",
+    "grpokit.rewards.builtin.checklist",
 )
 _OPTIONAL_MODULES: tuple[str, ...] = ("grpokit.rewards.judge",)
 

@@ -124,6 +124,17 @@ class RewardSpec(BaseModel):
         return self.type
 
     @property
+    def depends_on(self) -> list[str]:
+        """Names of the rewards this one reads: its gate's and, for a type whose parameters
+        gate parts of it on other rewards (a checklist's items), theirs
+        (``params.reward_dependencies()``)."""
+        names = [] if self.gate is None else [self.gate.reward]
+        own = getattr(self._params, "reward_dependencies", None)
+        if callable(own):
+            names += [name for name in own() if name not in names]
+        return names
+
+    @property
     def params(self) -> BaseModel:
         """The type's parameters, parsed and validated by its params model."""
         return self._params
@@ -139,7 +150,8 @@ def _params_error(label: str, model: type[BaseModel], exc: pydantic.ValidationEr
         elif error["type"] == "missing":
             lines.append(f"missing required parameter {field!r}")
         else:
-            lines.append(f"parameter {field!r}: {error['msg']}")
+            message = str(error["msg"]).removeprefix("Value error, ")
+            lines.append(f"parameter {field!r}: {message}")
     return f"reward {label!r}: " + "; ".join(lines)
 
 
@@ -163,17 +175,17 @@ def validate_reward_specs(specs: Sequence[RewardSpec]) -> None:
             )
         seen.add(name)
     for spec in specs:
-        if spec.gate is None:
-            continue
-        target = spec.gate.reward
-        if target == spec.display_name:
-            raise UserError(f"reward {spec.display_name!r} is gated on itself; gate it on another")
-        if target not in seen:
-            raise UserError(
-                f"reward {spec.display_name!r} is gated on {target!r}, which is not a reward in "
-                f"this list; known names: {', '.join(names)}"
-            )
-    cycle = _find_gate_cycle({s.display_name: (s.gate.reward if s.gate else None) for s in specs})
+        for target in spec.depends_on:
+            if target == spec.display_name:
+                raise UserError(
+                    f"reward {spec.display_name!r} is gated on itself; gate it on another"
+                )
+            if target not in seen:
+                raise UserError(
+                    f"reward {spec.display_name!r} is gated on {target!r}, which is not a "
+                    f"reward in this list; known names: {', '.join(names)}"
+                )
+    cycle = _find_gate_cycle({s.display_name: s.depends_on for s in specs})
     if cycle is not None:
         raise UserError(
             "reward gates form a cycle: " + " -> ".join(cycle) + "; a gate must depend on a "
@@ -181,21 +193,31 @@ def validate_reward_specs(specs: Sequence[RewardSpec]) -> None:
         )
 
 
-def _find_gate_cycle(depends_on: dict[str, str | None]) -> list[str] | None:
-    """A cycle in the 'gated on' graph (each node has at most one parent), or None."""
+def _find_gate_cycle(depends_on: dict[str, list[str]]) -> list[str] | None:
+    """A cycle in the 'gated on' graph, or None."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        for parent in depends_on.get(node, []):
+            cycle = visit(parent, [*path, node])
+            if cycle is not None:
+                return cycle
+        done.add(node)
+        return None
+
     for start in depends_on:
-        path = [start]
-        node = depends_on[start]
-        while node is not None:
-            if node in path:
-                return [*path[path.index(node) :], node]
-            path.append(node)
-            node = depends_on.get(node)
+        found = visit(start, [])
+        if found is not None:
+            return found
     return None
 
 
 def gate_order(specs: Sequence[RewardSpec]) -> list[int]:
-    """Indices of ``specs`` so that every reward comes after the reward its gate reads.
+    """Indices of ``specs`` so that every reward comes after the rewards its gates read.
 
     Stable: without gates the order is the declared one. Call after :func:`validate_reward_specs`.
     """
@@ -206,9 +228,8 @@ def gate_order(specs: Sequence[RewardSpec]) -> list[int]:
     def place(i: int) -> None:
         if i in placed:
             return
-        gate = specs[i].gate
-        if gate is not None:
-            place(index[gate.reward])
+        for target in specs[i].depends_on:
+            place(index[target])
         placed.add(i)
         order.append(i)
 

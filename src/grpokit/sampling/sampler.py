@@ -24,7 +24,7 @@ from grpokit.models.checkpoints import ModelSpec, model_dir
 from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
 from grpokit.models.onednn import CpuMatmul
 from grpokit.progress import Progress, progress
-from grpokit.rewards.compose import RewardSet
+from grpokit.rewards.compose import RewardSet, part_pass_rates
 from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.sampling.runtime import resolve_device
@@ -129,6 +129,10 @@ class Sampled:
     def summary(self) -> list[PassSummary]:
         """Per reward: the mean and the passes (at the reward's maximum) over all samples."""
         return summarize(merge_scores([b.scores for b in self.batches]), self.max_values)
+
+    def part_pass_rates(self) -> dict[str, float]:
+        """``<part>/pass_rate`` over all samples for each reward part (a checklist's items)."""
+        return part_pass_rates(merge_scores([b.scores for b in self.batches]).parts)
 
     def passes(self, reward: int) -> list[list[bool]]:
         """Per prompt, whether each sample reached the maximum of reward number ``reward``

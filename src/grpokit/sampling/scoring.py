@@ -148,6 +148,7 @@ def merge_scores(parts: list[RewardScores]) -> RewardScores:
         gated_out=torch.cat([p.gated_out for p in parts]),
         total=torch.cat([p.total for p in parts]),
         metrics={},
+        parts={name: torch.cat([p.parts[name] for p in parts]) for name in parts[0].parts},
     )
 
 

@@ -7,12 +7,13 @@ numbers can be tested without training.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from grpokit.core.advantages import reward_zero_std_mask
-from grpokit.core.forecast import forecast_for_reward, std_normalized_for
+from grpokit.core.forecast import forecast_checks, forecast_for_reward, std_normalized_for
 from grpokit.core.losses import LossOutput
 from grpokit.data.chat import prompt_text
 from grpokit.monitor import text_stats
@@ -138,22 +139,48 @@ class LossSums:
 
 
 def forecast_metrics(
-    metrics: dict[str, float], reward_names: list[str], *, beta: float, scale_rewards: str
+    metrics: dict[str, float],
+    reward_names: list[str],
+    *,
+    beta: float,
+    scale_rewards: str,
+    part_names: Sequence[str] = (),
 ) -> dict[str, float]:
     """Success-amplification forecast from measured pass rates (docs/math.md section 5).
 
     The idealised optimum of the KL-regularised objective; the trainer logs it once, at the first
-    step, so the report can hold the observed pass rates against it.
+    step, so the report can hold the observed pass rates against it. Rewards read their
+    ``pass_rate/<name>``; reward parts (a checklist's items, whose means are success rates) their
+    ``<part>/pass_rate``; both forecast as ``forecast/<name>/pass_rate``.
     """
     out = {}
     std = std_normalized_for(scale_rewards)
-    for name in reward_names:
-        rate = metrics.get(f"pass_rate/{name}")
-        if rate is not None:
+    rates = [(name, f"pass_rate/{name}") for name in reward_names]
+    rates += [(name, f"{name}/pass_rate") for name in part_names]
+    for name, key in rates:
+        rate = metrics.get(key)
+        if rate is not None and not math.isnan(rate):
             value = forecast_for_reward(rate, beta=beta, std_normalized=std)
             if value is not None:
                 out[f"forecast/{name}/pass_rate"] = value
     return out
+
+
+def forecast_summary(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Lines for the end of a run: each forecast beside the held-out pass rate it predicted."""
+    lines = []
+    for check in forecast_checks(history):
+        start = "?" if check.p_ref is None else f"{check.p_ref:.0%}"
+        line = f"  {check.name}: pass rate {start} at the start, forecast {check.forecast:.0%}"
+        if check.heldout_last is None:
+            line += "; no held-out check logged (set data.heldout and eval_steps)"
+        else:
+            first = "" if check.heldout_first is None else f"{check.heldout_first:.0%} -> "
+            line += f"; held out {first}{check.heldout_last:.0%} (step {check.heldout_step})"
+        lines.append(line)
+    if lines:
+        lines.insert(0, "forecast (the KL-regularised optimum, docs/math.md 5) against held-out:")
+    return lines
 
 
 def completion_records(

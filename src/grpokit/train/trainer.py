@@ -89,6 +89,7 @@ from grpokit.train.step_metrics import (
     LossSums,
     completion_records,
     forecast_metrics,
+    forecast_summary,
     rollout_metrics,
     step_summary,
 )
@@ -513,7 +514,13 @@ class GRPOTrainer:
         if self.state.global_step == 0:
             a = self.args
             names = self.rewards.names
-            shared |= forecast_metrics(shared, names, beta=a.beta, scale_rewards=a.scale_rewards)
+            shared |= forecast_metrics(
+                shared,
+                names,
+                beta=a.beta,
+                scale_rewards=a.scale_rewards,
+                part_names=self.rewards.part_names,
+            )
         shared["num_tokens"] = float(
             sum(len(p) for p in scored.prompt_ids) * scored.group_size
             + sum(len(c) for c in scored.rollout.completion_ids)
@@ -573,6 +580,7 @@ class GRPOTrainer:
             stderr = cluster_mean_stderr(scored.per_prompt(j))
             if stderr is not None:  # lets the heldout monitor test a drop against eval noise
                 out[f"eval/{r.name}/stderr"] = stderr
+        out.update({f"eval/{key}": value for key, value in scored.part_pass_rates().items()})
         total = torch.cat([b.scores.total for b in scored.batches])
         valid = total[~torch.isnan(total)]
         out["eval/reward"] = float(valid.mean()) if len(valid) else float("nan")
@@ -660,6 +668,9 @@ class GRPOTrainer:
                 )
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
+        if self.dist.is_main:
+            for line in forecast_summary(self.history):
+                self.log(line)
         self.close()
         return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
 

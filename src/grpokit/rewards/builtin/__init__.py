@@ -9,6 +9,7 @@ names) when imported, and :mod:`grpokit.rewards.registry` imports them on the fi
 - :mod:`.logic_tree`: ``logic_tree_depth``, ``logic_tree_quality``
 - :mod:`.python_fn`: ``python`` (a function of the user's own)
 - :mod:`.reward_model`: ``reward_model`` (a trained sequence classifier)
+- :mod:`.checklist`: ``checklist`` (weighted pass/fail items: programs and yes/no judge questions)
 
 The LLM judge (``judge``) has its own package, :mod:`grpokit.rewards.judge`.
 """

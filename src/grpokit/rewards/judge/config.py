@@ -118,12 +118,38 @@ class OpenAIJudge(_JudgeOverrides):
         default=0.5,
         ge=0,
         description="First back-off delay; doubled after each failed attempt (capped at 30 s), "
-        "or the server's Retry-After when given.",
+        "or the server's Retry-After (seconds or an HTTP date, up to 300 s) when longer; a "
+        "Retry-After holds back every request to the endpoint.",
     )
     max_concurrency: int = Field(
         default=8,
         ge=1,
         description="Most requests in flight at once to this endpoint.",
+    )
+    max_requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most requests started per minute (an API's RPM limit), evenly spaced; "
+        "unset: no limit.",
+    )
+    max_tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most tokens (prompt and reply, as the server's usage counts them) per "
+        "minute (an API's TPM limit); a request books its prompt and reply limit before it "
+        "starts, corrected by the usage it reports. Unset: no limit.",
+    )
+    price_per_million_input_tokens: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Price of a million prompt tokens, to log the judge's cost per step "
+        "(judge/<name>/cost) from the server's usage; any currency.",
+    )
+    price_per_million_output_tokens: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="Price of a million reply tokens (reasoning included, as the usage counts "
+        "them), for judge/<name>/cost.",
     )
     max_completion_tokens: int | None = Field(
         default=None,
@@ -227,6 +253,12 @@ class JudgeParams(BaseModel):
         default="mean",
         description="How the ensemble's scores of one completion are combined (judges that "
         "gave no score are left out).",
+    )
+    require_logprobs: bool = Field(
+        default=True,
+        description="In expected mode, stop before training when a judge's start-up reply "
+        "(check_at_start) comes without token log-probabilities, instead of scoring every "
+        "completion from the written number; false accepts the written numbers.",
     )
     cache: bool = Field(
         default=True,

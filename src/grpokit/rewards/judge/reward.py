@@ -12,7 +12,10 @@ Per call it records metrics in ``last_metrics`` (merged into the step's metrics 
   with an ensemble);
 - ``judge/expected_fallback_rate``: in expected mode, share of fresh scores read from the written
   number because the backend returned no usable logprobs;
-- ``judge/seconds``: wall time of the call.
+- ``judge/seconds``: wall time of the call;
+- ``judge/<label>/tokens_in``, ``/tokens_out``: tokens the judge's fresh requests used (the
+  server's ``usage``; cached answers cost none), ``/cost`` for a judge with prices per million
+  tokens; ``judge/tokens_in``, ``judge/tokens_out``, ``judge/cost``: their sums.
 
 When more than ``max_parse_failure_rate`` of a call's replies held no score, it logs a warning
 with an example reply (once, until a call is back under the limit); ``rewards check`` prints it.
@@ -20,6 +23,7 @@ with an example reply (once, until a call is back under the limit); ``rewards ch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -39,11 +43,19 @@ from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
 from grpokit.rewards.judge.expected import expected_score
 from grpokit.rewards.judge.parse import parse_score
 from grpokit.rewards.judge.rubric import Rubric, load_rubric
+from grpokit.rewards.judge.yes_no import parse_yes_no, yes_probability
 from grpokit.rewards.text import completion_text, one_line, user_request
 
 logger = logging.getLogger(__name__)
 
-Mode = Literal["number", "expected"]
+Mode = Literal["number", "expected", "yes_no"]
+"""number: the written score; expected: its probability-weighted value from the token
+log-probs; yes_no: the probability of yes to a yes/no question (checklist items)."""
+
+
+def wants_logprobs(mode: Mode) -> bool:
+    """Whether a mode reads token log-probabilities (and asks the backend for them)."""
+    return mode != "number"
 
 
 @dataclass
@@ -55,6 +67,8 @@ class Judge:
     rubric: Rubric
     score_range: tuple[float, float]
     temperature: float = 0.0
+    prices: tuple[float, float] | None = None
+    """Price of a million (input, output) tokens, for the cost metric; None: not priced."""
 
     def scoring_key(self, mode: Mode) -> str:
         low, high = self.score_range
@@ -73,6 +87,9 @@ class JudgeOutcome:
     cached: bool = False
     fallback: bool = False
     """Expected mode only: scored from the written number because no logprobs came back."""
+    usage: tuple[int, int] | None = None
+    """(input, output) tokens the request used, as the backend counted them; None when cached
+    or not counted."""
 
 
 @dataclass
@@ -86,8 +103,17 @@ class JudgedBatch:
 
 def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
     """Turn a backend reply into a normalised score (None when it has none)."""
+    outcome = _score_text(reply, mode, low, high)
+    return dataclasses.replace(outcome, usage=reply.usage) if reply.usage else outcome
+
+
+def _score_text(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
     if reply.text is None:
         return JudgeOutcome(score=None, reply=None, error=reply.error or "no reply")
+    if mode == "yes_no":
+        if reply.tokens is not None:
+            return JudgeOutcome(score=yes_probability(reply.text, reply.tokens), reply=reply.text)
+        return JudgeOutcome(score=parse_yes_no(reply.text), reply=reply.text, fallback=True)
     if mode == "expected" and reply.tokens is not None:
         return JudgeOutcome(
             score=expected_score(reply.text, reply.tokens, low, high), reply=reply.text
@@ -97,6 +123,33 @@ def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> Judge
         reply=reply.text,
         fallback=mode == "expected",
     )
+
+
+def usage_metrics(
+    judges: Sequence[Judge], outcomes: Sequence[Sequence[JudgeOutcome]]
+) -> dict[str, float]:
+    """What one call's fresh judge requests used: ``judge/<label>/tokens_in``, ``/tokens_out``
+    and, for a priced judge, ``/cost``; their sums ``judge/tokens_in``, ``judge/tokens_out``
+    and ``judge/cost`` (when any judge is priced). Cached answers cost nothing."""
+    metrics: dict[str, float] = {}
+    totals = [0.0, 0.0, 0.0]
+    priced = False
+    for judge, row in zip(judges, outcomes, strict=True):
+        used_in = sum(o.usage[0] for o in row if o.usage is not None)
+        used_out = sum(o.usage[1] for o in row if o.usage is not None)
+        metrics[f"judge/{judge.label}/tokens_in"] = float(used_in)
+        metrics[f"judge/{judge.label}/tokens_out"] = float(used_out)
+        totals[0] += used_in
+        totals[1] += used_out
+        if judge.prices is not None:
+            priced = True
+            cost = (used_in * judge.prices[0] + used_out * judge.prices[1]) / 1e6
+            metrics[f"judge/{judge.label}/cost"] = cost
+            totals[2] += cost
+    metrics["judge/tokens_in"], metrics["judge/tokens_out"] = totals[0], totals[1]
+    if priced:
+        metrics["judge/cost"] = totals[2]
+    return metrics
 
 
 def aggregate_scores(
@@ -173,14 +226,14 @@ class JudgeReward(Reward):
         if not answered or len(failed) <= self.max_parse_failure_rate * len(answered):
             return None
         judge, example = failed[0]
-        low, high = judge.score_range
+        missing, ask = _wanted(self.mode, *judge.score_range)
         return (
             f"{self.__name__}: {len(failed)} of {len(answered)} judge replies "
-            f"({len(failed) / len(answered):.0%}) held no score on the {low:g}-{high:g} scale "
+            f"({len(failed) / len(answered):.0%}) held {missing} "
             f"(max_parse_failure_rate: {self.max_parse_failure_rate:g}); their completions "
             f"get None. Judge {judge.label} ({judge.backend.description}) replied, e.g.: "
-            f"{one_line(example.reply or '', 200)!r}. Make the rubric ask for one number on "
-            "that scale, raise max_tokens, or use a stronger judge model."
+            f"{one_line(example.reply or '', 200)!r}. {ask}, raise max_tokens, or use a "
+            "stronger judge model."
         )
 
     def render(
@@ -226,7 +279,9 @@ class JudgeReward(Reward):
         fresh: dict[str, JudgeOutcome] = {}
         if todo:
             low, high = judge.score_range
-            replies = judge.backend.complete(list(todo.values()), logprobs=self.mode == "expected")
+            replies = judge.backend.complete(
+                list(todo.values()), logprobs=wants_logprobs(self.mode)
+            )
             to_store: dict[str, CachedScore] = {}
             for key, reply in zip(todo, replies, strict=True):
                 outcome = score_reply(reply, self.mode, low, high)
@@ -297,6 +352,7 @@ class JudgeReward(Reward):
         for judge, row in zip(self.judges, outcomes, strict=True):
             values = [o.score for o in row if o.score is not None]
             metrics[f"judge/{judge.label}/mean"] = statistics.fmean(values) if values else math.nan
+        metrics.update(usage_metrics(self.judges, outcomes))
         if len(self.judges) > 1:
             spreads = [
                 statistics.pstdev(present)
@@ -304,7 +360,7 @@ class JudgeReward(Reward):
                 if len(present) > 1
             ]
             metrics["judge/disagreement"] = statistics.fmean(spreads) if spreads else math.nan
-        if self.mode == "expected":
+        if wants_logprobs(self.mode):
             fresh = [o for o in answered if not o.cached]
             metrics["judge/expected_fallback_rate"] = (
                 sum(o.fallback for o in fresh) / len(fresh) if fresh else 0.0
@@ -320,10 +376,10 @@ class JudgeReward(Reward):
             self.cache.close()
 
 
-def default_cache_path(params: JudgeParams, base_dir: Path, run_dir: Path | None) -> Path:
+def default_cache_path(cache_path: str | None, base_dir: Path, run_dir: Path | None) -> Path:
     """Where the cache lives: the configured path, the run directory, or the grpokit cache."""
-    if params.cache_path is not None:
-        path = Path(params.cache_path).expanduser()
+    if cache_path is not None:
+        path = Path(cache_path).expanduser()
         return path if path.is_absolute() else base_dir / path
     if run_dir is not None:
         return run_dir / "judge_cache.sqlite"
@@ -340,16 +396,35 @@ START_COMPLETION = "The capital of France is Paris."
 START_COLUMN_VALUE = "Paris"
 
 
-def check_judge_scores(judge: Judge, mode: Mode, where: str, *, need_score: bool = True) -> None:
+def _wanted(mode: Mode, low: float, high: float) -> tuple[str, str]:
+    """What a reply lacks when it holds no score, and what to ask of the rubric."""
+    if mode == "yes_no":
+        return "no yes or no", "Make the question ask for a yes or no answer"
+    return (
+        f"no score on the {low:g}-{high:g} scale",
+        "Make the rubric ask for one number on that scale",
+    )
+
+
+def check_judge_scores(
+    judge: Judge,
+    mode: Mode,
+    where: str,
+    *,
+    need_score: bool = True,
+    require_logprobs: bool = False,
+) -> None:
     """Score the fixed start-up sample with one real request (no cache).
 
     Raises:
         UserError: naming the judge, its endpoint and model, and the server's answer, when the
-            request fails, or (``need_score``) when the reply holds no score.
+            request fails, (``need_score``) when the reply holds no score, or
+            (``require_logprobs``, in a mode that reads them) when it came without token
+            log-probabilities, so that every score would be the written answer.
     """
     columns = {name: START_COLUMN_VALUE for name in judge.rubric.placeholders}
     text = judge.rubric.render(START_PROMPT, START_COMPLETION, columns)
-    reply = judge.backend.complete([text], logprobs=mode == "expected")[0]
+    reply = judge.backend.complete([text], logprobs=wants_logprobs(mode))[0]
     low, high = judge.score_range
     outcome = score_reply(reply, mode, low, high)
     who = f"{where} (judge {judge.label}: {judge.backend.description})"
@@ -360,14 +435,33 @@ def check_judge_scores(judge: Judge, mode: Mode, where: str, *, need_score: bool
             "check_at_start: false to start anyway."
         )
     if outcome.score is None and need_score:
+        missing, ask = _wanted(mode, low, high)
         raise UserError(
             f"{who}: the reply to a start-up sample ({START_PROMPT!r} answered "
-            f"{START_COMPLETION!r}) holds no score on the {low:g}-{high:g} scale: "
-            f"{one_line(outcome.reply, 300)!r}. Make the rubric ask for one number on that "
-            "scale, raise max_tokens (an empty reply is often a limit spent before the answer; "
+            f"{START_COMPLETION!r}) holds {missing}: "
+            f"{one_line(outcome.reply, 300)!r}. {ask}, "
+            "raise max_tokens (an empty reply is often a limit spent before the answer; "
             "reasoning models need max_completion_tokens in the thousands), or set "
             "check_at_start: false to start anyway."
         )
+    if require_logprobs and wants_logprobs(mode) and reply.tokens is None:
+        raise UserError(
+            f"{who}: `mode: {mode}` reads the judge's token log-probabilities, but its reply "
+            "to the start-up sample came without them, so every score would be the written "
+            "answer alone. Use a server that returns logprobs (llama.cpp, vLLM and OpenAI's "
+            "chat models do), or set require_logprobs: false to accept the written answers."
+        )
+
+
+def judge_prices(spec: OpenAIJudge | LocalJudge) -> tuple[float, float] | None:
+    """A judge's prices per million (input, output) tokens; None when neither is set (an
+    unset one of the two counts as free)."""
+    if not isinstance(spec, OpenAIJudge):
+        return None
+    prices = (spec.price_per_million_input_tokens, spec.price_per_million_output_tokens)
+    if prices == (None, None):
+        return None
+    return (prices[0] or 0.0, prices[1] or 0.0)
 
 
 def build_backend(spec: OpenAIJudge | LocalJudge, where: str) -> JudgeBackend:
@@ -423,6 +517,7 @@ def build_judge_reward(
                     rubric=rubric,
                     score_range=spec.score_range or params.score_range,
                     temperature=spec.temperature,
+                    prices=judge_prices(spec),
                 )
             )
             if isinstance(spec, OpenAIJudge) and spec.check_at_start:
@@ -431,8 +526,13 @@ def build_judge_reward(
                     params.mode,
                     f"{where}.judges[{i}]",
                     need_score=start_sample_must_score,
+                    require_logprobs=params.require_logprobs and start_sample_must_score,
                 )
-        cache = JudgeCache(default_cache_path(params, base_dir, run_dir)) if params.cache else None
+        cache = (
+            JudgeCache(default_cache_path(params.cache_path, base_dir, run_dir))
+            if params.cache
+            else None
+        )
     except BaseException:
         for judge in judges:
             judge.backend.close()

@@ -21,6 +21,9 @@ class JudgeReply:
     text: str | None
     tokens: tuple[TokenLogprob, ...] | None = None
     error: str | None = None
+    usage: tuple[int, int] | None = None
+    """(input tokens, output tokens) the server counted for this request (its ``usage``), when
+    it says."""
 
     @staticmethod
     def failed(error: str) -> JudgeReply:

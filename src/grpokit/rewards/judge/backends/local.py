@@ -8,6 +8,7 @@ so the same probability-weighted scoring applies as with a server's top logprobs
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any, cast
@@ -124,11 +125,13 @@ class LocalBackend:
                     break
                 reply_ids.append(int(token))
             text: str = self.tokenizer.decode(reply_ids, skip_special_tokens=True)
+            usage = (len(encoded[row]), len(reply_ids))
             if not logprobs:
-                replies.append(JudgeReply(text=text))
+                replies.append(JudgeReply(text=text, usage=usage))
                 continue
             step_logits = [step[row] for step in out.logits]
-            replies.append(self._with_logprobs(reply_ids, text, step_logits))
+            reply = self._with_logprobs(reply_ids, text, step_logits)
+            replies.append(dataclasses.replace(reply, usage=usage))
         return replies
 
     def _eos_ids(self) -> set[int]:

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import email.utils
 import json
 import logging
+import math
 import os
 import random
 import threading
-from collections.abc import Coroutine, Sequence
+import time
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -38,6 +42,68 @@ T = TypeVar("T")
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 _MAX_BACKOFF_S = 30.0
+# A server's Retry-After is followed up to this long (an API's minute window, with margin);
+# longer would stall the run for what is likely a misconfigured server.
+_MAX_RETRY_AFTER_S = 300.0
+
+
+class RateLimiter:
+    """An endpoint's request and token budgets per minute, and the pauses its 429s ask for.
+
+    Requests start at least ``60 / requests_per_minute`` seconds apart (a steady pace rather
+    than a burst at the start of each minute, which APIs meter anyway). Tokens come from a
+    bucket holding a minute's budget, refilled continuously: a request takes its estimate
+    (prompt bytes / 4 plus the reply's token limit, as APIs count the limit up front) before it
+    starts, and :meth:`settle` corrects the bucket by what the server's ``usage`` says it used.
+    Waiters are served in order. Runs on the backend's event loop (one thread).
+    """
+
+    def __init__(
+        self,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._interval = 60.0 / requests_per_minute if requests_per_minute else 0.0
+        self._capacity = float(tokens_per_minute) if tokens_per_minute else 0.0
+        self._clock = clock
+        self._next_start = -math.inf
+        self._tokens = self._capacity
+        self._refilled = clock()
+        self._paused_until = -math.inf
+        self._lock: asyncio.Lock | None = None
+
+    def _cost(self, tokens: int) -> float:
+        # A request larger than the whole bucket would wait forever: it takes the whole bucket.
+        return min(float(tokens), self._capacity)
+
+    def _wait(self, now: float, estimate: int) -> float:
+        waits = [self._paused_until - now, self._next_start - now]
+        if self._capacity:
+            rate = self._capacity / 60.0
+            self._tokens = min(self._capacity, self._tokens + (now - self._refilled) * rate)
+            self._refilled = now
+            waits.append((self._cost(estimate) - self._tokens) / rate)
+        return max(waits)
+
+    async def acquire(self, estimate: int) -> None:
+        """Wait until a request estimated at ``estimate`` tokens may start, and book it."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            while (wait := self._wait(self._clock(), estimate)) > 0:
+                await asyncio.sleep(wait)
+            self._next_start = self._clock() + self._interval
+            self._tokens -= self._cost(estimate)
+
+    def settle(self, estimate: int, used: int) -> None:
+        """Correct the token bucket once the server said what a request used."""
+        if self._capacity:
+            self._tokens += self._cost(estimate) - self._cost(used)
+
+    def pause(self, seconds: float) -> None:
+        """Start no request for ``seconds`` (a 429's Retry-After holds for the whole endpoint)."""
+        self._paused_until = max(self._paused_until, self._clock() + seconds)
 
 
 class _LoopThread:
@@ -88,8 +154,26 @@ def _token_offsets(content: str, entries: list[dict[str, Any]]) -> tuple[str, li
     return text, offsets
 
 
+def parse_usage(data: Any) -> tuple[int, int] | None:
+    """(prompt_tokens, completion_tokens) from a response body's ``usage``; None without one."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return None
+    return int(counts[0]), int(counts[1])  # type: ignore[arg-type]
+
+
 def parse_chat_response(data: Any) -> JudgeReply:
     """A :class:`JudgeReply` from an OpenAI chat completions response body."""
+    reply = _parse_choice(data)
+    if reply.text is None:
+        return reply
+    return dataclasses.replace(reply, usage=parse_usage(data))
+
+
+def _parse_choice(data: Any) -> JudgeReply:
     try:
         choice = data["choices"][0]
         content = choice["message"].get("content") or ""
@@ -180,6 +264,7 @@ class OpenAIBackend:
             "max_tokens" if spec.max_completion_tokens is None else "max_completion_tokens"
         )
         self.send_temperature = True
+        self.limiter = RateLimiter(spec.max_requests_per_minute, spec.max_tokens_per_minute)
         self._loop = _LoopThread(name=f"grpokit-judge-{spec.model}")
         self._client: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
@@ -306,8 +391,12 @@ class OpenAIBackend:
             want_logprobs = logprobs and self.logprobs_supported is not False
             retry_after: float | None = None
             body = self._body(prompt, want_logprobs)
+            # What an API counts against tokens per minute before it answers: the prompt (about
+            # 4 bytes a token) and the reply's limit.
+            estimate = len(prompt.encode("utf-8")) // 4 + 1 + int(body[self.limit_field])
             try:
                 async with self._semaphore:
+                    await self.limiter.acquire(estimate)
                     # httpx's timeout bounds each phase; wait_for bounds the whole request,
                     # so a server trickling bytes still hits the limit.
                     response = await asyncio.wait_for(
@@ -324,6 +413,8 @@ class OpenAIBackend:
                     except ValueError:
                         return JudgeReply.failed(f"response is not JSON: {response.text[:200]}")
                     reply = parse_chat_response(data)
+                    if reply.usage is not None:
+                        self.limiter.settle(estimate, sum(reply.usage))
                     if want_logprobs and reply.text is not None:
                         self.logprobs_supported = reply.tokens is not None
                     return reply
@@ -351,12 +442,15 @@ class OpenAIBackend:
                 if response.status_code not in _RETRY_STATUS:
                     return JudgeReply.failed(error)
                 retry_after = _retry_after(response)
+                if retry_after is not None:
+                    # The server's wait holds for every request to it, not just this one.
+                    self.limiter.pause(retry_after)
             attempt += 1
             if attempt < attempts:
                 delay = min(_MAX_BACKOFF_S, self.spec.backoff_s * 2 ** (attempt - 1))
                 delay *= 1.0 + 0.25 * random.random()  # jitter: retries of a batch spread out
                 if retry_after is not None:
-                    delay = min(_MAX_BACKOFF_S, max(delay, retry_after))
+                    delay = max(delay, retry_after)
                 await asyncio.sleep(delay)
         return JudgeReply.failed(f"{error} (after {attempts} attempt(s))")
 
@@ -371,10 +465,29 @@ class OpenAIBackend:
 
 
 def _retry_after(response: httpx.Response) -> float | None:
+    """Seconds the server asks to wait (Retry-After as seconds or an HTTP date), at most
+    ``_MAX_RETRY_AFTER_S``; None when it does not say."""
     value = response.headers.get("retry-after")
     if value is None:
         return None
+    return retry_after_seconds(value, time.time())
+
+
+def retry_after_seconds(value: str, now: float) -> float | None:
+    """A Retry-After header's wait in seconds from ``now`` (a Unix time), capped at
+    ``_MAX_RETRY_AFTER_S``; None when it is neither a number nor an HTTP date.
+
+    >>> retry_after_seconds("2.5", 0.0), retry_after_seconds("Thu, 01 Jan 1970 00:00:10 GMT", 4.0)
+    (2.5, 6.0)
+    """
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value.strip())
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - now
+    if not math.isfinite(seconds):
         return None
+    return min(_MAX_RETRY_AFTER_S, max(0.0, seconds))

@@ -1,0 +1,194 @@
+"""The checklist's yes/no judge items: the probability of yes read from token log-probs (exact
+arithmetic against a scripted endpoint), the parsed yes/no without them, the start-up check for a
+judge that returns no log-probs, and the real llama.cpp server."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpokit.errors import UserError
+from grpokit.rewards import BuildContext, build_reward_set
+from grpokit.rewards.judge import JudgeParams, build_judge_reward
+from grpokit.rewards.judge.expected import TokenLogprob
+from grpokit.rewards.judge.yes_no import parse_yes_no, token_answer, yes_probability
+from grpokit.rewards.spec import parse_reward_specs
+
+from .conftest import LLAMA_MODEL_ALIAS, Answer, FakeJudge, LlamaServer
+
+FakeFactory = Callable[..., FakeJudge]
+QUESTION = (
+    "Topic: {prompt}\nProposal: {completion}\n"
+    "Does the proposal state a price or fee? Answer yes or no."
+)
+
+
+def logprob_body(content: str, first: str, top: dict[str, float]) -> dict[str, Any]:
+    """A chat completion whose reply is ``content``: its first token ``first`` with the given
+    alternatives (probabilities), the rest of the text one more token at probability 1."""
+    entries = [
+        {
+            "token": first,
+            "logprob": math.log(top[first]),
+            "top_logprobs": [{"token": t, "logprob": math.log(p)} for t, p in top.items()],
+        }
+    ]
+    if content[len(first) :]:
+        entries.append({"token": content[len(first) :], "logprob": 0.0, "top_logprobs": []})
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "logprobs": {"content": entries},
+            }
+        ]
+    }
+
+
+def checklist(server: FakeJudge, **extra: Any) -> list[dict[str, Any]]:
+    judge = {"backend": "openai", "base_url": server.base_url, "model": "fake-judge"}
+    return [
+        {
+            "type": "checklist",
+            "items": [
+                {"name": "price", "question": QUESTION, "weight": 3.0},
+                {"name": "short", "max_chars": 20},
+            ],
+            "judges": [{**judge, "backoff_s": 0.01}],
+            "cache": False,
+            **extra,
+        }
+    ]
+
+
+def test_yes_probability_arithmetic() -> None:
+    tokens = [
+        TokenLogprob(0, "Yes", math.log(0.6), (("Yes", math.log(0.6)), ("No", math.log(0.2)),
+                                              (" yes", math.log(0.1)), ("Maybe", math.log(0.05)))),
+    ]  # fmt: skip
+    assert yes_probability("Yes", tokens) == pytest.approx(0.7 / 0.9)
+    # The answer word after other text: the distribution at its own token is read.
+    reply = "Answer: no"
+    tokens = [
+        TokenLogprob(0, "Answer", 0.0, ()),
+        TokenLogprob(6, ":", 0.0, ()),
+        TokenLogprob(7, " no", math.log(0.5), ((" no", math.log(0.5)), (" yes", math.log(0.25)))),
+    ]
+    assert yes_probability(reply, tokens) == pytest.approx(0.25 / 0.75)
+    assert yes_probability("I cannot tell", []) is None
+    assert yes_probability("はい", []) == 1.0  # no token covers it: the written answer
+    assert parse_yes_no("No, there is no price.") == 0.0
+    assert parse_yes_no("いいえ") == 0.0
+    assert parse_yes_no("Nothing known") is None
+    assert [token_answer(t) for t in ("YES", " n", "いい", "は", "Not", "")] == [
+        True, False, False, True, None, None,
+    ]  # fmt: skip
+
+
+def test_question_items_score_the_probability_of_yes(
+    fake_judge: FakeFactory, tmp_path: Path
+) -> None:
+    server = fake_judge(
+        lambda request, n: Answer(
+            body=logprob_body("Yes.", "Yes", {"Yes": 0.6, "No": 0.3, "Maybe": 0.1})
+        )
+    )
+    specs = parse_reward_specs(checklist(server))
+    with build_reward_set(specs, BuildContext(base_dir=tmp_path)) as rewards:
+        assert len(server.requests) == 1  # the start-up check asked the question once
+        scores = rewards(["Nurses x IoT", "Nurses x IoT"], ["A tracker, 5 USD.", "x" * 30], {})
+    p_yes = 0.6 / 0.9
+    assert scores.parts["checklist/price"].tolist() == pytest.approx([p_yes, p_yes])
+    assert scores.parts["checklist/short"].tolist() == [1.0, 0.0]
+    assert scores.column("checklist") == pytest.approx([(3 * p_yes + 1) / 4, 3 * p_yes / 4])
+    assert scores.metrics["checklist/price/pass_rate"] == pytest.approx(p_yes)
+    assert scores.metrics["judge/price/expected_fallback_rate"] == 0.0
+    asked = server.requests[1:]
+    assert all(request["logprobs"] is True for request in asked)
+    assert sorted(r["messages"][0]["content"] for r in asked) == [
+        f"Topic: Nurses x IoT\nProposal: {text}\n"
+        "Does the proposal state a price or fee? Answer yes or no."
+        for text in ("A tracker, 5 USD.", "x" * 30)
+    ]
+
+
+def test_a_judge_without_logprobs_is_stopped_at_start_unless_accepted(
+    fake_judge: FakeFactory, tmp_path: Path
+) -> None:
+    server = fake_judge(
+        lambda request, n: Answer(content="Yes" if "USD" in str(request) else "No, none.")
+    )
+    with pytest.raises(UserError, match="came without them.*require_logprobs: false"):
+        build_reward_set(parse_reward_specs(checklist(server)), BuildContext(base_dir=tmp_path))
+    specs = parse_reward_specs(checklist(server, require_logprobs=False))
+    with build_reward_set(specs, BuildContext(base_dir=tmp_path)) as rewards:
+        scores = rewards(["t", "t"], ["A tracker, 5 USD.", "A tracker."], {})
+    assert scores.parts["checklist/price"].tolist() == [1.0, 0.0]
+    assert scores.metrics["judge/price/expected_fallback_rate"] == 1.0
+
+    # The judge reward's expected mode has the same start-up check.
+    numbers = fake_judge(lambda request, n: Answer(content="0.5"))
+    judge = {"backend": "openai", "base_url": numbers.base_url, "model": "fake-judge"}
+    params = JudgeParams.model_validate(
+        {"rubric": "Score 0-1: {completion}", "mode": "expected", "judges": [judge]}
+    )
+    with pytest.raises(UserError, match="`mode: expected` reads the judge's token log-prob"):
+        build_judge_reward(params, tmp_path, None)
+
+
+def test_a_question_the_judge_cannot_answer_yes_or_no_stops_the_start(
+    fake_judge: FakeFactory, tmp_path: Path
+) -> None:
+    server = fake_judge(lambda request, n: Answer(content="It depends."))
+    with pytest.raises(UserError, match=r"items\[0\] \(price\).*holds no yes or no"):
+        build_reward_set(parse_reward_specs(checklist(server)), BuildContext(base_dir=tmp_path))
+
+
+def test_question_items_on_the_real_llama_server(llama_server: LlamaServer, tmp_path: Path) -> None:
+    judge = {
+        "backend": "openai",
+        "base_url": llama_server.base_url,
+        "model": LLAMA_MODEL_ALIAS,
+        "max_tokens": 4,
+    }
+    items = [
+        {"name": "price", "question": "Text: {completion}\nDoes the text state a price? "
+                                      "Answer yes or no.\nAnswer:"},
+        {"name": "customer", "question": "Text: {completion}\nDoes the text name a customer? "
+                                         "Answer yes or no.\nAnswer:"},
+    ]  # fmt: skip
+    raw = [{"type": "checklist", "items": items, "judges": [judge]}]
+    completions = [
+        "A meal subscription for busy nurses at 30 USD a week.",
+        "Something with computers.",
+    ]
+    specs = parse_reward_specs(raw)
+    with build_reward_set(specs, BuildContext(base_dir=tmp_path, run_dir=tmp_path)) as rewards:
+        scores = rewards(["topic", "topic"], completions, {})
+        again = rewards(["topic", "topic"], completions, {})
+    for name in ("price", "customer"):
+        values = scores.parts[f"checklist/{name}"].tolist()
+        # The server returned log-probs and they were used: probabilities, not the written 0/1.
+        assert scores.metrics[f"judge/{name}/request_failure_rate"] == 0.0
+        assert scores.metrics[f"judge/{name}/expected_fallback_rate"] == 0.0
+        present = [v for v in values if not math.isnan(v)]
+        assert present and all(0.0 <= v <= 1.0 for v in present)
+        assert any(0.0 < v < 1.0 for v in present)
+        assert 0.0 <= scores.metrics[f"checklist/{name}/pass_rate"] <= 1.0
+        # llama.cpp reports usage: what each question cost, in tokens.
+        assert scores.metrics[f"judge/{name}/tokens_in"] > 0
+        assert scores.metrics[f"judge/{name}/tokens_out"] > 0
+    assert scores.metrics["judge/tokens_in"] == sum(
+        scores.metrics[f"judge/{name}/tokens_in"] for name in ("price", "customer")
+    )
+    assert again.metrics["judge/tokens_in"] == 0.0
+    # The second call is answered from the cache with the same numbers.
+    assert again.metrics["judge/price/cache_hit_rate"] == 1.0
+    assert again.parts["checklist/price"].tolist() == pytest.approx(
+        scores.parts["checklist/price"].tolist(), nan_ok=True
+    )
