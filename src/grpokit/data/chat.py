@@ -60,6 +60,7 @@ def encode_prompt(
     system_prompt: str | None = None,
     max_prompt_length: int | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of the prompt rendered with the chat template, ready for generation.
 
@@ -67,7 +68,8 @@ def encode_prompt(
     prompt) as TRL does. A tokenizer without a chat template is refused (see
     :data:`PLAIN_TEMPLATE` and ``model.chat_template``) rather than guessed at.
     ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
-    variables, e.g. ``{"enable_thinking": False}`` for Qwen3.
+    variables, e.g. ``{"enable_thinking": False}`` for Qwen3. ``tools``: the JSON schemas of the
+    tools the model may call, for the template to show it.
     """
     messages = to_messages(prompt, system_prompt)
     if not getattr(tokenizer, "chat_template", None):
@@ -76,6 +78,7 @@ def encode_prompt(
         messages,
         tokenize=False,
         add_generation_prompt=True,
+        **({"tools": tools} if tools else {}),
         **dict(chat_template_kwargs or {}),
     )
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
