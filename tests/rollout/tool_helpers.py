@@ -148,10 +148,15 @@ class ScriptedEngine:
     """A rollout engine whose completions are scripted by ``reply`` and scored by ``model``
     (their log-probs are the model's, as a sampler's would be). Records every call's inputs."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, reply: Reply) -> None:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, reply: Reply, *, by_character: bool = False
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.reply = reply
+        # Tokens of one character each: ids a re-tokenization of the text would merge, as a
+        # sampler may produce.
+        self.by_character = by_character
         self.eos = int(tokenizer.eos_token_id)
         self.calls: list[tuple[list[list[int]], int, int]] = []
 
@@ -168,7 +173,7 @@ class ScriptedEngine:
             context = self.tokenizer.decode(p)
             for j in range(n):
                 text = self.reply(context, j)
-                ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.eos]
+                ids = self.encode(text) + [self.eos]
                 reason: FinishReason = "eos"
                 if len(ids) > params.max_completion_length:
                     ids, reason = ids[: params.max_completion_length], "length"
@@ -176,3 +181,43 @@ class ScriptedEngine:
                 logps.append(teacher_forced_logprobs(self.model, p, ids, params.temperature))
                 reasons.append(reason)
         return RolloutBatch([list(p) for p in prompt_ids], completions, logps, reasons, n)
+
+    def encode(self, text: str) -> list[int]:
+        pieces = list(text) if self.by_character else [text]
+        return [
+            i
+            for piece in pieces
+            for i in self.tokenizer(piece, add_special_tokens=False)["input_ids"]
+        ]
+
+
+class ForcedTokens:
+    """Stands in for grpokit.rollout.torch_engine.sample_next_tokens: at step s of the i-th
+    ``generate`` call every row takes ``scripts[i][s]`` (then EOS), scored by the model's own
+    ``softmax(logits / T)`` as the real sampler scores its draws. :meth:`wrap` an engine so that
+    each of its generate calls starts the next script."""
+
+    def __init__(self, scripts: list[list[int]], eos: int) -> None:
+        self.scripts = list(scripts)
+        self.eos = eos
+        self.current: list[int] = []
+        self.step = 0
+
+    def wrap(self, engine: Any) -> Any:
+        generate = engine.generate
+
+        def scripted(*args: Any, **kwargs: Any) -> RolloutBatch:
+            self.current, self.step = self.scripts.pop(0), 0
+            return generate(*args, **kwargs)  # type: ignore[no-any-return]
+
+        engine.generate = scripted
+        return engine
+
+    def __call__(
+        self, logits: torch.Tensor, *, temperature: float, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        token = self.current[self.step] if self.step < len(self.current) else self.eos
+        self.step += 1
+        tokens = torch.full((logits.shape[0],), token, dtype=torch.long)
+        logp = torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)[:, token]
+        return tokens, logp

@@ -21,11 +21,25 @@ from grpokit.data.chat import NO_TEMPLATE, apply_template_setting
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.models.checkpoints import ModelSpec, model_dir
-from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
+from grpokit.models.loading import (
+    LoraSettings,
+    Policy,
+    check_context_length,
+    load_policy,
+    load_tokenizer,
+)
 from grpokit.models.onednn import CpuMatmul
 from grpokit.progress import Progress, progress
 from grpokit.rewards.compose import RewardSet
+from grpokit.rollout.agent import (
+    ToolMessageTokens,
+    ToolRollout,
+    check_tool_template,
+    template_text,
+)
 from grpokit.rollout.base import RolloutEngine, SamplingParams
+from grpokit.rollout.tool_calls import detect_format, tool_call_parser
+from grpokit.rollout.tools import Tool, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.sampling.runtime import resolve_device
 from grpokit.sampling.scoring import (
@@ -110,6 +124,64 @@ def torch_engine(policy: Policy, cpu_matmul: CpuMatmul) -> TorchEngine:
     )
 
 
+def tool_rollout(cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase) -> ToolRollout | None:
+    """The multi-turn rollout with the config's ``tools:`` (None without tools), for the policy's
+    tokenizer with its chat template set.
+
+    Raises:
+        UserError: a tool that does not load (naming ``tools[i]``), a chat template that cannot
+            show tools or append their results, a tool-call format it cannot tell.
+    """
+    if not cfg.tools:
+        return None
+    tools = load_tools(cfg.tools, cfg.config_dir)
+    return _tool_rollout(cfg, tokenizer, tools)
+
+
+def _tool_rollout(
+    cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, tools: list[Tool]
+) -> ToolRollout:
+    a = cfg.training
+    schemas = [t.schema for t in tools]
+    where = (
+        "model.chat_template"
+        if cfg.model.chat_template
+        else f"the chat template of {cfg.model.name_or_path} (model.chat_template)"
+    )
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise UserError(f"{cfg.model.name_or_path}: the tokenizer has no eos_token")
+    check_tool_template(tokenizer, schemas, a.chat_template_kwargs, end_token=eos, where=where)
+    fmt = a.tool_call_format
+    if fmt == "auto":
+        found = detect_format(template_text(tokenizer))
+        if found is None:
+            raise UserError(
+                f"training.tool_call_format: auto cannot tell from {where} how the model writes "
+                "tool calls; set hermes, llama3, or regex with training.tool_call_regex"
+            )
+        fmt = found
+    return ToolRollout(
+        ToolRunner(tools, timeout=a.tool_timeout, max_result_chars=a.tool_max_result_chars),
+        tool_call_parser(fmt, a.tool_call_regex),
+        ToolMessageTokens(tokenizer, schemas, a.chat_template_kwargs),
+        a.max_tool_calling_iterations,
+    )
+
+
+def check_tools(cfg: GRPOKitConfig) -> None:
+    """Check the config's tools against its model's tokenizer before any model loads (the
+    tokenizer alone loads in a moment): the same errors as :func:`tool_rollout`."""
+    if not cfg.tools:
+        return
+    tools = load_tools(cfg.tools, cfg.config_dir)
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    apply_template_setting(tokenizer, cfg.model.chat_template, cfg.config_dir)
+    if not tokenizer.chat_template:
+        raise UserError(NO_TEMPLATE.format(name=cfg.model.name_or_path))
+    _tool_rollout(cfg, tokenizer, tools)
+
+
 @dataclass
 class Sampled:
     """The scored batches of one pass over a prompt list, in prompt order."""
@@ -173,6 +245,8 @@ class Sampler:
     max_prompt_length: int | None
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra variables of the chat template (TRL's chat_template_kwargs, e.g. enable_thinking)."""
+    tools: ToolRollout | None = None
+    """Multi-turn rollouts with tools (the config's ``tools:``); None samples one turn."""
 
     @classmethod
     def load(
@@ -229,8 +303,9 @@ class Sampler:
         trainable: bool = False,
         device: torch.device | None = None,
     ) -> Sampler:
-        """The config's policy with its sampling settings and prompt rendering."""
-        return cls.load(
+        """The config's policy with its sampling settings, prompt rendering and tools."""
+        check_tools(cfg)  # before the model loads
+        sampler = cls.load(
             cfg.model,
             rewards,
             sampling=sampling_params(cfg.training),
@@ -243,6 +318,8 @@ class Sampler:
             trainable=trainable,
             device=device,
         )
+        sampler.tools = tool_rollout(cfg, sampler.tokenizer)
+        return sampler
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -263,6 +340,7 @@ class Sampler:
             max_prompt_length=self.max_prompt_length,
             generator=generator,
             chat_template_kwargs=self.chat_template_kwargs,
+            tools=self.tools,
         )
 
     def chunks(

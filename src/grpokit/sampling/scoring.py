@@ -18,6 +18,7 @@ import torch
 from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import PromptRow, columns_of
 from grpokit.rewards.compose import RewardScores, RewardSet
+from grpokit.rollout.agent import ToolRollout, transcript
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 
 
@@ -40,6 +41,8 @@ class ScoredBatch:
     """P prompts x G completions, group-major, with their rewards.
 
     rows: P prompt rows; texts: B = P * G decoded completions; scores.total: (B,).
+    messages: with tools, each completion's turns as chat messages (assistant turns with their
+    tool calls, tool messages with their results); None without.
     """
 
     rows: list[PromptRow]
@@ -49,6 +52,7 @@ class ScoredBatch:
     scores: RewardScores
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
+    messages: list[list[dict[str, Any]]] | None = None
 
     @property
     def group_size(self) -> int:
@@ -84,18 +88,25 @@ class ScoredBatch:
 
 
 def reward_inputs(
-    rows: list[PromptRow], texts: list[str], completion_ids: list[list[int]], group_size: int
+    rows: list[PromptRow],
+    texts: list[str],
+    completion_ids: list[list[int]],
+    group_size: int,
+    messages: list[list[dict[str, Any]]] | None = None,
 ) -> tuple[list[Any], list[Any], dict[str, list[Any]]]:
     """prompts, completions and columns as TRL passes them to reward functions.
 
-    Completions are strings for string prompts and assistant-message lists for chat prompts;
+    Completions are strings for string prompts and assistant-message lists for chat prompts (with
+    tools, ``messages``: the turns and tool messages, as TRL passes them);
     `completion_ids` (the sampled token ids) is passed as a column, as TRL does.
     """
     expanded = [r for r in rows for _ in range(group_size)]
     prompts = [r.prompt for r in expanded]
     completions: list[Any] = [
-        t if isinstance(r.prompt, str) else [{"role": "assistant", "content": t}]
-        for r, t in zip(expanded, texts, strict=True)
+        t
+        if isinstance(r.prompt, str)
+        else (messages[b] if messages is not None else [{"role": "assistant", "content": t}])
+        for b, (r, t) in enumerate(zip(expanded, texts, strict=True))
     ]
     return prompts, completions, {**columns_of(expanded), "completion_ids": completion_ids}
 
@@ -112,8 +123,10 @@ def sample_and_score(
     max_prompt_length: int | None,
     generator: torch.Generator | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: ToolRollout | None = None,
 ) -> ScoredBatch:
-    """``num_generations`` completions of each row's prompt, decoded and scored by the set."""
+    """``num_generations`` completions of each row's prompt, decoded and scored by the set; with
+    ``tools``, multi-turn completions in which the model may call them."""
     prompt_ids = [
         encode_prompt(
             tokenizer,
@@ -121,18 +134,30 @@ def sample_and_score(
             system_prompt=system_prompt,
             max_prompt_length=max_prompt_length,
             chat_template_kwargs=chat_template_kwargs,
+            tools=tools.schemas if tools is not None else None,
         )
         for r in rows
     ]
     t0 = time.perf_counter()
-    rollout = engine.generate(prompt_ids, num_generations, sampling, generator=generator)
+    if tools is None:
+        rollout = engine.generate(prompt_ids, num_generations, sampling, generator=generator)
+    else:
+        rollout = tools.generate(engine, prompt_ids, num_generations, sampling, generator=generator)
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
+    messages = None
+    if rollout.turns is not None:
+        messages = [
+            transcript(tokenizer, ids, turns)
+            for ids, turns in zip(rollout.completion_ids, rollout.turns, strict=True)
+        ]
     prompts, completions, columns = reward_inputs(
-        rows, texts, rollout.completion_ids, num_generations
+        rows, texts, rollout.completion_ids, num_generations, messages
     )
     scores = reward_set(prompts, completions, columns)
-    return ScoredBatch(rows, prompt_ids, rollout, texts, scores, t1 - t0, time.perf_counter() - t1)
+    return ScoredBatch(
+        rows, prompt_ids, rollout, texts, scores, t1 - t0, time.perf_counter() - t1, messages
+    )
 
 
 def merge_scores(parts: list[RewardScores]) -> RewardScores:

@@ -40,10 +40,12 @@ from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import (
     Sampler,
     ScoredBatch,
+    check_tools,
     latest_checkpoint,
     resolve_device,
     sampling_params,
     seed_everything,
+    tool_rollout,
 )
 from grpokit.train.checkpoint import (
     TrainerState,
@@ -154,6 +156,7 @@ class GRPOTrainer:
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
         rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
+        check_tools(self.cfg)
 
         self.policy: Policy = build_policy(
             self.cfg, device=self.device, dist=self.dist, sharded=self.sharded
@@ -166,6 +169,7 @@ class GRPOTrainer:
             system_prompt,
             self.args.max_prompt_length,
             self.args.chat_template_kwargs,
+            tools=tool_rollout(self.cfg, self.policy.tokenizer),
         )
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
@@ -313,6 +317,7 @@ class GRPOTrainer:
         adv: list[torch.Tensor] = []
         rows_mask: list[float] = []
         sampler_logps: list[torch.Tensor] = []
+        tool_mask: list[list[int]] = []
         for scored, advantages, keep in kept:
             expanded = scored.expanded_prompt_ids()
             for i in range(len(scored.rows)):
@@ -322,6 +327,8 @@ class GRPOTrainer:
                     prompt_ids.append(expanded[j])
                     completion_ids.append(scored.rollout.completion_ids[j])
                     sampler_logps.append(scored.rollout.logprobs[j])
+                    if scored.rollout.tool_mask is not None:
+                        tool_mask.append(scored.rollout.tool_mask[j])
                     truncated = scored.rollout.finish_reason[j] == "length"
                     rows_mask.append(
                         0.0 if (truncated and self.args.mask_truncated_completions) else 1.0
@@ -330,7 +337,12 @@ class GRPOTrainer:
         if not completion_ids:
             return None
         return Experience(
-            prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask), sampler_logps
+            prompt_ids,
+            completion_ids,
+            torch.cat(adv),
+            torch.tensor(rows_mask),
+            sampler_logps,
+            tool_mask if tool_mask else None,
         )
 
     def _fixed_logprobs(
@@ -413,6 +425,9 @@ class GRPOTrainer:
         """Forward one micro-batch, add its share of the step's loss to the gradients."""
         batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
         mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
+        tool_mask = exp.tool_mask_of(rows)
+        if tool_mask is not None:  # tool messages stay in the context, out of loss, KL, entropy
+            mask = mask * tool_mask.to(self.device)
         logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
         advantages = exp.advantages[rows].to(self.device)
         sampler = exp.sampler_logprobs(rows)
@@ -479,7 +494,10 @@ class GRPOTrainer:
         scored = collected.scored
         t1 = time.perf_counter()
         text_ngram = self.cfg.monitors.text_ngram
-        shared = rollout_metrics(scored, self.rewards.max_values, text_ngram=text_ngram)
+        tools = self.sampler.tools.names if self.sampler.tools is not None else ()
+        shared = rollout_metrics(
+            scored, self.rewards.max_values, text_ngram=text_ngram, tool_names=tools
+        )
         shared |= collected.timings
         exp = self._joined(collected.experience)
         updates = self.update(exp) if exp is not None else self._no_update()
