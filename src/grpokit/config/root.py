@@ -112,6 +112,15 @@ class GRPOKitConfig(_Strict):
         return [e.strip() for e in entries]
 
     @model_validator(mode="after")
+    def _tools_on_torch(self) -> GRPOKitConfig:
+        if self.tools and self.training.use_vllm:
+            raise ValueError(
+                "tools: multi-turn rollouts with tools run on the torch engine; set "
+                "training.use_vllm: false"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _reward_weights(self) -> GRPOKitConfig:
         # TRL's reward_weights: one weight per reward function, replacing their own weights.
         weights = self.training.reward_weights

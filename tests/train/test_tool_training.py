@@ -1,0 +1,229 @@
+"""GRPO with tools end to end on the tiny model: tool tokens stay in the context and out of the
+loss, tool metrics and transcripts are logged, the policy learns to prefer the rewarded
+trajectory; bad tool settings stop the run before any model loads. The model's replies are
+scripted (its sampling is not what is tested); the loop, tools, loss and update are real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from grpokit.config import GRPOKitConfig, load_config
+from grpokit.core.losses import LossInputs, LossOutput
+from grpokit.errors import UserError
+from grpokit.train.forward import completion_logprobs, pack
+from grpokit.train.trainer import GRPOTrainer
+from tests.rollout.tool_helpers import HERMES_TEMPLATE, TOOLS_MODULE, ScriptedEngine, hermes_call
+
+REWARD = '''
+def right_answer(prompts, completions, **columns):
+    """1 for a completion that asked the calculator and answered 42."""
+    return [1.0 if "<tool_response>42" in c and c.endswith("It is 42.") else 0.0 for c in completions]
+'''
+CALL = hermes_call("calculator", a=6, b=7)
+FIRST = [CALL, CALL, "It is 41.", "I do not know."]
+
+
+def reply(context: str, j: int) -> str:
+    return (
+        "It is 42."
+        if context.rstrip().endswith("assistant") and "<tool_response>" in context
+        else FIRST[j]
+    )
+
+
+def write_config(tmp_path: Path, model_dir: Path, *, template: bool = True, **top: Any) -> Path:
+    (tmp_path / "my_tools.py").write_text(TOOLS_MODULE)
+    (tmp_path / "my_rewards.py").write_text(REWARD)
+    (tmp_path / "tools.jinja").write_text(HERMES_TEMPLATE)
+    prompts = [{"prompt": f"What is 6 times 7? ({i})"} for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    doc: dict[str, Any] = {
+        "model": {"name_or_path": str(model_dir)}
+        | ({"chat_template": "tools.jinja"} if template else {}),
+        "data": {"train": "train.jsonl"},
+        "rewards": [{"type": "python", "name": "right", "function": "my_rewards.py:right_answer"}],
+        "tools": ["my_tools.py:calculator", "my_tools.py:broken"],
+        "training": {
+            "learning_rate": 1e-2,
+            "num_generations": 4,
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 1,
+            "max_completion_length": 64,
+            "max_tool_calling_iterations": 2,
+            "max_steps": 3,
+            "seed": 0,
+            "report_to": ["none"],
+            "output_dir": "run",
+            "log_completions_steps": 1,
+        },
+    }
+    for key, value in top.items():
+        section, _, name = key.partition("__")
+        if name:
+            doc[section][name] = value
+        else:
+            doc[section] = value
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+class RecordingLoss:
+    """The trainer's loss, called through, with each micro-batch's mask kept."""
+
+    def __init__(self, loss: Any) -> None:
+        self.loss = loss
+        self.masks: list[torch.Tensor] = []
+
+    def __call__(self, inputs: LossInputs) -> LossOutput:
+        self.masks.append(inputs.mask.detach().clone())
+        out: LossOutput = self.loss(inputs)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loss, name)
+
+
+def _sequence_logp(
+    trainer: GRPOTrainer, prompt: list[int], ids: list[int], mask: list[int]
+) -> float:
+    """The log-probability of the model's own tokens of a completion (tool tokens left out)."""
+    with torch.no_grad():
+        logp, _ = completion_logprobs(
+            trainer.policy.model, pack([prompt], [ids], trainer.pad_token_id)
+        )
+    return float((logp[0, : len(ids)] * torch.tensor(mask, dtype=torch.float32)).sum())
+
+
+def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engines: list[ScriptedEngine] = []
+
+    def scripted_engine(cfg: GRPOKitConfig, policy: Any, *, sharded: bool) -> ScriptedEngine:
+        engines.append(ScriptedEngine(policy.model, policy.tokenizer, reply))
+        return engines[-1]
+
+    monkeypatch.setattr("grpokit.train.trainer.build_engine", scripted_engine)
+    trainer = GRPOTrainer(
+        load_config(write_config(tmp_path, tiny_model_dir)), progress=False, log=lambda m: None
+    )
+    recording = RecordingLoss(trainer.loss)
+    trainer.loss = recording  # type: ignore[assignment]
+    tokenizer = trainer.policy.tokenizer
+    first = trainer.sampler.sample(trainer.rows[:1], 4, generator=torch.Generator().manual_seed(0))
+    rollout = first.rollout
+    prompt = first.prompt_ids[0]
+    assert rollout.tool_mask is not None
+    good, bad = rollout.completion_ids[0], rollout.completion_ids[3]
+    masks = rollout.tool_mask[0], rollout.tool_mask[3]
+    before = [
+        _sequence_logp(trainer, prompt, ids, m) for ids, m in zip((good, bad), masks, strict=True)
+    ]
+
+    result = trainer.train()
+
+    # The loss saw exactly the model's tokens: each row's mask is its tool mask.
+    mask = recording.masks[0]
+    for b in range(4):
+        expected = torch.tensor(rollout.tool_mask[b], dtype=torch.float32)
+        torch.testing.assert_close(mask[b, : len(expected)], expected)
+        assert torch.all(mask[b, len(expected) :] == 0)
+    assert mask[0].sum() < len(good)  # the tool message's tokens are out
+
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 3
+    for m in lines:
+        assert m["tools/call_frequency"] == 0.5 and m["tools/failure_frequency"] == 0.0
+        assert m["tools/calculator/calls"] == 2.0 and m["tools/broken/calls"] == 0.0
+        assert m["turns/mean"] == 1.5 and m["turns/max"] == 2.0
+        assert m["reward"] == 0.5 and torch.isfinite(torch.tensor(m["loss"]))
+    records = [
+        json.loads(x) for x in (result.run_dir / "completions.jsonl").read_text().splitlines()
+    ]
+    called = next(r for r in records if len(r["transcript"]) == 3)
+    assert [m["role"] for m in called["transcript"]] == ["assistant", "tool", "assistant"]
+    assert called["transcript"][0]["tool_calls"] == [
+        {"name": "calculator", "arguments": {"a": 6, "b": 7}}
+    ]
+    assert called["transcript"][1] == {
+        "role": "tool",
+        "name": "calculator",
+        "content": "42",
+        "error": False,
+    }
+    assert called["transcript"][2]["content"] == "It is 42."
+
+    # Trained: the rewarded trajectory (with its tool call) gained probability, and far more
+    # than the unrewarded one (whose shared tokens, such as the end of turn, gain too).
+    after = [
+        _sequence_logp(trainer, prompt, ids, m) for ids, m in zip((good, bad), masks, strict=True)
+    ]
+    assert after[0] > before[0] + 10.0
+    assert after[0] - after[1] > before[0] - before[1] + 10.0
+    assert tokenizer.decode(good).count("<tool_response>") == 1
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"template": False}, "does not show `tools` to the model"),
+        ({"tools": ["my_tools.py:nothing"]}, r"tools\[0\]: tool 'my_tools.py:nothing'.*has no"),
+        ({"tools": ["missing.py:f"]}, r"tools\[0\]: tool 'missing.py:f': file .* does not exist"),
+        ({"tools": ["calculator"]}, r"tools\[0\] 'calculator' is not of the form"),
+        ({"training__max_tool_calling_iterations": 0}, "max_tool_calling_iterations"),
+        ({"training__tool_call_format": "regex"}, "tool_call_format: regex needs tool_call_regex"),
+        ({"training__use_vllm": True}, "run on the torch engine"),
+    ],
+    ids=[
+        "template-without-tools",
+        "no-such-function",
+        "no-file",
+        "not-a-path",
+        "iterations-0",
+        "regex",
+        "vllm",
+    ],
+)
+def test_bad_tool_settings_stop_before_any_model_loads(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    changes: dict[str, Any],
+    message: str,
+) -> None:
+    def no_model(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the model was loaded before the tools were checked")
+
+    monkeypatch.setattr("grpokit.train.trainer.build_policy", no_model)
+    template = changes.pop("template", True)
+    with pytest.raises(UserError, match=message):
+        cfg = load_config(write_config(tmp_path, tiny_model_dir, template=template, **changes))
+        GRPOTrainer(cfg, progress=False, log=lambda m: None)
+
+
+def test_rewards_get_the_transcript_for_chat_prompts_and_the_text_for_strings() -> None:
+    from grpokit.data.prompts import PromptRow
+    from grpokit.sampling import reward_inputs
+
+    rows = [
+        PromptRow(prompt=[{"role": "user", "content": "6*7?"}], columns={}),
+        PromptRow("6*7?", {}),
+    ]
+    messages = [
+        [
+            {"role": "assistant", "content": CALL},
+            {"role": "tool", "name": "calculator", "content": "42"},
+        ],
+        [{"role": "assistant", "content": "42"}],
+    ]
+    texts = ["a", "b"]
+    _, completions, columns = reward_inputs(rows, texts, [[1], [2]], 1, messages)
+    assert completions == [messages[0], "b"]
+    assert columns["completion_ids"] == [[1], [2]]
