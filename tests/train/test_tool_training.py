@@ -227,3 +227,33 @@ def test_rewards_get_the_transcript_for_chat_prompts_and_the_text_for_strings() 
     _, completions, columns = reward_inputs(rows, texts, [[1], [2]], 1, messages)
     assert completions == [messages[0], "b"]
     assert columns["completion_ids"] == [[1], [2]]
+
+
+def test_resume_in_the_middle_of_a_run_with_tools(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from grpokit.train.run import resume_run
+
+    monkeypatch.setattr(
+        "grpokit.train.trainer.build_engine",
+        lambda cfg, policy, sharded: ScriptedEngine(policy.model, policy.tokenizer, reply),
+    )
+
+    def config(output_dir: str) -> GRPOKitConfig:
+        path = write_config(tmp_path, tiny_model_dir)
+        cfg = load_config(path)
+        cfg.training.max_steps, cfg.training.output_dir, cfg.training.save_steps = 3, output_dir, 1
+        return cfg
+
+    full = GRPOTrainer(config("full"), progress=False, log=lambda m: None).train()
+    first = GRPOTrainer(config("split"), progress=False, log=lambda m: None)
+    first.total_steps = 1  # stopped after the step-1 checkpoint
+    first.train()
+    resumed = resume_run(tmp_path / "split", progress=False)
+    assert resumed.global_step == 3
+    a = [json.loads(x) for x in (full.run_dir / "metrics.jsonl").read_text().splitlines()]
+    b = [json.loads(x) for x in (resumed.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in b] == [1, 2, 3]
+    for x, y in zip(a, b, strict=True):
+        for key in ("reward", "loss", "grad_norm", "tools/call_frequency", "turns/mean"):
+            assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (x["step"], key)

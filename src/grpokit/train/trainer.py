@@ -154,9 +154,9 @@ class GRPOTrainer:
         if self.dist.is_main:
             for leftover in remove_partial_checkpoints(self.run_dir):
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
+        check_tools(self.cfg)  # imports the tools, reads the tokenizer: before any model loads
         rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
-        check_tools(self.cfg)
 
         self.policy: Policy = build_policy(
             self.cfg, device=self.device, dist=self.dist, sharded=self.sharded
