@@ -15,11 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit.data.chat import encode_prompt
+from grpokit.errors import UserError
 from grpokit.models.tiny import TOKENIZER_FAMILIES, make_tiny_model_dir, make_tiny_tokenizer_dir
-from grpokit.rollout.agent import ToolMessageTokens, ToolRollout, transcript
+from grpokit.rollout.agent import ToolMessageTokens, ToolRollout, check_tool_template, transcript
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.tool_calls import parse_hermes, parse_llama3
-from grpokit.rollout.tools import ToolRunner, load_tools
+from grpokit.rollout.tools import ToolCall, ToolResult, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.train.step_metrics import tool_metrics
 
@@ -278,3 +279,62 @@ def test_real_engine_with_scripted_tokens(setup: Any, monkeypatch: pytest.Monkey
             out.logprobs[b][-len(answer) - 1 :], expected, atol=1e-4, rtol=1e-4
         )
         assert torch.all(out.logprobs[b][~model_part] == 0)
+
+
+# A template that, like Qwen3's, writes an empty think block into the last assistant turn only:
+# the turn renders differently once a tool message follows it.
+THINK_TEMPLATE = HERMES_TEMPLATE.replace(
+    "{{ '<|im_start|>assistant\\n' + m['content'] }}",
+    "{{ '<|im_start|>assistant\\n' }}{%- if loop.last %}{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{{ m['content'] }}",
+)
+# Shows the tools but drops tool messages.
+NO_TOOL_ROLE = HERMES_TEMPLATE.replace(
+    "{%- elif m['role'] == 'tool' %}", "{%- elif m['role'] == 'tool' %}{#"
+)
+NO_TOOL_ROLE = NO_TOOL_ROLE.replace(
+    "</tool_response><|im_end|>\\n' }}", "</tool_response><|im_end|>\\n' }}#}"
+)
+
+
+def test_suffix_after_a_turn_the_template_renders_differently_later(setup: Any) -> None:
+    _, tokenizer, tools = setup
+    tokenizer.chat_template = THINK_TEMPLATE
+    call = ToolCall("calculator", {"a": 6, "b": 7})
+    result = ToolResult("calculator", "42", failed=False)
+    messages = ToolMessageTokens(tokenizer, [t.schema for t in tools])
+    assistant = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {}}}],
+    }
+    user = {"role": "user", "content": "x"}
+    before = tokenizer.apply_chat_template([user, assistant], tokenize=False)
+    after = tokenizer.apply_chat_template(
+        [user, assistant, {"role": "tool", "content": "42"}], tokenize=False
+    )
+    assert not after.startswith(before)  # the case this test is about
+    eos = tokenizer.eos_token_id
+    assert messages.suffix_text(eos, [call], [result]) == CHATML_TOOL.format("42") + CHATML_NEXT
+    check_tool_template(tokenizer, messages.tools, None, end_token=eos, where="model.chat_template")
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "does not show `tools`"),
+        (NO_TOOL_ROLE, "does not render 'tool' messages"),
+    ],
+    ids=["ignores-tools", "drops-tool-messages"],
+)
+def test_templates_without_tool_support_refused(setup: Any, template: str, message: str) -> None:
+    _, tokenizer, tools = setup
+    tokenizer.chat_template = template
+    with pytest.raises(UserError, match=rf"model.chat_template: .*{message}"):
+        check_tool_template(
+            tokenizer,
+            [t.schema for t in tools],
+            None,
+            end_token=tokenizer.eos_token_id,
+            where="model.chat_template",
+        )

@@ -98,17 +98,28 @@ class ToolMessageTokens:
         before = self._render([_PROBE_USER, assistant], generation_prompt=False)
         tool_messages = [{"role": "tool", "name": r.name, "content": r.content} for r in results]
         after = self._render([_PROBE_USER, assistant, *tool_messages], generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError(
-                "the chat template renders the assistant's turn differently once a tool message "
-                "follows it, so tool results cannot be appended without changing earlier tokens"
-            )
-        # What the template writes after the end-of-turn token the model sampled (ChatML's
-        # newline after <|im_end|>); everything up to and including that token is already there.
+        # The model's turn ended with its end-of-turn token: the suffix starts right after the
+        # template's end of that assistant turn, which is the same (k-th) end-of-turn text in
+        # both renderings. Counting rather than comparing prefixes lets a template render the
+        # turn itself differently once a tool message follows (Qwen3 drops an empty <think>
+        # block from earlier turns): those tokens are the model's and are never re-rendered.
         eos_text = self.tokenizer.decode([end_token])
-        cut = before.rfind(eos_text) if eos_text else -1
-        closing = before[cut + len(eos_text) :] if cut >= 0 else ""
-        return closing + after[len(before) :]
+        turns_ended = before.count(eos_text) if eos_text else 0
+        if turns_ended == 0:  # a template that does not end turns with this token
+            if not after.startswith(before):
+                raise ValueError(
+                    f"the chat template does not end the assistant's turn with {eos_text!r}, and "
+                    "renders it differently once a tool message follows"
+                )
+            return after[len(before) :]
+        cut = -len(eos_text)
+        for _ in range(turns_ended):
+            cut = after.find(eos_text, cut + len(eos_text))
+            if cut < 0:
+                raise ValueError(
+                    "the chat template renders fewer turn ends once a tool message follows"
+                )
+        return after[cut + len(eos_text) :]
 
     def suffix_ids(
         self, end_token: int, calls: Sequence[ToolCall], results: Sequence[ToolResult]
@@ -151,13 +162,17 @@ def check_tool_template(
     if plain == with_tools:
         raise UserError(f"{where}: the chat template does not show `tools` to the model; {fix}")
     probe = ToolCall(str(tools[0]["function"]["name"]), {})
-    result = ToolResult(probe.name or "", "1", failed=False)
+    result = ToolResult(probe.name or "", "tool-result-7f3a", failed=False)
     try:
-        ToolMessageTokens(tokenizer, tools, kwargs).suffix_ids(end_token, [probe], [result])
+        suffix = ToolMessageTokens(tokenizer, tools, kwargs).suffix_text(
+            end_token, [probe], [result]
+        )
     except Exception as exc:
         raise UserError(
             f"{where}: cannot append tool results with this template ({exc}); {fix}"
         ) from None
+    if result.content not in suffix:
+        raise UserError(f"{where}: the chat template does not render 'tool' messages; {fix}")
 
 
 @dataclass
