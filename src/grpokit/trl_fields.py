@@ -519,6 +519,7 @@ TRL_SCRIPT_KEYS: dict[str, str] = {
     "reward_funcs": "rewards: (a list of {type: ...}; `type: python` for your own function)",
     "system_prompt": "data.system_prompt",
     "tools": "tools: at the top of the config (a list of file.py:function)",
+    "environment_factory": "environment_factory: at the top of the config (file.py:Class)",
 }
 """Keys of a flat `trl grpo --config` YAML (TRL's script and model arguments) and where they go."""
 

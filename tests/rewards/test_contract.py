@@ -28,6 +28,7 @@ MINIMAL: dict[str, dict[str, Any]] = {
     "logic_tree_depth": {},
     "logic_tree_quality": {},
     "python": {"function": "user_rewards.py:plain"},
+    "environment": {},
 }
 
 

@@ -37,6 +37,19 @@ def reply(context: str, j: int) -> str:
     )
 
 
+def scripted_engines(monkeypatch: pytest.MonkeyPatch, script: Any) -> list[ScriptedEngine]:
+    """Make the trainer sample with a :class:`ScriptedEngine` replying by ``script``; the
+    engines made, for their records."""
+    engines: list[ScriptedEngine] = []
+
+    def build(cfg: GRPOKitConfig, policy: Any, *, sharded: bool) -> ScriptedEngine:
+        engines.append(ScriptedEngine(policy.model, policy.tokenizer, script))
+        return engines[-1]
+
+    monkeypatch.setattr("grpokit.train.trainer.build_engine", build)
+    return engines
+
+
 def write_config(tmp_path: Path, model_dir: Path, *, template: bool = True, **top: Any) -> Path:
     (tmp_path / "my_tools.py").write_text(TOOLS_MODULE)
     (tmp_path / "my_rewards.py").write_text(REWARD)
@@ -104,13 +117,7 @@ def _sequence_logp(
 def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engines: list[ScriptedEngine] = []
-
-    def scripted_engine(cfg: GRPOKitConfig, policy: Any, *, sharded: bool) -> ScriptedEngine:
-        engines.append(ScriptedEngine(policy.model, policy.tokenizer, reply))
-        return engines[-1]
-
-    monkeypatch.setattr("grpokit.train.trainer.build_engine", scripted_engine)
+    scripted_engines(monkeypatch, reply)
     trainer = GRPOTrainer(
         load_config(write_config(tmp_path, tiny_model_dir)), progress=False, log=lambda m: None
     )
@@ -234,10 +241,7 @@ def test_resume_in_the_middle_of_a_run_with_tools(
 ) -> None:
     from grpokit.train.run import resume_run
 
-    monkeypatch.setattr(
-        "grpokit.train.trainer.build_engine",
-        lambda cfg, policy, sharded: ScriptedEngine(policy.model, policy.tokenizer, reply),
-    )
+    scripted_engines(monkeypatch, reply)
 
     def config(output_dir: str) -> GRPOKitConfig:
         path = write_config(tmp_path, tiny_model_dir)
@@ -257,3 +261,151 @@ def test_resume_in_the_middle_of_a_run_with_tools(
     for x, y in zip(a, b, strict=True):
         for key in ("reward", "loss", "grad_norm", "tools/call_frequency", "turns/mean"):
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (x["step"], key)
+
+
+ENV_MODULE = '''
+class Counter:
+    """Reach a target by adding numbers (TRL's environment contract)."""
+
+    made = 0
+
+    def __init__(self):
+        Counter.made += 1
+        self.seat = Counter.made
+        self.target = self.total = self.calls = 0
+
+    def reset(self, prompt, target, **columns):
+        self.target, self.total, self.calls = int(target), 0, 0
+        return f" Target: {target}."
+
+    def add(self, x: int) -> int:
+        """Add a number to the running total.
+
+        Args:
+            x: the number to add
+        """
+        self.total += x
+        self.calls += 1
+        return self.total
+
+    def get_reward(self) -> float:
+        return 1.0 if self.total == self.target else 0.0
+
+
+class Seated(Counter):
+    """Each instance shows its own seat: the prompts of a group differ."""
+
+    def reset(self, prompt, target, **columns):
+        return super().reset(prompt, target) + f" Seat {self.seat}."
+
+
+class NoReset:
+    def add(self, x: int) -> int:
+        """Add.
+
+        Args:
+            x: the number
+        """
+        return x
+
+
+class BadReset(Counter):
+    def reset(self, prompt, **columns):
+        raise KeyError("target")
+
+
+def calls_made(prompts, completions, environments, **columns):
+    return [float(e.calls) for e in environments]
+'''
+
+
+def env_reply(context: str, j: int) -> str:
+    if context.rstrip().endswith("assistant") and "<tool_response>" in context:
+        return "Done."
+    target = int(context.split("Target: ")[1].split(".")[0])
+    return [hermes_call("add", x=target), hermes_call("add", x=1), "No.", "No."][j]
+
+
+def env_config(tmp_path: Path, model_dir: Path, factory: str) -> Path:
+    (tmp_path / "my_env.py").write_text(ENV_MODULE)
+    path = write_config(
+        tmp_path,
+        model_dir,
+        environment_factory=f"my_env.py:{factory}",
+        tools=[],
+        rewards=[
+            {"type": "environment", "max_value": 1.0},
+            {"type": "python", "name": "calls", "function": "my_env.py:calls_made", "weight": 0.0},
+        ],
+    )
+    prompts = [{"prompt": "Reach the target.", "target": t} for t in (7, 9, 11, 13)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return path
+
+
+def test_environment_per_rollout_tools_reset_and_reward(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scripted_engines(monkeypatch, env_reply)
+    cfg = load_config(env_config(tmp_path, tiny_model_dir, "Counter"))
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    tools = trainer.sampler.tools
+    assert tools is not None and tools.environments is not None and tools.names == ["add"]
+    tokenizer = trainer.policy.tokenizer
+    scored = trainer.sampler.sample(trainer.rows[:1], 4, generator=torch.Generator().manual_seed(0))
+    target = trainer.rows[0].columns["target"]
+    assert tokenizer.decode(scored.prompt_ids[0]).count(f"Reach the target. Target: {target}.") == 1
+    assert scored.row_prompt_ids is None  # the same reset for the whole group: one prompt
+    envs = tools.environments.pool[:4]
+    assert len({id(e) for e in envs}) == 4  # one instance per rollout
+    assert [e.total for e in envs] == [target, 1, 0, 0]  # each call changed its own instance
+    assert scored.scores.per_function[:, 0].tolist() == [1.0, 0.0, 0.0, 0.0]  # get_reward
+    assert scored.scores.per_function[:, 1].tolist() == [1.0, 1.0, 0.0, 0.0]  # environments=
+    assert scored.messages is not None and scored.messages[0][1]["content"] == str(target)
+    made = type(envs[0]).made
+    result = trainer.train()
+    assert type(envs[0]).made == made  # construct once, reset often
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rewards/environment/mean"] for m in lines] == [0.25] * 3
+    assert all(m["tools/add/calls"] == 2.0 for m in lines)
+
+
+def test_environment_resets_that_differ_give_each_rollout_its_prompt(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engines = scripted_engines(monkeypatch, env_reply)
+    cfg = load_config(env_config(tmp_path, tiny_model_dir, "Seated"))
+    cfg.training.max_steps = 1
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    scored = trainer.sampler.sample(trainer.rows[:1], 4, generator=torch.Generator().manual_seed(0))
+    assert scored.row_prompt_ids is not None and len({tuple(p) for p in scored.row_prompt_ids}) == 4
+    assert scored.expanded_prompt_ids() == scored.row_prompt_ids
+    contexts, n, _ = engines[0].calls[0]
+    assert n == 1 and contexts == scored.row_prompt_ids  # each rollout sampled from its own
+    # One completion per prompt: the script's first reply (the right call) for every rollout.
+    assert scored.scores.per_function[:, 0].tolist() == [1.0, 1.0, 1.0, 1.0]
+    trainer.train()
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("NoReset", "needs a reset"),
+        ("BadReset", r"reset\(\*\*row\) failed on the first training row with KeyError"),
+        ("Missing", "has no 'Missing'"),
+    ],
+)
+def test_bad_environments_stop_before_any_model_loads(
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    factory: str,
+    message: str,
+) -> None:
+    def no_model(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the model was loaded before the environment was checked")
+
+    monkeypatch.setattr("grpokit.train.trainer.build_policy", no_model)
+    cfg = load_config(env_config(tmp_path, tiny_model_dir, factory))
+    with pytest.raises(UserError, match=rf"environment_factory.*{message}"):
+        GRPOTrainer(cfg, progress=False, log=lambda m: None)

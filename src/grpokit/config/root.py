@@ -40,6 +40,13 @@ class GRPOKitConfig(_Strict):
         "functions, sync or async, with a Google-style docstring describing each argument. "
         "Their results are appended to the completion and masked from the loss.",
     )
+    environment_factory: str | None = Field(
+        None,
+        description="An environment with TRL's contract: `file.py:Class` (relative to the config "
+        "file) or `module:factory`. One instance per rollout; reset(**row) returns text to "
+        "append to the prompt, or None; its public methods are tools; an optional get_reward() "
+        "is read by the `environment` reward type.",
+    )
     training: TrainingConfig = Field(
         default_factory=TrainingConfig, description="GRPO hyperparameters (TRL's names)."
     )
@@ -111,11 +118,18 @@ class GRPOKitConfig(_Strict):
                 )
         return [e.strip() for e in entries]
 
+    @field_validator("environment_factory")
+    @classmethod
+    def _environment_path(cls, entry: str | None) -> str | None:
+        if entry is not None and not FUNCTION_PATH.match(entry.strip()):
+            raise ValueError(f"{entry!r} is not of the form `module:Class` (e.g. my_env.py:Game)")
+        return None if entry is None else entry.strip()
+
     @model_validator(mode="after")
     def _tools_on_torch(self) -> GRPOKitConfig:
-        if self.tools and self.training.use_vllm:
+        if (self.tools or self.environment_factory) and self.training.use_vllm:
             raise ValueError(
-                "tools: multi-turn rollouts with tools run on the torch engine; set "
+                "tools, environment_factory: multi-turn rollouts run on the torch engine; set "
                 "training.use_vllm: false"
             )
         return self

@@ -129,3 +129,44 @@ def _build(params: PythonRewardParams, ctx: BuildContext) -> Reward:
 
 
 register_reward("python", PythonRewardParams, _build, max_value=None)
+
+
+class EnvironmentRewardParams(BaseModel):
+    """Parameters of ``type: environment``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_value: float | None = Field(
+        default=None,
+        description="The best value get_reward() returns (pass rate = share of rollouts at it); "
+        "null if unbounded or unknown.",
+    )
+
+
+def environment_reward(
+    prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """Each rollout's environment's ``get_reward()`` (awaited when it is a coroutine)."""
+    import asyncio
+    import inspect
+
+    if environments is None:
+        raise UserError("reward type 'environment' needs an environment_factory in the config")
+    out: list[float | None] = []
+    for env in environments:
+        value = env.get_reward()
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+        out.append(None if value is None else float(value))
+    return out
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _build_environment(params: EnvironmentRewardParams, ctx: BuildContext) -> Reward:
+    return FunctionReward(environment_reward, name="environment")
+
+
+register_reward("environment", EnvironmentRewardParams, _build_environment, max_value=None)

@@ -35,8 +35,9 @@ from grpokit.rollout.base import (
     ToolExchange,
     Turn,
 )
+from grpokit.rollout.environments import Environments
 from grpokit.rollout.tool_calls import Parser
-from grpokit.rollout.tools import ToolCall, ToolResult, ToolRunner
+from grpokit.rollout.tools import Tool, ToolCall, ToolResult, ToolRunner
 
 _PROBE_USER = {"role": "user", "content": "Hello"}
 
@@ -211,14 +212,18 @@ class ToolRollout:
     parser: Parser
     messages: ToolMessageTokens
     max_iterations: int | None = None
+    environments: Environments | None = None
+    """With an environment_factory: its instances, one per rollout, whose methods are tools."""
 
     @property
     def names(self) -> list[str]:
-        return list(self.runner.tools)
+        extra = [t.name for t in self.environments.tools] if self.environments else []
+        return [*self.runner.tools, *extra]
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
-        return self.runner.schemas
+        extra = [t.schema for t in self.environments.tools] if self.environments else []
+        return [*self.runner.schemas, *extra]
 
     def generate(
         self,
@@ -228,13 +233,28 @@ class ToolRollout:
         params: SamplingParams,
         *,
         generator: torch.Generator | None = None,
+        environments: Sequence[Any] | None = None,
+        row_prompt_ids: list[list[int]] | None = None,
     ) -> RolloutBatch:
-        """``n`` multi-turn completions per prompt, group-major, with ``tool_mask`` and ``turns``."""
+        """``n`` multi-turn completions per prompt, group-major, with ``tool_mask`` and ``turns``.
+
+        environments: one environment instance per rollout (B), whose methods its calls use.
+        row_prompt_ids: each rollout's own prompt (B), where an environment's reset made the
+            prompts of a group differ; ``prompt_ids`` then holds each group's first.
+        """
         budget = params.max_completion_length
-        first = engine.generate(prompt_ids, n, params, generator=generator)
+        if row_prompt_ids is None:
+            contexts = [p for p in prompt_ids for _ in range(n)]
+            first = engine.generate(prompt_ids, n, params, generator=generator)
+        else:
+            contexts = row_prompt_ids
+            first = engine.generate(row_prompt_ids, 1, params, generator=generator)
+        tools: list[Mapping[str, Tool]] | None = None
+        if environments is not None and self.environments is not None:
+            tools = [self.runner.tools | self.environments.tools_of(e) for e in environments]
         rows = []
         for b in range(len(first)):
-            row = _Row(prompt_ids[b // n], [], [], [], first.finish_reason[b])
+            row = _Row(contexts[b], [], [], [], first.finish_reason[b])
             row.add_turn(first.completion_ids[b], first.logprobs[b].tolist(), row.finish)
             rows.append(row)
         active = list(range(len(rows)))
@@ -245,7 +265,10 @@ class ToolRollout:
             calling = [(b, calls) for b in active if (calls := self._calls(rows[b]))]
             if not calling:
                 break
-            results = self.runner.run([c for _, calls in calling for c in calls])
+            results = self.runner.run(
+                [c for _, calls in calling for c in calls],
+                None if tools is None else [tools[b] for b, calls in calling for _ in calls],
+            )
             active = []
             for b, calls in calling:
                 mine, results = results[: len(calls)], results[len(calls) :]

@@ -14,7 +14,7 @@ import inspect
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,13 +145,16 @@ class ToolRunner:
         """The JSON schemas, for the chat template's ``tools`` argument."""
         return [t.schema for t in self.tools.values()]
 
-    def run(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+    def run(
+        self, calls: Sequence[ToolCall], tools: Sequence[Mapping[str, Tool]] | None = None
+    ) -> list[ToolResult]:
         """Run ``calls`` concurrently; one result per call, in order. Never raises for what a
-        tool or a call does wrong."""
+        tool or a call does wrong. ``tools``: the tools each call may use (an environment's
+        methods are its own rollout's), default the runner's."""
         results: list[ToolResult | None] = [None] * len(calls)
         threads: list[tuple[int, threading.Thread, float]] = []
         for i, call in enumerate(calls):
-            checked = self._check(call)
+            checked = self._check(call, self.tools if tools is None else tools[i])
             if isinstance(checked, ToolResult):
                 results[i] = checked
                 continue
@@ -173,14 +176,16 @@ class ToolRunner:
                 )
         return [r for r in results if r is not None]
 
-    def _check(self, call: ToolCall) -> ToolResult | tuple[Tool, dict[str, Any]]:
+    def _check(
+        self, call: ToolCall, tools: Mapping[str, Tool]
+    ) -> ToolResult | tuple[Tool, dict[str, Any]]:
         """The tool and arguments of a call, or the failed result of a call that cannot run."""
         name = call.name or "?"
         if call.error is not None:
             return ToolResult(name, error_content(call.error), failed=True)
-        tool = self.tools.get(call.name or "")
+        tool = tools.get(call.name or "")
         if tool is None:
-            known = ", ".join(self.tools) or "none"
+            known = ", ".join(tools) or "none"
             return ToolResult(
                 name, error_content(f"unknown tool {name!r}; the tools are: {known}"), failed=True
             )

@@ -38,8 +38,9 @@ from grpokit.rollout.agent import (
     template_text,
 )
 from grpokit.rollout.base import RolloutEngine, SamplingParams
-from grpokit.rollout.tool_calls import detect_format, tool_call_parser
-from grpokit.rollout.tools import Tool, ToolRunner, load_tools
+from grpokit.rollout.environments import load_environments
+from grpokit.rollout.tool_calls import Parser, detect_format, tool_call_parser
+from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.sampling.runtime import resolve_device
 from grpokit.sampling.scoring import (
@@ -124,25 +125,57 @@ def torch_engine(policy: Policy, cpu_matmul: CpuMatmul) -> TorchEngine:
     )
 
 
-def tool_rollout(cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase) -> ToolRollout | None:
-    """The multi-turn rollout with the config's ``tools:`` (None without tools), for the policy's
-    tokenizer with its chat template set.
+def tool_rollout(
+    cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, *, probe_row: PromptRow | None = None
+) -> ToolRollout | None:
+    """The multi-turn rollout with the config's ``tools:`` and ``environment_factory`` (None
+    without either), for the policy's tokenizer with its chat template set. ``probe_row``: a
+    training row the environment's ``reset`` is tried on.
 
     Raises:
-        UserError: a tool that does not load (naming ``tools[i]``), a chat template that cannot
-            show tools or append their results, a tool-call format it cannot tell.
+        UserError: a tool or environment that does not load (naming its field), a chat template
+            that cannot show tools or append their results, a tool-call format it cannot tell.
     """
-    if not cfg.tools:
+    if not cfg.tools and not cfg.environment_factory:
         return None
-    tools = load_tools(cfg.tools, cfg.config_dir)
-    return _tool_rollout(cfg, tokenizer, tools)
-
-
-def _tool_rollout(
-    cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, tools: list[Tool]
-) -> ToolRollout:
     a = cfg.training
+    tools = load_tools(cfg.tools, cfg.config_dir)
+    environments = None
+    if cfg.environment_factory:
+        row = None if probe_row is None else {"prompt": probe_row.prompt, **probe_row.columns}
+        environments = load_environments(cfg.environment_factory, cfg.config_dir, probe_row=row)
+        clash = {t.name for t in tools} & {t.name for t in environments.tools}
+        if clash:
+            raise UserError(
+                f"environment_factory: its method(s) {', '.join(sorted(clash))} have the name "
+                "of a tool in tools:; rename one"
+            )
     schemas = [t.schema for t in tools]
+    if environments is not None:
+        schemas += [t.schema for t in environments.tools]
+    parser: Parser = (
+        _no_calls  # an environment without tool methods: one turn, reset and reward only
+    )
+    if schemas:
+        parser = _tool_call_parser(cfg, tokenizer, schemas)
+    return ToolRollout(
+        ToolRunner(tools, timeout=a.tool_timeout, max_result_chars=a.tool_max_result_chars),
+        parser,
+        ToolMessageTokens(tokenizer, schemas, a.chat_template_kwargs),
+        a.max_tool_calling_iterations,
+        environments,
+    )
+
+
+def _no_calls(text: str) -> list[ToolCall]:
+    return []
+
+
+def _tool_call_parser(
+    cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, schemas: list[dict[str, Any]]
+) -> Parser:
+    """The parser of the configured format, once the chat template is known to take tools."""
+    a = cfg.training
     where = (
         "model.chat_template"
         if cfg.model.chat_template
@@ -161,25 +194,19 @@ def _tool_rollout(
                 "tool calls; set hermes, llama3, or regex with training.tool_call_regex"
             )
         fmt = found
-    return ToolRollout(
-        ToolRunner(tools, timeout=a.tool_timeout, max_result_chars=a.tool_max_result_chars),
-        tool_call_parser(fmt, a.tool_call_regex),
-        ToolMessageTokens(tokenizer, schemas, a.chat_template_kwargs),
-        a.max_tool_calling_iterations,
-    )
+    return tool_call_parser(fmt, a.tool_call_regex)
 
 
-def check_tools(cfg: GRPOKitConfig) -> None:
-    """Check the config's tools against its model's tokenizer before any model loads (the
-    tokenizer alone loads in a moment): the same errors as :func:`tool_rollout`."""
-    if not cfg.tools:
+def check_tools(cfg: GRPOKitConfig, *, probe_row: PromptRow | None = None) -> None:
+    """Check the config's tools and environment against its model's tokenizer before any model
+    loads (the tokenizer alone loads in a moment): the same errors as :func:`tool_rollout`."""
+    if not cfg.tools and not cfg.environment_factory:
         return
-    tools = load_tools(cfg.tools, cfg.config_dir)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     apply_template_setting(tokenizer, cfg.model.chat_template, cfg.config_dir)
     if not tokenizer.chat_template:
         raise UserError(NO_TEMPLATE.format(name=cfg.model.name_or_path))
-    _tool_rollout(cfg, tokenizer, tools)
+    tool_rollout(cfg, tokenizer, probe_row=probe_row)
 
 
 @dataclass

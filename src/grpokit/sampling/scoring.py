@@ -20,6 +20,7 @@ from grpokit.data.prompts import PromptRow, columns_of
 from grpokit.rewards.compose import RewardScores, RewardSet
 from grpokit.rollout.agent import ToolRollout, transcript
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from grpokit.rollout.environments import with_observation
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class ScoredBatch:
     rows: P prompt rows; texts: B = P * G decoded completions; scores.total: (B,).
     messages: with tools, each completion's turns as chat messages (assistant turns with their
     tool calls, tool messages with their results); None without.
+    row_prompt_ids: each completion's own prompt (B) where an environment's reset made a group's
+    prompts differ (prompt_ids then holds each group's first); None otherwise.
     """
 
     rows: list[PromptRow]
@@ -53,6 +56,7 @@ class ScoredBatch:
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
     messages: list[list[dict[str, Any]]] | None = None
+    row_prompt_ids: list[list[int]] | None = None
 
     @property
     def group_size(self) -> int:
@@ -60,6 +64,8 @@ class ScoredBatch:
 
     def expanded_prompt_ids(self) -> list[list[int]]:
         """The prompt ids of each completion (B lists)."""
+        if self.row_prompt_ids is not None:
+            return self.row_prompt_ids
         return [p for p in self.prompt_ids for _ in range(self.group_size)]
 
     def samples(self, model: str, *, first_prompt: int = 0) -> list[Sample]:
@@ -126,23 +132,48 @@ def sample_and_score(
     tools: ToolRollout | None = None,
 ) -> ScoredBatch:
     """``num_generations`` completions of each row's prompt, decoded and scored by the set; with
-    ``tools``, multi-turn completions in which the model may call them."""
-    prompt_ids = [
-        encode_prompt(
+    ``tools``, multi-turn completions in which the model may call them (and, with an environment,
+    one instance per rollout, reset with its row, passed to the rewards as ``environments``)."""
+    g = num_generations
+    schemas = tools.schemas if tools is not None else None
+
+    def encode(prompt: Any) -> list[int]:
+        return encode_prompt(
             tokenizer,
-            r.prompt,
+            prompt,
             system_prompt=system_prompt,
             max_prompt_length=max_prompt_length,
             chat_template_kwargs=chat_template_kwargs,
-            tools=tools.schemas if tools is not None else None,
+            tools=schemas,
         )
-        for r in rows
-    ]
+
+    environments = None
+    row_prompt_ids = None
+    if tools is not None and tools.environments is not None:
+        environments = tools.environments.take(len(rows) * g)
+        expanded = [r for r in rows for _ in range(g)]
+        per_row = [
+            encode(with_observation(r.prompt, env.reset(**{"prompt": r.prompt, **r.columns})))
+            for r, env in zip(expanded, environments, strict=True)
+        ]
+        prompt_ids = per_row[::g]
+        if any(ids != prompt_ids[b // g] for b, ids in enumerate(per_row)):
+            row_prompt_ids = per_row  # resets that differ within a group: a prompt per rollout
+    else:
+        prompt_ids = [encode(r.prompt) for r in rows]
     t0 = time.perf_counter()
     if tools is None:
-        rollout = engine.generate(prompt_ids, num_generations, sampling, generator=generator)
+        rollout = engine.generate(prompt_ids, g, sampling, generator=generator)
     else:
-        rollout = tools.generate(engine, prompt_ids, num_generations, sampling, generator=generator)
+        rollout = tools.generate(
+            engine,
+            prompt_ids,
+            g,
+            sampling,
+            generator=generator,
+            environments=environments,
+            row_prompt_ids=row_prompt_ids,
+        )
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     messages = None
@@ -151,12 +182,13 @@ def sample_and_score(
             transcript(tokenizer, ids, turns)
             for ids, turns in zip(rollout.completion_ids, rollout.turns, strict=True)
         ]
-    prompts, completions, columns = reward_inputs(
-        rows, texts, rollout.completion_ids, num_generations, messages
-    )
+    prompts, completions, columns = reward_inputs(rows, texts, rollout.completion_ids, g, messages)
+    if environments is not None:
+        columns["environments"] = environments
     scores = reward_set(prompts, completions, columns)
+    seconds = time.perf_counter() - t1
     return ScoredBatch(
-        rows, prompt_ids, rollout, texts, scores, t1 - t0, time.perf_counter() - t1, messages
+        rows, prompt_ids, rollout, texts, scores, t1 - t0, seconds, messages, row_prompt_ids
     )
 
 

@@ -154,7 +154,8 @@ class GRPOTrainer:
         if self.dist.is_main:
             for leftover in remove_partial_checkpoints(self.run_dir):
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
-        check_tools(self.cfg)  # imports the tools, reads the tokenizer: before any model loads
+        # Imports the tools and environment, reads the tokenizer: before any model loads.
+        check_tools(self.cfg, probe_row=self.rows[0] if self.rows else None)
         rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
 
