@@ -81,8 +81,8 @@ def test_calls_run_sync_and_async_off_the_callers_thread(tools_dir: Path) -> Non
         return int(original(a, b))
 
     object.__setattr__(calc, "function", recording)
-    results = runner.run(
-        [ToolCall("calculator", {"a": 6, "b": 7}), ToolCall("slow_add", {"a": 1, "b": 2})]
+    (results,) = runner.run(
+        [[ToolCall("calculator", {"a": 6, "b": 7}), ToolCall("slow_add", {"a": 1, "b": 2})]]
     )
     assert [(r.name, r.content, r.failed) for r in results] == [
         ("calculator", "42", False),
@@ -93,13 +93,15 @@ def test_calls_run_sync_and_async_off_the_callers_thread(tools_dir: Path) -> Non
 
 def test_errors_become_error_messages(tools_dir: Path) -> None:
     runner = _runner(tools_dir, "calculator", "broken")
-    results = runner.run(
+    (results,) = runner.run(
         [
-            ToolCall("broken", {"x": 1}),
-            ToolCall("nope", {}),
-            ToolCall("calculator", {"a": 1}),  # b missing
-            ToolCall("calculator", {"a": 1, "b": 2, "c": 3}),
-            ToolCall(None, None, "the tool call is not JSON"),
+            [
+                ToolCall("broken", {"x": 1}),
+                ToolCall("nope", {}),
+                ToolCall("calculator", {"a": 1}),  # b missing
+                ToolCall("calculator", {"a": 1, "b": 2, "c": 3}),
+                ToolCall(None, None, "the tool call is not JSON"),
+            ]
         ]
     )
     assert all(r.failed for r in results)
@@ -115,13 +117,14 @@ def test_errors_become_error_messages(tools_dir: Path) -> None:
 def test_hanging_tools_time_out_together(tools_dir: Path, name: str) -> None:
     runner = _runner(tools_dir, name, "calculator", timeout=0.3)
     t0 = time.monotonic()
-    results = runner.run(
+    rows = runner.run(
         [
-            ToolCall(name, {"x": 1}),
-            ToolCall(name, {"x": 2}),
-            ToolCall("calculator", {"a": 2, "b": 2}),
+            [ToolCall(name, {"x": 1})],
+            [ToolCall(name, {"x": 2})],
+            [ToolCall("calculator", {"a": 2, "b": 2})],
         ]
     )
+    results = [r for row in rows for r in row]
     elapsed = time.monotonic() - t0
     assert elapsed < 1.5  # one timeout for all calls, not one each
     assert [r.failed for r in results] == [True, True, False]
@@ -130,7 +133,7 @@ def test_hanging_tools_time_out_together(tools_dir: Path, name: str) -> None:
 
 
 def test_huge_result_is_cut_with_a_note(tools_dir: Path) -> None:
-    (result,) = _runner(tools_dir, "huge", cap=50).run([ToolCall("huge", {"x": 1})])
+    ((result,),) = _runner(tools_dir, "huge", cap=50).run([[ToolCall("huge", {"x": 1})]])
     assert not result.failed
     assert result.content == "y" * 50 + "... [cut: 10000000 characters, the limit is 50]"
 
@@ -139,3 +142,28 @@ def test_result_text() -> None:
     assert result_text("abc", 10) == "abc"
     assert result_text({"x": [1, 2]}, 100) == '{"x": [1, 2]}'
     assert result_text({1, 2}, 100) in ("{1, 2}", "{2, 1}")  # not JSON: str()
+
+
+def test_a_rows_calls_run_in_order_rows_concurrently() -> None:
+    from grpokit.rollout.tools import tool_from_function
+
+    log: list[int] = []
+
+    def step(x: int) -> int:
+        """Record a step; the first one is slow.
+
+        Args:
+            x: the step's number
+        """
+        time.sleep(0.3 if x == 1 else 0.0)
+        log.append(x)
+        return x
+
+    runner = ToolRunner([tool_from_function(step, where="test")], timeout=5, max_result_chars=10)
+    t0 = time.monotonic()
+    rows = runner.run(
+        [[ToolCall("step", {"x": 1}), ToolCall("step", {"x": 2})], [ToolCall("step", {"x": 1})]]
+    )
+    assert [[r.content for r in row] for row in rows] == [["1", "2"], ["1"]]
+    assert log.index(2) > log.index(1)  # the second call of a row waited for the first
+    assert time.monotonic() - t0 < 0.55  # the two rows' slow calls ran side by side

@@ -150,6 +150,9 @@ def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
         assert m["tools/call_frequency"] == 0.5 and m["tools/failure_frequency"] == 0.0
         assert m["tools/calculator/calls"] == 2.0 and m["tools/broken/calls"] == 0.0
         assert m["turns/mean"] == 1.5 and m["turns/max"] == 2.0
+        # TRL's completion length with tools: the model's own tokens.
+        model_tokens = sum(sum(mask) for mask in rollout.tool_mask) / 4
+        assert m["completions/mean_length"] == pytest.approx(model_tokens)
         assert m["reward"] == 0.5 and torch.isfinite(torch.tensor(m["loss"]))
     records = [
         json.loads(x) for x in (result.run_dir / "completions.jsonl").read_text().splitlines()

@@ -266,12 +266,11 @@ class ToolRollout:
             if not calling:
                 break
             results = self.runner.run(
-                [c for _, calls in calling for c in calls],
-                None if tools is None else [tools[b] for b, calls in calling for _ in calls],
+                [calls for _, calls in calling],
+                None if tools is None else [tools[b] for b, _ in calling],
             )
             active = []
-            for b, calls in calling:
-                mine, results = results[: len(calls)], results[len(calls) :]
+            for (b, calls), mine in zip(calling, results, strict=True):
                 if self._append_results(rows[b], calls, mine, budget):
                     active.append(b)
             if not active:

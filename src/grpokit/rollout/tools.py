@@ -120,7 +120,8 @@ def result_text(value: Any, max_chars: int) -> str:
 
 
 class ToolRunner:
-    """Runs the model's tool calls: each in a thread of its own, concurrently, with a timeout.
+    """Runs the model's tool calls: each in a thread of its own, with a timeout; the calls of
+    one completion in order, those of different completions concurrently.
 
     Each call gets a daemon thread rather than a pool worker: a tool that never returns cannot be
     stopped from outside, and a pool would lose a worker to it for good (and wait for it when the
@@ -146,35 +147,54 @@ class ToolRunner:
         return [t.schema for t in self.tools.values()]
 
     def run(
-        self, calls: Sequence[ToolCall], tools: Sequence[Mapping[str, Tool]] | None = None
-    ) -> list[ToolResult]:
-        """Run ``calls`` concurrently; one result per call, in order. Never raises for what a
-        tool or a call does wrong. ``tools``: the tools each call may use (an environment's
-        methods are its own rollout's), default the runner's."""
-        results: list[ToolResult | None] = [None] * len(calls)
-        threads: list[tuple[int, threading.Thread, float]] = []
-        for i, call in enumerate(calls):
-            checked = self._check(call, self.tools if tools is None else tools[i])
-            if isinstance(checked, ToolResult):
-                results[i] = checked
-                continue
-            tool, arguments = checked
+        self,
+        rows: Sequence[Sequence[ToolCall]],
+        tools: Sequence[Mapping[str, Tool]] | None = None,
+    ) -> list[list[ToolResult]]:
+        """Run each row's calls in order, the rows concurrently; one result per call. A row's
+        calls run one after the other because a call may depend on the one before (they can
+        act on the same environment). Never raises for what a tool or a call does wrong.
+
+        tools: the tools each row may use (an environment's methods are its own rollout's);
+        default the runner's.
+        """
+        out: list[list[ToolResult]] = [[] for _ in rows]
+        threads = []
+        for i, calls in enumerate(rows):
+            available = self.tools if tools is None else tools[i]
             thread = threading.Thread(
-                target=self._call, args=(tool, arguments, results, i), daemon=True
+                target=self._run_row, args=(calls, available, out[i]), daemon=True
             )
-            threads.append((i, thread, time.monotonic()))
+            threads.append(thread)
             thread.start()
-        for i, thread, started in threads:  # all started together: the wait is one timeout
-            thread.join(max(0.0, started + self.timeout - time.monotonic()))
-            if thread.is_alive() or results[i] is None:
-                name = calls[i].name or "?"
-                results[i] = ToolResult(
-                    name,
-                    error_content(f"{name} did not finish within {self.timeout:g} s"),
-                    failed=True,
-                    seconds=time.monotonic() - started,
-                )
-        return [r for r in results if r is not None]
+        for thread in threads:  # each call of a row is bounded by the timeout
+            thread.join()
+        return out
+
+    def _run_row(
+        self, calls: Sequence[ToolCall], tools: Mapping[str, Tool], out: list[ToolResult]
+    ) -> None:
+        for call in calls:
+            out.append(self._run_call(call, tools))
+
+    def _run_call(self, call: ToolCall, tools: Mapping[str, Tool]) -> ToolResult:
+        checked = self._check(call, tools)
+        if isinstance(checked, ToolResult):
+            return checked
+        tool, arguments = checked
+        box: list[ToolResult] = []
+        started = time.monotonic()
+        thread = threading.Thread(target=self._call, args=(tool, arguments, box), daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if box:
+            return box[0]
+        return ToolResult(
+            tool.name,
+            error_content(f"{tool.name} did not finish within {self.timeout:g} s"),
+            failed=True,
+            seconds=time.monotonic() - started,
+        )
 
     def _check(
         self, call: ToolCall, tools: Mapping[str, Tool]
@@ -196,13 +216,7 @@ class ToolRunner:
             return ToolResult(name, error_content(f"bad arguments for {name}: {exc}"), failed=True)
         return tool, arguments
 
-    def _call(
-        self,
-        tool: Tool,
-        arguments: dict[str, Any],
-        results: list[ToolResult | None],
-        slot: int,
-    ) -> None:
+    def _call(self, tool: Tool, arguments: dict[str, Any], box: list[ToolResult]) -> None:
         started = time.monotonic()
         try:
             if tool.is_async:
@@ -216,4 +230,4 @@ class ToolRunner:
         except Exception as exc:  # whatever a tool raises is the model's to read, not a crash
             message = f"{type(exc).__name__}: {exc}"[: self.max_result_chars]
             content, failed = error_content(message), True
-        results[slot] = ToolResult(tool.name, content, failed, time.monotonic() - started)
+        box.append(ToolResult(tool.name, content, failed, time.monotonic() - started))

@@ -73,7 +73,13 @@ def rollout_metrics(
     s = scored.scores
     total = s.total
     valid = total[~torch.isnan(total)]
-    lengths = torch.tensor([float(len(c)) for c in scored.rollout.completion_ids])
+    rollout = scored.rollout
+    # With tools, as in TRL: only the tokens the model sampled count, not the tool messages'.
+    if rollout.tool_mask is None:
+        counts = [len(c) for c in rollout.completion_ids]
+    else:
+        counts = [sum(m) for m in rollout.tool_mask]
+    lengths = torch.tensor(counts, dtype=torch.float32)
     truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
     terminated = lengths[~truncated]
     g = scored.group_size
