@@ -412,3 +412,21 @@ def test_bad_environments_stop_before_any_model_loads(
     cfg = load_config(env_config(tmp_path, tiny_model_dir, factory))
     with pytest.raises(UserError, match=rf"environment_factory.*{message}"):
         GRPOTrainer(cfg, progress=False, log=lambda m: None)
+
+
+def test_eval_and_generate_sample_with_the_configs_tools(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Sampler.from_config (grpokit eval, generate, preflight) takes the tools too."""
+    from grpokit.rewards import BuildContext, build_reward_set
+    from grpokit.sampling import Sampler
+
+    cfg = load_config(write_config(tmp_path, tiny_model_dir))
+    rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=cfg.config_dir))
+    sampler = Sampler.from_config(cfg, rewards)
+    assert sampler.tools is not None and sampler.tools.names == ["calculator", "broken"]
+    sampler.engine = ScriptedEngine(sampler.policy.model, sampler.tokenizer, reply)
+    scored = sampler.score_prompts(cfg.prompts("train")[:1], 4, seed=0)
+    assert [s.rewards["right"] for s in scored.samples("m")] == [1.0, 1.0, 0.0, 0.0]
+    assert "<tool_response>42</tool_response>" in scored.samples("m")[0].text.replace("\n", "")
+    rewards.close()
