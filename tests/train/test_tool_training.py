@@ -429,4 +429,10 @@ def test_eval_and_generate_sample_with_the_configs_tools(
     scored = sampler.score_prompts(cfg.prompts("train")[:1], 4, seed=0)
     assert [s.rewards["right"] for s in scored.samples("m")] == [1.0, 1.0, 0.0, 0.0]
     assert "<tool_response>42</tool_response>" in scored.samples("m")[0].text.replace("\n", "")
+    transcript = scored.samples("m")[0].transcript  # what eval and generate write
+    assert transcript is not None and [m["role"] for m in transcript] == [
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     rewards.close()

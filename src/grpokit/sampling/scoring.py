@@ -35,6 +35,8 @@ class Sample:
     rewards: dict[str, float | None]
     length: int
     truncated: bool
+    transcript: list[dict[str, Any]] | None = None
+    """With tools: the turns, tool calls and tool results as chat messages."""
 
 
 @dataclass
@@ -88,6 +90,7 @@ class ScoredBatch:
                     },
                     length=len(self.rollout.completion_ids[b]),
                     truncated=self.rollout.finish_reason[b] == "length",
+                    transcript=None if self.messages is None else self.messages[b],
                 )
             )
         return out
