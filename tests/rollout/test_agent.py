@@ -83,7 +83,7 @@ def test_masks_token_by_token_and_only_calling_rows_go_on(setup: Any) -> None:
     ]
 
     def reply(context: str, j: int) -> str:
-        return "Done." if "<tool_response>" in context else first[j]
+        return "Done." if "<|im_start|>tool" in context else first[j]
 
     engine = ScriptedEngine(model, tokenizer, reply)
     rollout = _rollout(tokenizer, tools, timeout=0.3)
@@ -166,7 +166,7 @@ def test_budget_rolls_back_a_result_that_overflows_and_cuts_a_long_turn(setup: A
     first = [hermes_call("huge", x=1), hermes_call("calculator", a=2, b=3)]
 
     def reply(context: str, j: int) -> str:
-        return "word " * 100 if "<tool_response>" in context else first[j]
+        return "word " * 100 if "<|im_start|>tool" in context else first[j]
 
     engine = ScriptedEngine(model, tokenizer, reply)
     rollout = _rollout(tokenizer, tools, cap=500)
@@ -284,7 +284,7 @@ def test_real_engine_with_scripted_tokens(setup: Any, monkeypatch: pytest.Monkey
 # A template that, like Qwen3's, writes an empty think block into the last assistant turn only:
 # the turn renders differently once a tool message follows it.
 THINK_TEMPLATE = HERMES_TEMPLATE.replace(
-    "{{ '<|im_start|>assistant\\n' + m['content'] }}",
+    "{{ '<|im_start|>assistant\\n' + (m['content'] or '') }}",
     "{{ '<|im_start|>assistant\\n' }}{%- if loop.last %}{{ '<think>\\n\\n</think>\\n\\n' }}"
     "{%- endif %}{{ m['content'] }}",
 )

@@ -1,5 +1,5 @@
-"""What the tool-rollout tests share: chat templates with tool support (ChatML with Hermes-style
-calls, and Llama 3 with JSON calls), a module of tools, and engines whose token choice is scripted
+"""What the tool-rollout tests share: chat templates with tool support (grpokit's ChatML with
+Hermes-style calls, and a Llama 3 one with JSON calls), a module of tools, and engines whose token choice is scripted
 (the model's sampling is not what these tests test: the loop, the masks and the tools are real).
 """
 
@@ -10,32 +10,12 @@ from typing import Any
 
 import torch
 
+from grpokit.data.chat import HERMES_TEMPLATE
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 
-# transformers renders templates with trim_blocks: newlines are written as expressions.
-HERMES_TEMPLATE = (
-    "{%- if tools %}{{ '<|im_start|>system\\n' }}"
-    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{%- endif %}"
-    '{{ \'Tools you may call, one <tool_call>{"name": ..., "arguments": {...}}</tool_call> '
-    "each:\\n<tools>\\n' }}"
-    "{%- for t in tools %}{{ t | tojson }}{{ '\\n' }}{%- endfor %}"
-    "{{ '</tools><|im_end|>\\n' }}"
-    "{%- elif messages[0]['role'] == 'system' %}"
-    "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- for m in messages %}"
-    "{%- if m['role'] == 'system' %}"
-    "{%- elif m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' + m['content'] }}"
-    "{%- for c in m.tool_calls or [] %}"
-    "{{ '<tool_call>' }}{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
-    "{{ '</tool_call>' }}{%- endfor %}{{ '<|im_end|>\\n' }}"
-    "{%- elif m['role'] == 'tool' %}"
-    "{{ '<|im_start|>tool\\n<tool_response>' + m['content'] + '</tool_response><|im_end|>\\n' }}"
-    "{%- else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-    "{%- endif %}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+__all__ = ["HERMES_TEMPLATE", "LLAMA3_TEMPLATE", "TOOLS_MODULE", "ForcedTokens", "ScriptedEngine"]
 
+# transformers renders templates with trim_blocks: newlines are written as expressions.
 LLAMA3_TEMPLATE = (
     "{{ bos_token }}"
     "{%- if tools %}{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"

@@ -18,7 +18,7 @@ from grpokit.core.losses import LossInputs, LossOutput
 from grpokit.errors import UserError
 from grpokit.train.forward import completion_logprobs, pack
 from grpokit.train.trainer import GRPOTrainer
-from tests.rollout.tool_helpers import HERMES_TEMPLATE, TOOLS_MODULE, ScriptedEngine, hermes_call
+from tests.rollout.tool_helpers import TOOLS_MODULE, ScriptedEngine, hermes_call
 
 REWARD = '''
 def right_answer(prompts, completions, **columns):
@@ -32,7 +32,7 @@ FIRST = [CALL, CALL, "It is 41.", "I do not know."]
 def reply(context: str, j: int) -> str:
     return (
         "It is 42."
-        if context.rstrip().endswith("assistant") and "<tool_response>" in context
+        if context.rstrip().endswith("assistant") and "<|im_start|>tool" in context
         else FIRST[j]
     )
 
@@ -53,12 +53,11 @@ def scripted_engines(monkeypatch: pytest.MonkeyPatch, script: Any) -> list[Scrip
 def write_config(tmp_path: Path, model_dir: Path, *, template: bool = True, **top: Any) -> Path:
     (tmp_path / "my_tools.py").write_text(TOOLS_MODULE)
     (tmp_path / "my_rewards.py").write_text(REWARD)
-    (tmp_path / "tools.jinja").write_text(HERMES_TEMPLATE)
     prompts = [{"prompt": f"What is 6 times 7? ({i})"} for i in range(4)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
     doc: dict[str, Any] = {
         "model": {"name_or_path": str(model_dir)}
-        | ({"chat_template": "tools.jinja"} if template else {}),
+        | ({"chat_template": "hermes"} if template else {}),
         "data": {"train": "train.jsonl"},
         "rewards": [{"type": "python", "name": "right", "function": "my_rewards.py:right_answer"}],
         "tools": ["my_tools.py:calculator", "my_tools.py:broken"],
@@ -323,7 +322,7 @@ def calls_made(prompts, completions, environments, **columns):
 
 
 def env_reply(context: str, j: int) -> str:
-    if context.rstrip().endswith("assistant") and "<tool_response>" in context:
+    if context.rstrip().endswith("assistant") and "<|im_start|>tool" in context:
         return "Done."
     target = int(context.split("Target: ")[1].split(".")[0])
     return [hermes_call("add", x=target), hermes_call("add", x=1), "No.", "No."][j]
