@@ -70,11 +70,15 @@ def _sections() -> list[tuple[str, type[BaseModel]]]:
         out.append((prefix, model))
         for name, field in model.model_fields.items():
             for arg in (*typing.get_args(field.annotation), field.annotation):
-                if isinstance(arg, type) and issubclass(arg, BaseModel) and prefix != "rewards":
+                if _is_section(arg) and prefix != "rewards":
                     walk(f"{prefix}.{name}" if prefix else name, arg)
 
     walk("", GRPOKitConfig)
     return out[1:]
+
+
+def _is_section(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
 
 
 def help_text(width: int = 100) -> str:
@@ -95,6 +99,11 @@ def help_text(width: int = 100) -> str:
             continue
         lines.append(f"\n{section}:")
         for name, field in model.model_fields.items():
+            entry(name, field)
+    lines.append("\n(top level):")
+    for name, field in GRPOKitConfig.model_fields.items():
+        kinds = (*typing.get_args(field.annotation), field.annotation)
+        if name != "rewards" and not any(_is_section(k) for k in kinds):
             entry(name, field)
     lines.append(
         "\nrewards: a list of {type: ..., name, weight, gate, ...} and each type's own "

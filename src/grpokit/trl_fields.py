@@ -207,11 +207,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             "training.eval_samples",
             num_generations_eval=None,
         ),
-        *_group(
-            "refused",
-            "tool calling and multimodal prompts are not implemented (text prompts only)",
-            max_tool_calling_iterations=None,
-        ),
         *_group("refused", "multimodal prompts are not implemented", log_multimodal=True),
         *_group(
             "refused",
@@ -500,6 +495,11 @@ GRPOKIT_ONLY: dict[str, str] = {
     "num_processes": "set by the launcher",
     "save_minutes": "a checkpoint by time as well as by steps, so a crash loses little",
     "max_nonfinite_steps": "how many NaN steps in a row are skipped before the run stops",
+    "tool_call_format": "how tool calls are read (TRL reads them with the tokenizer's response "
+    "schema)",
+    "tool_call_regex": "a pattern of your own for tool calls",
+    "tool_timeout": "a tool call's time limit",
+    "tool_max_result_chars": "a tool result's length limit",
 }
 """training: fields that are not GRPOConfig's (older TRL names, and grpokit's own)."""
 
@@ -518,6 +518,8 @@ TRL_SCRIPT_KEYS: dict[str, str] = {
     "lora_target_modules": "model.lora.target_modules",
     "reward_funcs": "rewards: (a list of {type: ...}; `type: python` for your own function)",
     "system_prompt": "data.system_prompt",
+    "tools": "tools: at the top of the config (a list of file.py:function)",
+    "environment_factory": "environment_factory: at the top of the config (file.py:Class)",
 }
 """Keys of a flat `trl grpo --config` YAML (TRL's script and model arguments) and where they go."""
 

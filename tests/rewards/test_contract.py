@@ -29,6 +29,7 @@ MINIMAL: dict[str, dict[str, Any]] = {
     "logic_tree_quality": {},
     "python": {"function": "user_rewards.py:plain"},
     "checklist": {"items": [{"name": "x", "regex": "x"}]},
+    "environment": {},
 }
 
 

@@ -11,6 +11,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -19,6 +20,7 @@ from grpokit.config.training import TrainingConfig
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError, read_utf8
 from grpokit.monitor.config import MonitorConfig
+from grpokit.rewards.builtin.python_fn import FUNCTION_PATH
 from grpokit.rewards.spec import RewardSpec, validate_reward_specs
 
 _TRL_NAMES = {"dtype": "bf16", "gradient_checkpointing": "gradient_checkpointing"}
@@ -30,6 +32,20 @@ class GRPOKitConfig(_Strict):
     data: DataConfig = Field(description="Prompt sets and the system prompt.")
     rewards: list[RewardSpec] = Field(
         min_length=1, description="Reward functions, their weights and gates."
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="Tools the policy may call while it answers (TRL's GRPOTrainer tools): "
+        "`file.py:function` (relative to the config file) or `module:function`; typed Python "
+        "functions, sync or async, with a Google-style docstring describing each argument. "
+        "Their results are appended to the completion and masked from the loss.",
+    )
+    environment_factory: str | None = Field(
+        None,
+        description="An environment with TRL's contract: `file.py:Class` (relative to the config "
+        "file) or `module:factory`. One instance per rollout; reset(**row) returns text to "
+        "append to the prompt, or None; its public methods are tools; an optional get_reward() "
+        "is read by the `environment` reward type.",
     )
     training: TrainingConfig = Field(
         default_factory=TrainingConfig, description="GRPO hyperparameters (TRL's names)."
@@ -89,6 +105,33 @@ class GRPOKitConfig(_Strict):
             if not path.is_file():
                 raise ValueError(f"data.system_prompt_file: {path} does not exist")
             self._system_prompt = read_utf8(path).strip()
+        return self
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_paths(cls, entries: list[str]) -> list[str]:
+        for i, entry in enumerate(entries):
+            if not FUNCTION_PATH.match(entry.strip()):
+                raise ValueError(
+                    f"tools[{i}] {entry!r} is not of the form `module:function` (e.g. "
+                    "my_tools.py:calculator)"
+                )
+        return [e.strip() for e in entries]
+
+    @field_validator("environment_factory")
+    @classmethod
+    def _environment_path(cls, entry: str | None) -> str | None:
+        if entry is not None and not FUNCTION_PATH.match(entry.strip()):
+            raise ValueError(f"{entry!r} is not of the form `module:Class` (e.g. my_env.py:Game)")
+        return None if entry is None else entry.strip()
+
+    @model_validator(mode="after")
+    def _tools_on_torch(self) -> GRPOKitConfig:
+        if (self.tools or self.environment_factory) and self.training.use_vllm:
+            raise ValueError(
+                "tools, environment_factory: multi-turn rollouts run on the torch engine; set "
+                "training.use_vllm: false"
+            )
         return self
 
     @model_validator(mode="after")

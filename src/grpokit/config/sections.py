@@ -86,7 +86,8 @@ class ModelConfig(_Strict):
         description=(
             "How prompts become text for a model whose tokenizer has no chat template (a base "
             "model): a Jinja chat template, inline or as a file path relative to the config, or "
-            "'plain' for the messages' texts joined by blank lines with nothing added. Replaces "
+            "'plain' for the messages' texts joined by blank lines with nothing added, or 'hermes' "
+            "for ChatML with tool calls (<tool_call> tags, for `tools:`). Replaces "
             "the tokenizer's own template when set."
         ),
     )

@@ -21,6 +21,7 @@ from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
+from grpokit.rollout.tool_calls import check_pattern
 from grpokit.trl_fields import drop_accepted_trl_fields
 
 _FSDP_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap")
@@ -196,6 +197,43 @@ class TrainingConfig(_Strict):
     vllm_server_base_url: str = Field(
         "http://127.0.0.1:8000",
         description="Address of the vLLM server (server mode).",
+        json_schema_extra=_GEN,
+    )
+    max_tool_calling_iterations: int | None = Field(
+        None,
+        ge=1,
+        description="With `tools:`, rounds of tool calls per completion at most; null for no "
+        "limit but max_completion_length, which counts the tokens of all turns, tool messages "
+        "included.",
+        json_schema_extra=_GEN,
+    )
+    tool_call_format: Literal["auto", "hermes", "llama3", "regex"] = Field(
+        "auto",
+        description="How tool calls are read from the model's turn: 'hermes' "
+        '(<tool_call>{"name": ..., "arguments": ...}</tool_call>, Qwen and other ChatML '
+        "templates), 'llama3' (the turn is {\"name\": ..., \"parameters\": ...}), 'regex' "
+        "(tool_call_regex), or 'auto': the one the chat template uses.",
+        json_schema_extra=_GEN,
+    )
+    tool_call_regex: str | None = Field(
+        None,
+        description="With tool_call_format: regex, a pattern with named groups (?P<name>...) and "
+        "(?P<arguments>...) (a JSON object), or one group (?P<call>...) holding "
+        '{"name": ..., "arguments": ...}.',
+        json_schema_extra=_GEN,
+    )
+    tool_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a tool call may run; a call still running then becomes the tool "
+        'message {"error": ...}, as an exception does.',
+        json_schema_extra=_GEN,
+    )
+    tool_max_result_chars: int = Field(
+        2000,
+        ge=1,
+        description="Longest tool message in characters; a longer result is cut, with a note "
+        "saying so.",
         json_schema_extra=_GEN,
     )
 
@@ -626,6 +664,18 @@ class TrainingConfig(_Strict):
             except ValidationError as e:
                 msg = e.errors()[0]["msg"].removeprefix("Value error, ")
                 raise ValueError(f"generation_kwargs.{key}: {msg}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _tool_call_pattern(self) -> TrainingConfig:
+        if self.tool_call_format == "regex":
+            if self.tool_call_regex is None:
+                raise ValueError("tool_call_format: regex needs tool_call_regex")
+            check_pattern(self.tool_call_regex)
+        elif self.tool_call_regex is not None:
+            raise ValueError(
+                "tool_call_regex is set but tool_call_format is not 'regex'; set both or neither"
+            )
         return self
 
     @model_validator(mode="after")

@@ -17,6 +17,37 @@ PLAIN_TEMPLATE = (
 )
 """``model.chat_template: plain``: the messages' texts joined by blank lines, nothing added."""
 
+# Newlines are written as expressions for the same reason (trim_blocks).
+HERMES_TEMPLATE = (
+    "{%- if tools %}{{ '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    '{{ \'You may call these tools. For each call, write <tool_call>{"name": ..., '
+    '"arguments": {...}}</tool_call> and end your turn; the results come back as '
+    "<tool_response>...</tool_response>.\\n<tools>\\n' }}"
+    "{%- for t in tools %}{{ t | tojson }}{{ '\\n' }}{%- endfor %}"
+    "{{ '</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for m in messages %}"
+    "{%- if m['role'] == 'system' %}"
+    "{%- elif m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' + (m['content'] or '') }}"
+    "{%- for c in m.tool_calls or [] %}"
+    "{{ '<tool_call>' }}{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}"
+    "{{ '</tool_call>' }}{%- endfor %}{{ '<|im_end|>\\n' }}"
+    "{%- elif m['role'] == 'tool' %}"
+    "{{ '<|im_start|>tool\\n<tool_response>' + m['content'] + '</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""``model.chat_template: hermes``: ChatML (``<|im_start|>`` / ``<|im_end|>``, as SmolLM2 and Qwen
+use) with tools: their schemas in the system message, calls written as ``<tool_call>{json}
+</tool_call>``, results as ``tool`` messages in ``<tool_response>`` tags. For a ChatML model whose
+own template cannot show tools (the embedded SmolLM2)."""
+
+NAMED_TEMPLATES = {"plain": PLAIN_TEMPLATE, "hermes": HERMES_TEMPLATE}
+
 NO_TEMPLATE = (
     "the tokenizer of {name} has no chat template, so grpokit cannot tell how its prompts "
     "should look. Set model.chat_template: a Jinja chat template (inline, or a .jinja file "
@@ -26,12 +57,12 @@ NO_TEMPLATE = (
 
 
 def apply_template_setting(tokenizer: Any, setting: str | None, base_dir: Path) -> None:
-    """Give ``tokenizer`` the chat template ``model.chat_template`` asks for: 'plain', a
+    """Give ``tokenizer`` the chat template ``model.chat_template`` asks for: 'plain', 'hermes', a
     template file (relative to ``base_dir``) or an inline template; None leaves it as it is."""
     if setting is None:
         return
-    if setting == "plain":
-        tokenizer.chat_template = PLAIN_TEMPLATE
+    if setting in NAMED_TEMPLATES:
+        tokenizer.chat_template = NAMED_TEMPLATES[setting]
         return
     candidate = Path(setting).expanduser()
     candidate = candidate if candidate.is_absolute() else base_dir / candidate
@@ -59,9 +90,10 @@ def render_prompt(
     *,
     system_prompt: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """The prompt as the model reads it: the system prompt and the messages through the chat
-    template, with the generation prompt (see :func:`encode_prompt`)."""
+    template, with the generation prompt and the tools' schemas (see :func:`encode_prompt`)."""
     messages = to_messages(prompt, system_prompt)
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(NO_TEMPLATE.format(name=getattr(tokenizer, "name_or_path", "the model")))
@@ -69,6 +101,7 @@ def render_prompt(
         messages,
         tokenize=False,
         add_generation_prompt=True,
+        **({"tools": tools} if tools else {}),
         **dict(chat_template_kwargs or {}),
     )
     return text
@@ -81,6 +114,7 @@ def encode_prompt(
     system_prompt: str | None = None,
     max_prompt_length: int | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Token ids of the prompt rendered with the chat template, ready for generation.
 
@@ -88,10 +122,15 @@ def encode_prompt(
     prompt) as TRL does. A tokenizer without a chat template is refused (see
     :data:`PLAIN_TEMPLATE` and ``model.chat_template``) rather than guessed at.
     ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
-    variables, e.g. ``{"enable_thinking": False}`` for Qwen3.
+    variables, e.g. ``{"enable_thinking": False}`` for Qwen3. ``tools``: the JSON schemas of the
+    tools the model may call, for the template to show it.
     """
     text = render_prompt(
-        tokenizer, prompt, system_prompt=system_prompt, chat_template_kwargs=chat_template_kwargs
+        tokenizer,
+        prompt,
+        system_prompt=system_prompt,
+        chat_template_kwargs=chat_template_kwargs,
+        tools=tools,
     )
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:

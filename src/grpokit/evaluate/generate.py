@@ -251,5 +251,14 @@ def render(result: GenerateResult, console: Any) -> None:
 def write_jsonl(result: GenerateResult, path: Path) -> Path:
     """Every sample as one JSON line (model, prompt, k, text, rewards); written atomically."""
     return write_records(
-        path, ({"prompt": result.prompts[s.prompt_index], **asdict(s)} for s in result.samples)
+        path,
+        (
+            {"prompt": result.prompts[s.prompt_index], **_without_none(asdict(s), "transcript")}
+            for s in result.samples
+        ),
     )
+
+
+def _without_none(record: dict[str, Any], key: str) -> dict[str, Any]:
+    """``record`` without ``key`` when it is None (a transcript only where tools were used)."""
+    return {k: v for k, v in record.items() if k != key or v is not None}

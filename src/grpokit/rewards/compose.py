@@ -343,7 +343,7 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
                 raise RewardError(f"reward type {spec.type!r} built a non-callable {built!r}")
             fn = as_reward(built, name=spec.display_name)
             max_value = reward_type.max_value
-            if spec.type == "python":
+            if spec.type in ("python", "environment"):
                 # Only the user knows the range of their own function.
                 max_value = getattr(spec.params, "max_value", None)
             gate = spec.gate

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -51,6 +51,33 @@ class SamplingParams:
         return self.temperature == 0 or self.top_k == 1
 
 
+@dataclass(frozen=True)
+class ToolExchange:
+    """One tool call a model turn made, and what it gave back (``content`` is the tool message's
+    text; ``{"error": ...}`` when ``failed``)."""
+
+    name: str
+    arguments: dict[str, Any] | None
+    content: str
+    failed: bool
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model turn of a multi-turn completion and the tool messages after it.
+
+    Completion tokens ``[start, end)`` were sampled by the model; ``[end, tool_end)`` are the
+    tool messages' tokens (with the chat template's markup around them), empty when no result was
+    appended. ``calls``: the calls the turn made that were run, with their results (a result
+    that would have overflowed the completion budget was run but not appended).
+    """
+
+    start: int
+    end: int
+    tool_end: int
+    calls: tuple[ToolExchange, ...] = ()
+
+
 @dataclass
 class RolloutBatch:
     """Completions for P prompts, ``group_size`` (n) each, B = P * n in all.
@@ -60,6 +87,11 @@ class RolloutBatch:
     ``logprobs[b]`` (shape ``(len(completion_ids[b]),)``, float32, CPU) holds the log-probability of
     each sampled token under the temperature-scaled distribution ``softmax(logits / T)`` before
     top-k / top-p truncation: the quantity a trainer recomputes.
+
+    With tools (grpokit.rollout.agent), a completion spans several turns: ``tool_mask[b]``
+    (same length as ``completion_ids[b]``) is 1 at tokens the model sampled and 0 at tool
+    messages' tokens, whose ``logprobs`` are 0; ``turns[b]`` lays the turns out. Both are None for
+    single-turn rollouts.
     """
 
     prompt_ids: list[list[int]]
@@ -67,6 +99,8 @@ class RolloutBatch:
     logprobs: list[torch.Tensor]
     finish_reason: list[FinishReason]
     group_size: int
+    tool_mask: list[list[int]] | None = None
+    turns: list[list[Turn]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         expected = len(self.prompt_ids) * self.group_size

@@ -21,8 +21,10 @@ from grpokit.sampling.runtime import resolve_device, seed_everything
 from grpokit.sampling.sampler import (
     Sampled,
     Sampler,
+    check_tools,
     load_model_policy,
     sampling_params,
+    tool_rollout,
     torch_engine,
 )
 from grpokit.sampling.scoring import (
@@ -42,6 +44,7 @@ __all__ = [
     "Sampled",
     "Sampler",
     "ScoredBatch",
+    "check_tools",
     "checkpoint_dirs",
     "latest_checkpoint",
     "load_model_policy",
@@ -54,6 +57,7 @@ __all__ = [
     "sampling_params",
     "seed_everything",
     "summarize",
+    "tool_rollout",
     "torch_engine",
     "unique_labels",
 ]

@@ -20,12 +20,27 @@ from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
 from grpokit.data.chat import NO_TEMPLATE, apply_template_setting
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
+from grpokit.model_files.resolve import load_tokenizer
 from grpokit.models.checkpoints import ModelSpec, model_dir
-from grpokit.models.loading import LoraSettings, Policy, check_context_length, load_policy
+from grpokit.models.loading import (
+    LoraSettings,
+    Policy,
+    check_context_length,
+    load_policy,
+)
 from grpokit.models.onednn import CpuMatmul
 from grpokit.progress import Progress, progress
 from grpokit.rewards.compose import RewardSet, part_pass_rates
+from grpokit.rollout.agent import (
+    ToolMessageTokens,
+    ToolRollout,
+    check_tool_template,
+    template_text,
+)
 from grpokit.rollout.base import RolloutEngine, SamplingParams
+from grpokit.rollout.environments import load_environments
+from grpokit.rollout.tool_calls import Parser, detect_format, tool_call_parser
+from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.sampling.runtime import resolve_device
 from grpokit.sampling.scoring import (
@@ -110,6 +125,90 @@ def torch_engine(policy: Policy, cpu_matmul: CpuMatmul) -> TorchEngine:
     )
 
 
+def tool_rollout(
+    cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, *, probe_row: PromptRow | None = None
+) -> ToolRollout | None:
+    """The multi-turn rollout with the config's ``tools:`` and ``environment_factory`` (None
+    without either), for the policy's tokenizer with its chat template set. ``probe_row``: a
+    training row the environment's ``reset`` is tried on.
+
+    Raises:
+        UserError: a tool or environment that does not load (naming its field), a chat template
+            that cannot show tools or append their results, a tool-call format it cannot tell.
+    """
+    if not cfg.tools and not cfg.environment_factory:
+        return None
+    a = cfg.training
+    tools = load_tools(cfg.tools, cfg.config_dir)
+    environments = None
+    if cfg.environment_factory:
+        row = None if probe_row is None else {"prompt": probe_row.prompt, **probe_row.columns}
+        environments = load_environments(cfg.environment_factory, cfg.config_dir, probe_row=row)
+        clash = {t.name for t in tools} & {t.name for t in environments.tools}
+        if clash:
+            raise UserError(
+                f"environment_factory: its method(s) {', '.join(sorted(clash))} have the name "
+                "of a tool in tools:; rename one"
+            )
+    schemas = [t.schema for t in tools]
+    if environments is not None:
+        schemas += [t.schema for t in environments.tools]
+    parser: Parser = (
+        _no_calls  # an environment without tool methods: one turn, reset and reward only
+    )
+    if schemas:
+        parser = _tool_call_parser(cfg, tokenizer, schemas)
+    return ToolRollout(
+        ToolRunner(tools, timeout=a.tool_timeout, max_result_chars=a.tool_max_result_chars),
+        parser,
+        ToolMessageTokens(tokenizer, schemas, a.chat_template_kwargs),
+        a.max_tool_calling_iterations,
+        environments,
+    )
+
+
+def _no_calls(text: str) -> list[ToolCall]:
+    return []
+
+
+def _tool_call_parser(
+    cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, schemas: list[dict[str, Any]]
+) -> Parser:
+    """The parser of the configured format, once the chat template is known to take tools."""
+    a = cfg.training
+    where = (
+        "model.chat_template"
+        if cfg.model.chat_template
+        else f"the chat template of {cfg.model.name_or_path} (model.chat_template)"
+    )
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise UserError(f"{cfg.model.name_or_path}: the tokenizer has no eos_token")
+    check_tool_template(tokenizer, schemas, a.chat_template_kwargs, end_token=eos, where=where)
+    fmt = a.tool_call_format
+    if fmt == "auto":
+        found = detect_format(template_text(tokenizer))
+        if found is None:
+            raise UserError(
+                f"training.tool_call_format: auto cannot tell from {where} how the model writes "
+                "tool calls; set hermes, llama3, or regex with training.tool_call_regex"
+            )
+        fmt = found
+    return tool_call_parser(fmt, a.tool_call_regex)
+
+
+def check_tools(cfg: GRPOKitConfig, *, probe_row: PromptRow | None = None) -> None:
+    """Check the config's tools and environment against its model's tokenizer before any model
+    loads (the tokenizer alone loads in a moment): the same errors as :func:`tool_rollout`."""
+    if not cfg.tools and not cfg.environment_factory:
+        return
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    apply_template_setting(tokenizer, cfg.model.chat_template, cfg.config_dir)
+    if not tokenizer.chat_template:
+        raise UserError(NO_TEMPLATE.format(name=cfg.model.name_or_path))
+    tool_rollout(cfg, tokenizer, probe_row=probe_row)
+
+
 @dataclass
 class Sampled:
     """The scored batches of one pass over a prompt list, in prompt order."""
@@ -177,6 +276,8 @@ class Sampler:
     max_prompt_length: int | None
     chat_template_kwargs: dict[str, Any] | None = None
     """Extra variables of the chat template (TRL's chat_template_kwargs, e.g. enable_thinking)."""
+    tools: ToolRollout | None = None
+    """Multi-turn rollouts with tools (the config's ``tools:``); None samples one turn."""
 
     @classmethod
     def load(
@@ -233,8 +334,9 @@ class Sampler:
         trainable: bool = False,
         device: torch.device | None = None,
     ) -> Sampler:
-        """The config's policy with its sampling settings and prompt rendering."""
-        return cls.load(
+        """The config's policy with its sampling settings, prompt rendering and tools."""
+        check_tools(cfg)  # before the model loads
+        sampler = cls.load(
             cfg.model,
             rewards,
             sampling=sampling_params(cfg.training),
@@ -247,6 +349,8 @@ class Sampler:
             trainable=trainable,
             device=device,
         )
+        sampler.tools = tool_rollout(cfg, sampler.tokenizer)
+        return sampler
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -267,6 +371,7 @@ class Sampler:
             max_prompt_length=self.max_prompt_length,
             generator=generator,
             chat_template_kwargs=self.chat_template_kwargs,
+            tools=self.tools,
         )
 
     def chunks(

@@ -18,7 +18,9 @@ import torch
 from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import PromptRow, columns_of
 from grpokit.rewards.compose import RewardScores, RewardSet
+from grpokit.rollout.agent import ToolRollout, transcript
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from grpokit.rollout.environments import with_observation
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,8 @@ class Sample:
     rewards: dict[str, float | None]
     length: int
     truncated: bool
+    transcript: list[dict[str, Any]] | None = None
+    """With tools: the turns, tool calls and tool results as chat messages."""
 
 
 @dataclass
@@ -40,6 +44,10 @@ class ScoredBatch:
     """P prompts x G completions, group-major, with their rewards.
 
     rows: P prompt rows; texts: B = P * G decoded completions; scores.total: (B,).
+    messages: with tools, each completion's turns as chat messages (assistant turns with their
+    tool calls, tool messages with their results); None without.
+    row_prompt_ids: each completion's own prompt (B) where an environment's reset made a group's
+    prompts differ (prompt_ids then holds each group's first); None otherwise.
     """
 
     rows: list[PromptRow]
@@ -49,6 +57,8 @@ class ScoredBatch:
     scores: RewardScores
     generate_seconds: float = 0.0
     score_seconds: float = 0.0
+    messages: list[list[dict[str, Any]]] | None = None
+    row_prompt_ids: list[list[int]] | None = None
 
     @property
     def group_size(self) -> int:
@@ -56,6 +66,8 @@ class ScoredBatch:
 
     def expanded_prompt_ids(self) -> list[list[int]]:
         """The prompt ids of each completion (B lists)."""
+        if self.row_prompt_ids is not None:
+            return self.row_prompt_ids
         return [p for p in self.prompt_ids for _ in range(self.group_size)]
 
     def samples(self, model: str, *, first_prompt: int = 0) -> list[Sample]:
@@ -78,24 +90,32 @@ class ScoredBatch:
                     },
                     length=len(self.rollout.completion_ids[b]),
                     truncated=self.rollout.finish_reason[b] == "length",
+                    transcript=None if self.messages is None else self.messages[b],
                 )
             )
         return out
 
 
 def reward_inputs(
-    rows: list[PromptRow], texts: list[str], completion_ids: list[list[int]], group_size: int
+    rows: list[PromptRow],
+    texts: list[str],
+    completion_ids: list[list[int]],
+    group_size: int,
+    messages: list[list[dict[str, Any]]] | None = None,
 ) -> tuple[list[Any], list[Any], dict[str, list[Any]]]:
     """prompts, completions and columns as TRL passes them to reward functions.
 
-    Completions are strings for string prompts and assistant-message lists for chat prompts;
+    Completions are strings for string prompts and assistant-message lists for chat prompts (with
+    tools, ``messages``: the turns and tool messages, as TRL passes them);
     `completion_ids` (the sampled token ids) is passed as a column, as TRL does.
     """
     expanded = [r for r in rows for _ in range(group_size)]
     prompts = [r.prompt for r in expanded]
     completions: list[Any] = [
-        t if isinstance(r.prompt, str) else [{"role": "assistant", "content": t}]
-        for r, t in zip(expanded, texts, strict=True)
+        t
+        if isinstance(r.prompt, str)
+        else (messages[b] if messages is not None else [{"role": "assistant", "content": t}])
+        for b, (r, t) in enumerate(zip(expanded, texts, strict=True))
     ]
     return prompts, completions, {**columns_of(expanded), "completion_ids": completion_ids}
 
@@ -112,27 +132,67 @@ def sample_and_score(
     max_prompt_length: int | None,
     generator: torch.Generator | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: ToolRollout | None = None,
 ) -> ScoredBatch:
-    """``num_generations`` completions of each row's prompt, decoded and scored by the set."""
-    prompt_ids = [
-        encode_prompt(
+    """``num_generations`` completions of each row's prompt, decoded and scored by the set; with
+    ``tools``, multi-turn completions in which the model may call them (and, with an environment,
+    one instance per rollout, reset with its row, passed to the rewards as ``environments``)."""
+    g = num_generations
+    schemas = tools.schemas if tools is not None else None
+
+    def encode(prompt: Any) -> list[int]:
+        return encode_prompt(
             tokenizer,
-            r.prompt,
+            prompt,
             system_prompt=system_prompt,
             max_prompt_length=max_prompt_length,
             chat_template_kwargs=chat_template_kwargs,
+            tools=schemas,
         )
-        for r in rows
-    ]
+
+    environments = None
+    row_prompt_ids = None
+    if tools is not None and tools.environments is not None:
+        environments = tools.environments.take(len(rows) * g)
+        expanded = [r for r in rows for _ in range(g)]
+        per_row = [
+            encode(with_observation(r.prompt, env.reset(**{"prompt": r.prompt, **r.columns})))
+            for r, env in zip(expanded, environments, strict=True)
+        ]
+        prompt_ids = per_row[::g]
+        if any(ids != prompt_ids[b // g] for b, ids in enumerate(per_row)):
+            row_prompt_ids = per_row  # resets that differ within a group: a prompt per rollout
+    else:
+        prompt_ids = [encode(r.prompt) for r in rows]
     t0 = time.perf_counter()
-    rollout = engine.generate(prompt_ids, num_generations, sampling, generator=generator)
+    if tools is None:
+        rollout = engine.generate(prompt_ids, g, sampling, generator=generator)
+    else:
+        rollout = tools.generate(
+            engine,
+            prompt_ids,
+            g,
+            sampling,
+            generator=generator,
+            environments=environments,
+            row_prompt_ids=row_prompt_ids,
+        )
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
-    prompts, completions, columns = reward_inputs(
-        rows, texts, rollout.completion_ids, num_generations
-    )
+    messages = None
+    if rollout.turns is not None:
+        messages = [
+            transcript(tokenizer, ids, turns)
+            for ids, turns in zip(rollout.completion_ids, rollout.turns, strict=True)
+        ]
+    prompts, completions, columns = reward_inputs(rows, texts, rollout.completion_ids, g, messages)
+    if environments is not None:
+        columns["environments"] = environments
     scores = reward_set(prompts, completions, columns)
-    return ScoredBatch(rows, prompt_ids, rollout, texts, scores, t1 - t0, time.perf_counter() - t1)
+    seconds = time.perf_counter() - t1
+    return ScoredBatch(
+        rows, prompt_ids, rollout, texts, scores, t1 - t0, seconds, messages, row_prompt_ids
+    )
 
 
 def merge_scores(parts: list[RewardScores]) -> RewardScores:

@@ -17,6 +17,8 @@ class Experience:
     for completions excluded from the loss (truncated, with mask_truncated_completions).
     sampler_logps: B tensors (len(completion_ids[b]),), the sampler's log-probs of the sampled
     tokens (None when the engine gave none).
+    tool_mask: with tools, B lists (len(completion_ids[b]),): 1 at tokens the model sampled, 0 at
+    tool messages' tokens, which stay in the context but out of the loss; None without tools.
     """
 
     prompt_ids: list[list[int]]
@@ -24,6 +26,7 @@ class Experience:
     advantages: torch.Tensor
     loss_mask_rows: torch.Tensor
     sampler_logps: list[torch.Tensor] | None = None
+    tool_mask: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -58,12 +61,31 @@ class Experience:
         :func:`~grpokit.train.forward.pack` lays the completions out; None without them."""
         if self.sampler_logps is None:
             return None
-        picked = self.sampler_logps[rows]
-        out = torch.zeros((len(picked), max(1, *(len(x) for x in picked))), dtype=torch.float32)
-        for i, values in enumerate(picked):
-            out[i, : len(values)] = values
-        return out
+        return _right_padded(self.sampler_logps[rows], 0.0)
+
+    def tool_mask_of(self, rows: slice) -> torch.Tensor | None:
+        """(B, C) float: a micro-batch's tool masks, laid out as :func:`~grpokit.train.forward.pack`
+        lays its completions out (1 on the right padding, which the completion mask zeroes);
+        None without tools."""
+        if self.tool_mask is None:
+            return None
+        return _right_padded(
+            [torch.tensor(m, dtype=torch.float32) for m in self.tool_mask[rows]], 1.0
+        )
 
     def active_tokens(self) -> int:
-        lengths = torch.tensor([float(len(c)) for c in self.completion_ids])
+        """Completion tokens the loss counts: rows not masked out, model-sampled tokens only."""
+        if self.tool_mask is None:
+            lengths = torch.tensor([float(len(c)) for c in self.completion_ids])
+        else:
+            lengths = torch.tensor([float(sum(m)) for m in self.tool_mask])
         return int((lengths * self.loss_mask_rows).sum().item())
+
+
+def _right_padded(rows: list[torch.Tensor], fill: float) -> torch.Tensor:
+    """(B, C) float32: B 1-d tensors side by side, right-padded with ``fill`` to the longest
+    (at least 1, as :func:`~grpokit.train.forward.pack` makes every completion)."""
+    out = torch.full((len(rows), max(1, *(len(x) for x in rows))), fill, dtype=torch.float32)
+    for i, values in enumerate(rows):
+        out[i, : len(values)] = values
+    return out

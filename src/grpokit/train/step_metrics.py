@@ -18,6 +18,7 @@ from grpokit.core.losses import LossOutput
 from grpokit.data.chat import prompt_text
 from grpokit.monitor import text_stats
 from grpokit.rewards.compose import RewardScores
+from grpokit.rollout.base import RolloutBatch
 from grpokit.sampling import ScoredBatch, summarize
 
 
@@ -37,15 +38,48 @@ def solved_group_mask(
     return at_max.all(dim=1).view(-1, group_size).all(dim=1)
 
 
+def tool_metrics(rollout: RolloutBatch, names: Sequence[str] = ()) -> dict[str, float]:
+    """The tool use of a multi-turn batch (TRL's names): ``tools/call_frequency`` (calls per
+    completion), ``tools/failure_frequency`` (share of calls that failed), ``tools/<name>/calls``
+    (calls of each tool, those in ``names`` included at 0), ``turns/mean`` and ``turns/max``
+    (model turns per completion). Empty for a single-turn batch."""
+    if rollout.turns is None:
+        return {}
+    calls = [c for turns in rollout.turns for t in turns for c in t.calls]
+    per_tool = dict.fromkeys(names, 0)
+    for c in calls:
+        per_tool[c.name] = per_tool.get(c.name, 0) + 1
+    counts = [len(turns) for turns in rollout.turns]
+    out = {
+        "tools/call_frequency": len(calls) / max(1, len(rollout)),
+        "tools/failure_frequency": sum(c.failed for c in calls) / len(calls) if calls else 0.0,
+        "turns/mean": sum(counts) / max(1, len(counts)),
+        "turns/max": float(max(counts, default=0)),
+    }
+    out |= {f"tools/{name}/calls": float(n) for name, n in per_tool.items()}
+    return out
+
+
 def rollout_metrics(
-    scored: ScoredBatch, max_values: list[float | None], *, text_ngram: int = 3
+    scored: ScoredBatch,
+    max_values: list[float | None],
+    *,
+    text_ngram: int = 3,
+    tool_names: Sequence[str] = (),
 ) -> dict[str, float]:
     """reward, reward_std, frac_reward_zero_std, completion lengths, per-reward metrics and pass
-    rates, and the text statistics the reward-hacking monitors read."""
+    rates, the text statistics the reward-hacking monitors read, and with tools
+    :func:`tool_metrics`."""
     s = scored.scores
     total = s.total
     valid = total[~torch.isnan(total)]
-    lengths = torch.tensor([float(len(c)) for c in scored.rollout.completion_ids])
+    rollout = scored.rollout
+    # With tools, as in TRL: only the tokens the model sampled count, not the tool messages'.
+    if rollout.tool_mask is None:
+        counts = [len(c) for c in rollout.completion_ids]
+    else:
+        counts = [sum(m) for m in rollout.tool_mask]
+    lengths = torch.tensor(counts, dtype=torch.float32)
     truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
     terminated = lengths[~truncated]
     g = scored.group_size
@@ -71,6 +105,7 @@ def rollout_metrics(
         if r.pass_rate is not None:
             metrics[f"pass_rate/{r.name}"] = r.pass_rate
     metrics.update(text_stats(scored.texts, g, n=text_ngram))
+    metrics.update(tool_metrics(scored.rollout, tool_names))
     return metrics
 
 
@@ -205,6 +240,8 @@ def completion_records(
                 "advantage": float(advantages[j]),
             }
         )
+        if scored.messages is not None:  # the turns, tool calls and tool results, marked
+            rows[-1]["transcript"] = scored.messages[j]
     return rows
 
 

@@ -41,11 +41,13 @@ from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import (
     Sampler,
     ScoredBatch,
+    check_tools,
     checkpoint_dirs,
     latest_checkpoint,
     resolve_device,
     sampling_params,
     seed_everything,
+    tool_rollout,
 )
 from grpokit.train.checkpoint import (
     TrainerState,
@@ -157,6 +159,8 @@ class GRPOTrainer:
         if self.dist.is_main:
             for leftover in remove_partial_checkpoints(self.run_dir):
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
+        # Imports the tools and environment, reads the tokenizer: before any model loads.
+        check_tools(self.cfg, probe_row=self.rows[0] if self.rows else None)
         rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
 
@@ -171,6 +175,7 @@ class GRPOTrainer:
             system_prompt,
             self.args.max_prompt_length,
             self.args.chat_template_kwargs,
+            tools=tool_rollout(self.cfg, self.policy.tokenizer),
         )
         self.rows = fit_to_context(self.cfg, self.policy, self.rows, "train", self.log)
         self.heldout = fit_to_context(self.cfg, self.policy, self.heldout, "heldout", self.log)
@@ -341,6 +346,7 @@ class GRPOTrainer:
         adv: list[torch.Tensor] = []
         rows_mask: list[float] = []
         sampler_logps: list[torch.Tensor] = []
+        tool_mask: list[list[int]] = []
         for scored, advantages, keep in kept:
             expanded = scored.expanded_prompt_ids()
             for i in range(len(scored.rows)):
@@ -350,6 +356,8 @@ class GRPOTrainer:
                     prompt_ids.append(expanded[j])
                     completion_ids.append(scored.rollout.completion_ids[j])
                     sampler_logps.append(scored.rollout.logprobs[j])
+                    if scored.rollout.tool_mask is not None:
+                        tool_mask.append(scored.rollout.tool_mask[j])
                     truncated = scored.rollout.finish_reason[j] == "length"
                     rows_mask.append(
                         0.0 if (truncated and self.args.mask_truncated_completions) else 1.0
@@ -358,7 +366,12 @@ class GRPOTrainer:
         if not completion_ids:
             return None
         return Experience(
-            prompt_ids, completion_ids, torch.cat(adv), torch.tensor(rows_mask), sampler_logps
+            prompt_ids,
+            completion_ids,
+            torch.cat(adv),
+            torch.tensor(rows_mask),
+            sampler_logps,
+            tool_mask if tool_mask else None,
         )
 
     def _fixed_logprobs(
@@ -441,6 +454,9 @@ class GRPOTrainer:
         """Forward one micro-batch, add its share of the step's loss to the gradients."""
         batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
         mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
+        tool_mask = exp.tool_mask_of(rows)
+        if tool_mask is not None:  # tool messages stay in the context, out of loss, KL, entropy
+            mask = mask * tool_mask.to(self.device)
         logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
         advantages = exp.advantages[rows].to(self.device)
         sampler = exp.sampler_logprobs(rows)
@@ -506,7 +522,10 @@ class GRPOTrainer:
         scored = collected.scored
         t1 = time.perf_counter()
         text_ngram = self.cfg.monitors.text_ngram
-        shared = rollout_metrics(scored, self.rewards.max_values, text_ngram=text_ngram)
+        tools = self.sampler.tools.names if self.sampler.tools is not None else ()
+        shared = rollout_metrics(
+            scored, self.rewards.max_values, text_ngram=text_ngram, tool_names=tools
+        )
         shared |= collected.timings
         exp = self._joined(collected.experience)
         updates = self.update(exp) if exp is not None else self._no_update()

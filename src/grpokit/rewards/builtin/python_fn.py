@@ -23,7 +23,7 @@ from grpokit.errors import UserError
 from grpokit.rewards._base import FunctionReward, Reward
 from grpokit.rewards.registry import BuildContext, register_reward
 
-_FUNCTION_RE = re.compile(r"^(?P<module>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)$")
+FUNCTION_PATH = re.compile(r"^(?P<module>[^:]+):(?P<attr>[A-Za-z_][A-Za-z0-9_.]*)$")
 
 
 class PythonRewardParams(BaseModel):
@@ -48,7 +48,7 @@ class PythonRewardParams(BaseModel):
     @field_validator("function")
     @classmethod
     def _valid_path(cls, function: str) -> str:
-        if not _FUNCTION_RE.match(function.strip()):
+        if not FUNCTION_PATH.match(function.strip()):
             raise ValueError(
                 f"{function!r} is not of the form `module:function` (e.g. my_rewards:brevity "
                 "or rewards/mine.py:brevity)"
@@ -56,15 +56,19 @@ class PythonRewardParams(BaseModel):
         return function.strip()
 
 
-def load_function(function: str, base_dir: Path) -> Callable[..., Any]:
+def load_function(
+    function: str, base_dir: Path, *, what: str = "reward function"
+) -> Callable[..., Any]:
     """Import ``module:attr`` (a .py path relative to ``base_dir``, or a module name).
+
+    ``what`` names the thing in error messages ("reward function", "tool").
 
     Raises:
         UserError: the file or module does not exist, fails to import, or lacks the function.
     """
-    match = _FUNCTION_RE.match(function)
+    match = FUNCTION_PATH.match(function)
     if match is None:
-        raise UserError(f"reward function {function!r} is not of the form `module:function`")
+        raise UserError(f"{what} {function!r} is not of the form `module:function`")
     module_ref, attr = match.group("module"), match.group("attr")
     candidates = [base_dir / module_ref] if module_ref.endswith(".py") else []
     candidates.append(base_dir / (module_ref.replace(".", "/") + ".py"))
@@ -73,28 +77,31 @@ def load_function(function: str, base_dir: Path) -> Callable[..., Any]:
         if path is not None:
             module = _import_file(path.resolve())
         elif module_ref.endswith(".py"):
-            raise UserError(f"reward function {function!r}: file {candidates[0]} does not exist")
+            raise UserError(f"{what} {function!r}: file {candidates[0]} does not exist")
         else:
             module = importlib.import_module(module_ref)
     except UserError:
         raise
     except ModuleNotFoundError as exc:
+        if path is not None:  # the file exists; something it imports does not
+            raise UserError(
+                f"{what} {function!r}: importing {path} failed with ModuleNotFoundError: {exc}"
+            ) from exc
         raise UserError(
-            f"reward function {function!r}: no module {module_ref!r} (looked for "
+            f"{what} {function!r}: no module {module_ref!r} (looked for "
             f"{candidates[-1]} and on the Python path): {exc}"
         ) from exc
     except Exception as exc:
         raise UserError(
-            f"reward function {function!r}: importing {module_ref!r} failed with "
-            f"{type(exc).__name__}: {exc}"
+            f"{what} {function!r}: importing {module_ref!r} failed with {type(exc).__name__}: {exc}"
         ) from exc
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
-            raise UserError(f"reward function {function!r}: {module_ref!r} has no {attr!r}")
+            raise UserError(f"{what} {function!r}: {module_ref!r} has no {attr!r}")
         target = getattr(target, part)
     if not callable(target):
-        raise UserError(f"reward function {function!r} is not callable")
+        raise UserError(f"{what} {function!r} is not callable")
     return target  # type: ignore[no-any-return]
 
 
@@ -122,3 +129,44 @@ def _build(params: PythonRewardParams, ctx: BuildContext) -> Reward:
 
 
 register_reward("python", PythonRewardParams, _build, max_value=None)
+
+
+class EnvironmentRewardParams(BaseModel):
+    """Parameters of ``type: environment``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_value: float | None = Field(
+        default=None,
+        description="The best value get_reward() returns (pass rate = share of rollouts at it); "
+        "null if unbounded or unknown.",
+    )
+
+
+def environment_reward(
+    prompts: list[Any], completions: list[Any], environments: list[Any] | None = None, **_: Any
+) -> list[float | None]:
+    """Each rollout's environment's ``get_reward()`` (awaited when it is a coroutine)."""
+    import asyncio
+    import inspect
+
+    if environments is None:
+        raise UserError("reward type 'environment' needs an environment_factory in the config")
+    out: list[float | None] = []
+    for env in environments:
+        value = env.get_reward()
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
+        out.append(None if value is None else float(value))
+    return out
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _build_environment(params: EnvironmentRewardParams, ctx: BuildContext) -> Reward:
+    return FunctionReward(environment_reward, name="environment")
+
+
+register_reward("environment", EnvironmentRewardParams, _build_environment, max_value=None)
