@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 
 from grpokit.config import GRPOKitConfig, load_config
+
+if TYPE_CHECKING:
+    import torch
+
+    from grpokit.train.trainer import GRPOTrainer
 
 REWARD_MODULE = '''
 def letter_e(prompts, completions, **columns):
@@ -69,3 +74,40 @@ def make_config(tmp_path: Path, tiny_model_dir: Path) -> Callable[..., GRPOKitCo
         return load_config(path)
 
     return factory
+
+
+def _rms_norm_in_float64(self: Any, hidden: torch.Tensor) -> torch.Tensor:
+    """Llama's RMSNorm, computed in float64 for float64 inputs (transformers' computes in
+    float32 whatever the input)."""
+    import torch
+
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    h = hidden.to(dtype)
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * normed.to(hidden.dtype)
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[GRPOTrainer], GRPOTrainer]:
+    """cast(trainer) -> the trainer, its policy and reference in float64, for tests of identities.
+
+    Two computations that are equal in exact arithmetic (one micro-batch split or another, one
+    process or two) differ in float32 by rounding whose size depends on the CPU's kernels, and
+    Adam turns a gradient entry that is zero up to rounding into a step of +-lr: a float32
+    tolerance that holds on one CPU fails on another. In float64 the rounding is about 1e-16, so
+    a tolerance of 1e-9 has room on any CPU and still catches a real difference. transformers'
+    RMSNorm computes in float32 even for float64 inputs, which would leave float32 rounding (in
+    the backward, where it depends on the batch layout): it is replaced by the same formula in the
+    input's precision.
+    """
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rms_norm_in_float64)
+
+    def cast(trainer: GRPOTrainer) -> GRPOTrainer:
+        trainer.policy.model.double()
+        if trainer.policy.reference is not None:
+            trainer.policy.reference.double()
+        return trainer
+
+    return cast
