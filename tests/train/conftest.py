@@ -15,8 +15,6 @@ from grpokit.config import GRPOKitConfig, load_config
 if TYPE_CHECKING:
     import torch
 
-    from grpokit.train.trainer import GRPOTrainer
-
 REWARD_MODULE = '''
 def letter_e(prompts, completions, **columns):
     """Share of the letter e among the completion's characters: a dense, learnable signal."""
@@ -88,26 +86,30 @@ def _rms_norm_in_float64(self: Any, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture
-def float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[GRPOTrainer], GRPOTrainer]:
-    """cast(trainer) -> the trainer, its policy and reference in float64, for tests of identities.
+def float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], Any]:
+    """cast(x) -> x in float64, for tests of identities: x a GRPOTrainer (its policy and
+    reference are cast) or a model.
 
     Two computations that are equal in exact arithmetic (one micro-batch split or another, one
-    process or two) differ in float32 by rounding whose size depends on the CPU's kernels, and
-    Adam turns a gradient entry that is zero up to rounding into a step of +-lr: a float32
-    tolerance that holds on one CPU fails on another. In float64 the rounding is about 1e-16, so
-    a tolerance of 1e-9 has room on any CPU and still catches a real difference. transformers'
-    RMSNorm computes in float32 even for float64 inputs, which would leave float32 rounding (in
-    the backward, where it depends on the batch layout): it is replaced by the same formula in the
-    input's precision.
+    process or two, chunked or not) differ in float32 by rounding whose size depends on the CPU's
+    kernels, and Adam turns a gradient entry that is zero up to rounding into a step of +-lr: a
+    float32 tolerance that holds on one CPU fails on another. In float64 the rounding is about
+    1e-16, so a tolerance of 1e-9 has room on any CPU and still catches a real difference.
+    transformers' RMSNorm computes in float32 even for float64 inputs, which would leave float32
+    rounding (in the backward, where it depends on the batch layout): it is replaced by the same
+    formula in the input's precision.
     """
+    import torch
     from transformers.models.llama import modeling_llama
 
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rms_norm_in_float64)
 
-    def cast(trainer: GRPOTrainer) -> GRPOTrainer:
-        trainer.policy.model.double()
-        if trainer.policy.reference is not None:
-            trainer.policy.reference.double()
-        return trainer
+    def cast(x: Any) -> Any:
+        if isinstance(x, torch.nn.Module):
+            return x.double()
+        x.policy.model.double()
+        if x.policy.reference is not None:
+            x.policy.reference.double()
+        return x
 
     return cast

@@ -326,6 +326,22 @@ class TrainingConfig(_Strict):
         description="transformers 5's name for gradient_checkpointing.",
         json_schema_extra=_OPT,
     )
+    # 256 x 152k float32 logits are 156 MB (a few such buffers live at once, forward and
+    # backward); products of 256 rows still run at full speed.
+    logprob_chunk_size: int | None = Field(
+        256,
+        ge=0,
+        description=(
+            "Completion positions projected to the vocabulary at once in the update's forwards: "
+            "log-probs and entropy are computed from the hidden states a chunk of positions at "
+            "a time and each chunk's logits are recomputed in the backward pass, so memory grows "
+            "with the chunk, not with tokens x vocabulary (a micro-batch of 8 x 1,024 tokens of "
+            "a 152k vocabulary has 5 GB of float32 logits). TRL has no such field (its "
+            "use_liger_loss fuses the projection into the loss for the same end). 0 or null: "
+            "all positions at once."
+        ),
+        json_schema_extra=_OPT,
+    )
 
     # ---- checkpointing
     output_dir: str | None = Field(
