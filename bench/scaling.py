@@ -17,7 +17,7 @@ libraries), is what the log-probs cost. The tiny body makes the logits nearly al
     python bench/scaling.py                               # the 3 x 3 grid, 1 measured step each
     python bench/scaling.py --smoke                       # tiny model, G 2/4, L 4/8 (the tests)
     python bench/scaling.py --generations 4 8 --lengths 64 --steps 3
-    python bench/scaling.py --memory                      # L 256 / 1,024, chunks 0 / 256
+    python bench/scaling.py --memory                      # L 256 / 1,024, chunks 0 / 256 / 1,024
     python bench/scaling.py --memory --smoke              # vocabulary 4,096, L 16 (the tests)
 
 Prints one line per point, then the ratios last (each point against the smallest one; with
@@ -61,7 +61,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="--memory: vocabulary size")
     ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
     ap.add_argument(
-        "--chunk-sizes", type=int, nargs="+", default=[0, 256], help="--memory: 0 is unchunked"
+        "--chunk-sizes",
+        type=int,
+        nargs="+",
+        default=[0, 256, 1024],
+        help="--memory: 0 is unchunked",
     )
     ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)

@@ -105,12 +105,14 @@ def test_bad_arguments() -> None:
         entropy_from_logits(logits, chunk_size=-1)
 
 
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained-head", "frozen-head"])
 @pytest.mark.parametrize("chunk_size", [1, 4, 7, 100])
-def test_head_logprobs_equal_the_naive_projection(chunk_size: int) -> None:
+def test_head_logprobs_equal_the_naive_projection(chunk_size: int, frozen: bool) -> None:
     """float64, so the identity holds to rounding: values, entropy, and gradients with respect to
-    the hidden states (a non-contiguous slice) and the head's weight and bias."""
+    the hidden states (a non-contiguous slice) and the head's weight and bias (when trained;
+    frozen, the hidden states' gradient is computed in the forward pass)."""
     gen = torch.Generator().manual_seed(0)
-    head = torch.nn.Linear(8, 11).double()
+    head = torch.nn.Linear(8, 11).double().requires_grad_(not frozen)
     hidden = torch.randn(3, 6, 8, dtype=torch.float64, generator=gen, requires_grad=True)
     ids = torch.randint(0, 11, (3, 5), generator=gen)
     upstream = torch.randn(3, 5, dtype=torch.float64, generator=gen)
@@ -120,7 +122,13 @@ def test_head_logprobs_equal_the_naive_projection(chunk_size: int) -> None:
         hidden.grad = None
         if chunked:
             logp, entropy = head_logprobs(
-                hidden[:, :5], head, ids, chunk_size=chunk_size, temperature=0.7, with_entropy=True
+                hidden[:, :5],
+                head,
+                ids,
+                chunk_size=chunk_size,
+                temperature=0.7,
+                with_entropy=True,
+                head_requires_grad=not frozen,
             )
         else:
             logits = head(hidden[:, :5]) / 0.7
@@ -128,8 +136,10 @@ def test_head_logprobs_equal_the_naive_projection(chunk_size: int) -> None:
         (logp * upstream).sum().backward()
         assert entropy is not None and not entropy.requires_grad
         results.append([logp.detach(), entropy, hidden.grad, head.weight.grad, head.bias.grad])
+    assert (results[0][3] is None) == frozen
     for got, want in zip(*results, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     with torch.no_grad():
         logp, entropy = head_logprobs(hidden[:, :5], head, ids, chunk_size=chunk_size)
     assert entropy is None and not logp.requires_grad

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
 
 from grpokit.config import GRPOKitConfig, load_config
-
-if TYPE_CHECKING:
-    import torch
 
 REWARD_MODULE = '''
 def letter_e(prompts, completions, **columns):
@@ -74,42 +71,12 @@ def make_config(tmp_path: Path, tiny_model_dir: Path) -> Callable[..., GRPOKitCo
     return factory
 
 
-def _rms_norm_in_float64(self: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """Llama's RMSNorm, computed in float64 for float64 inputs (transformers' computes in
-    float32 whatever the input)."""
-    import torch
-
-    dtype = torch.promote_types(hidden.dtype, torch.float32)
-    h = hidden.to(dtype)
-    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-    return self.weight * normed.to(hidden.dtype)
-
-
 @pytest.fixture
 def float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], Any]:
-    """cast(x) -> x in float64, for tests of identities: x a GRPOTrainer (its policy and
-    reference are cast) or a model.
-
-    Two computations that are equal in exact arithmetic (one micro-batch split or another, one
-    process or two, chunked or not) differ in float32 by rounding whose size depends on the CPU's
-    kernels, and Adam turns a gradient entry that is zero up to rounding into a step of +-lr: a
-    float32 tolerance that holds on one CPU fails on another. In float64 the rounding is about
-    1e-16, so a tolerance of 1e-9 has room on any CPU and still catches a real difference.
-    transformers' RMSNorm computes in float32 even for float64 inputs, which would leave float32
-    rounding (in the backward, where it depends on the batch layout): it is replaced by the same
-    formula in the input's precision.
-    """
-    import torch
+    """cast(x) -> x in float64 (a GRPOTrainer or a model), for tests of identities; see
+    float64_identity.py."""
+    from float64_identity import rms_norm_in_input_precision, to_float64
     from transformers.models.llama import modeling_llama
 
-    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", _rms_norm_in_float64)
-
-    def cast(x: Any) -> Any:
-        if isinstance(x, torch.nn.Module):
-            return x.double()
-        x.policy.model.double()
-        if x.policy.reference is not None:
-            x.policy.reference.double()
-        return x
-
-    return cast
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm_in_input_precision)
+    return to_float64

@@ -6,7 +6,8 @@ Only completion positions are projected to the vocabulary (`logits_to_keep`), an
 all at once: the model's output projection is swapped, for the call, for one that projects
 ``logprob_chunk_size`` positions at a time and keeps only each position's log-probability of its
 token and its entropy (grpokit.core.logprobs.head_logprobs). The (B, C, V) logits of a micro-batch
-(8 x 1,024 x 152k float32 = 5 GB, kept for the backward pass) never exist; one chunk's do. The
+(8 x 1,024 x 152k float32 = 5 GB, kept for the backward pass) never exist; two chunks' at most
+do (bench/scaling.py --memory measures it). The
 swap, rather than calling the decoder and the head separately, keeps the model's own forward, so
 peft adapters, CPU autocast and FSDP's hooks on the root module run as they do otherwise.
 
@@ -217,6 +218,7 @@ def _scored_forward(
         return scoring.of_logits(logits[:, :n] if rows is None else logits[rows, :n], targets)
     head = _swappable_head(model)
     assert head is not None  # a chunk size is set only then
+    trained = any(p.requires_grad for p in head.parameters())
     scores: list[Scores] = []
 
     def chunked(projection: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -230,6 +232,7 @@ def _scored_forward(
                     chunk_size=scoring.chunk_size,
                     temperature=scoring.temperature,
                     with_entropy=scoring.with_entropy,
+                    head_requires_grad=trained,
                 )
             )
             return scores[-1][0]
