@@ -1,15 +1,27 @@
-"""How grpokit's step time grows with num_generations (G) and max_completion_length (L).
+"""How grpokit's step time grows with num_generations (G) and max_completion_length (L), and
+how the update's log-prob memory grows with L and the vocabulary.
 
-One prompt per step, full fine-tuning, beta 0.04 (the seed article's setting) on the embedded
-model; G in 4, 8, 16 and L in 64, 128, 256 by default. Sampled completions end at EOS, so the
-generated token count is printed next to each time: a step costs roughly a fixed part plus a
+Step time: one prompt per step, full fine-tuning, beta 0.04 (the seed article's setting) on the
+embedded model; G in 4, 8, 16 and L in 64, 128, 256 by default. Sampled completions end at EOS, so
+the generated token count is printed next to each time: a step costs roughly a fixed part plus a
 part per generated token, and the ratios show how close to that the growth stays.
+
+Memory (``--memory``): the training forward and backward of one micro-batch (``--rows``
+completions of L tokens sharing a 16-token prompt, full fine-tuning, float32) through
+``completion_logprobs`` on a tiny model (2 layers of width 64) with a Llama 3-sized vocabulary
+(128,256), once per ``training.logprob_chunk_size`` (0: all positions projected at once, the
+(rows x L x V) logits kept for the backward). Each point runs in a fresh process; its peak
+resident memory, less the resident memory before the forward (the model, the batch, the
+libraries), is what the log-probs cost. The tiny body makes the logits nearly all of it.
 
     python bench/scaling.py                               # the 3 x 3 grid, 1 measured step each
     python bench/scaling.py --smoke                       # tiny model, G 2/4, L 4/8 (the tests)
     python bench/scaling.py --generations 4 8 --lengths 64 --steps 3
+    python bench/scaling.py --memory                      # L 256 / 1,024, chunks 0 / 256 / 1,024
+    python bench/scaling.py --memory --smoke              # vocabulary 4,096, L 16 (the tests)
 
-Prints one line per point, then the ratios last (each point against the smallest one).
+Prints one line per point, then the ratios last (each point against the smallest one; with
+``--memory``, each chunk size's peak against all positions at once).
 """
 
 from __future__ import annotations
@@ -19,8 +31,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load_average, median, model_path, print_ratios  # noqa: E402
+from _common import (  # noqa: E402
+    emit_result,
+    load_average,
+    median,
+    model_path,
+    peak_rss_mib,
+    print_ratios,
+    run_child,
+)
 from train_step import SETTINGS, run_grpokit  # noqa: E402
+
+LLAMA3_VOCAB = 128_256
+PROMPT_TOKENS = 16
 
 
 def main() -> None:
@@ -28,11 +51,32 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model dir or name (default: embedded SmolLM2)")
     ap.add_argument("--smoke", action="store_true", help="tiny model and a 2 x 2 grid")
     ap.add_argument("--generations", type=int, nargs="+", default=[4, 8, 16])
-    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument(
+        "--lengths", type=int, nargs="+", help="default 64 128 256 (--memory: 256 1024)"
+    )
     ap.add_argument("--setting", default="full-beta0.04", choices=list(SETTINGS))
     ap.add_argument("--steps", type=int, default=1, help="measured steps per point")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--memory", action="store_true", help="log-prob memory, not step time")
+    ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="--memory: vocabulary size")
+    ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
+    ap.add_argument(
+        "--chunk-sizes",
+        type=int,
+        nargs="+",
+        default=[0, 256, 1024],
+        help="--memory: 0 is unchunked",
+    )
+    ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-path", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child_memory:
+        memory_child(args)
+        return
+    if args.memory:
+        memory(args)
+        return
+    args.lengths = args.lengths or [64, 128, 256]
     if args.smoke:
         args.generations, args.lengths = [2, 4], [4, 8]
     args.model_path = model_path(args.smoke, args.model)
@@ -69,6 +113,91 @@ def main() -> None:
             )
         )
     print_ratios("scaling ratios", ratios)
+
+
+def memory(args: argparse.Namespace) -> None:
+    """Peak memory of the update's log-probs per (L, chunk size), each point in a fresh process."""
+    import tempfile
+
+    from grpokit.model_files.embedded import embedded_model_dir
+    from grpokit.models.tiny import make_tiny_model_dir
+
+    if args.smoke:
+        args.vocab, args.lengths, args.rows, args.chunk_sizes = 4096, [16], 2, [0, 8]
+    args.lengths = args.lengths or [256, 1024]
+    work = Path(tempfile.mkdtemp(prefix="grpokit-bench-vocab-"))
+    path = make_tiny_model_dir(
+        work, seed=0, tokenizer_dir=embedded_model_dir(), vocab_size=args.vocab
+    )
+    print(
+        f"tiny model (2 layers, width 64), vocabulary {args.vocab:,}; {args.rows} completions "
+        f"per micro-batch, float32, full fine-tuning; {load_average()}"
+    )
+    ratios = []
+    for length in args.lengths:
+        peaks: dict[int, float] = {}
+        for chunk in args.chunk_sizes:
+            r = run_child(
+                Path(__file__).resolve(),
+                [
+                    "--child-memory",
+                    f"--model-path={path}",
+                    f"--vocab={args.vocab}",
+                    f"--rows={args.rows}",
+                    f"--lengths={length}",
+                    f"--chunk-sizes={chunk}",
+                    f"--threads={args.threads}",
+                ],
+            )
+            peaks[chunk] = r["peak_mib"] - r["before_mib"]
+            logits_mib = args.rows * length * args.vocab * 4 / 2**20
+            print(
+                f"L {length:5d}  chunk {chunk:5d}  forward+backward {r['seconds']:6.2f} s  "
+                f"peak RSS {r['peak_mib']:8.0f} MiB, {peaks[chunk]:8.0f} MiB above the loaded "
+                f"model (float32 logits of the micro-batch: {logits_mib:.0f} MiB; "
+                f"{load_average()})",
+                flush=True,
+            )
+        for chunk in args.chunk_sizes:
+            if chunk and 0 in peaks:
+                ratios.append(
+                    (
+                        f"L {length}: chunk {chunk} / all at once, memory above the model",
+                        peaks[chunk] / peaks[0],
+                        f"{peaks[chunk]:.0f} vs {peaks[0]:.0f} MiB",
+                    )
+                )
+    print_ratios("log-prob memory ratios", ratios)
+
+
+def memory_child(args: argparse.Namespace) -> None:
+    """One point: the forward and backward of one micro-batch's log-probs, in this process."""
+    import time
+
+    import torch
+
+    from grpokit.models.loading import load_policy
+    from grpokit.train.forward import completion_logprobs, pack
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    (length,), (chunk,) = args.lengths, args.chunk_sizes
+    model = load_policy(args.model_path, need_reference=False).model
+    model.train()
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, args.vocab, (PROMPT_TOKENS,), generator=gen).tolist()
+    completions = [
+        torch.randint(3, args.vocab, (length,), generator=gen).tolist() for _ in range(args.rows)
+    ]
+    batch = pack([prompt] * args.rows, completions, pad_token_id=2)
+    before = peak_rss_mib()
+    t0 = time.perf_counter()
+    logp, _ = completion_logprobs(
+        model, batch, temperature=0.7, with_entropy=True, logprob_chunk_size=chunk
+    )
+    (logp * batch.completion_mask).sum().backward()
+    seconds = time.perf_counter() - t0
+    emit_result({"before_mib": before, "peak_mib": peak_rss_mib(), "seconds": seconds})
 
 
 if __name__ == "__main__":

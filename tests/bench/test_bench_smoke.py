@@ -65,3 +65,9 @@ def test_training_step_benchmark_against_trl_prints_its_ratios() -> None:
 def test_scaling_benchmark_prints_its_ratios() -> None:
     ratios = _run("scaling.py")
     assert len(ratios) == 3  # a 2 x 2 grid against its first point
+
+
+def test_scaling_benchmark_measures_log_prob_memory() -> None:
+    ratios = _run("scaling.py", "--memory")
+    assert set(ratios) == {"L 16: chunk 8 / all at once, memory above the model"}
+    assert all(v > 0 for v in ratios.values())

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
+from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_log_softmax
 
 
 def naive(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -103,3 +103,60 @@ def test_bad_arguments() -> None:
         selective_log_softmax(logits, torch.zeros(2, 3, dtype=torch.long), chunk_size=0)
     with pytest.raises(ValueError, match="chunk_size"):
         entropy_from_logits(logits, chunk_size=-1)
+
+
+@pytest.mark.parametrize("frozen", [False, True], ids=["trained-head", "frozen-head"])
+@pytest.mark.parametrize("chunk_size", [1, 4, 7, 100])
+def test_head_logprobs_equal_the_naive_projection(chunk_size: int, frozen: bool) -> None:
+    """float64, so the identity holds to rounding: values, entropy, and gradients with respect to
+    the hidden states (a non-contiguous slice) and the head's weight and bias (when trained;
+    frozen, the hidden states' gradient is computed in the forward pass)."""
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(8, 11).double().requires_grad_(not frozen)
+    hidden = torch.randn(3, 6, 8, dtype=torch.float64, generator=gen, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 5), generator=gen)
+    upstream = torch.randn(3, 5, dtype=torch.float64, generator=gen)
+    results = []
+    for chunked in (True, False):
+        head.zero_grad()
+        hidden.grad = None
+        if chunked:
+            logp, entropy = head_logprobs(
+                hidden[:, :5],
+                head,
+                ids,
+                chunk_size=chunk_size,
+                temperature=0.7,
+                with_entropy=True,
+                head_requires_grad=not frozen,
+            )
+        else:
+            logits = head(hidden[:, :5]) / 0.7
+            logp, entropy = naive(logits, ids), entropy_from_logits(logits.detach())
+        (logp * upstream).sum().backward()
+        assert entropy is not None and not entropy.requires_grad
+        results.append([logp.detach(), entropy, hidden.grad, head.weight.grad, head.bias.grad])
+    assert (results[0][3] is None) == frozen
+    for got, want in zip(*results, strict=True):
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    with torch.no_grad():
+        logp, entropy = head_logprobs(hidden[:, :5], head, ids, chunk_size=chunk_size)
+    assert entropy is None and not logp.requires_grad
+    torch.testing.assert_close(logp, naive(head(hidden[:, :5]), ids))
+
+
+def test_head_logprobs_checks_its_arguments() -> None:
+    head = torch.nn.Linear(4, 5)
+    with pytest.raises(ValueError, match="token_ids shape"):
+        head_logprobs(torch.zeros(2, 3, 4), head, torch.zeros(2, 2, dtype=torch.long), chunk_size=2)
+    with pytest.raises(ValueError, match="chunk_size"):
+        head_logprobs(torch.zeros(2, 3, 4), head, torch.zeros(2, 3, dtype=torch.long), chunk_size=0)
+    logp, entropy = head_logprobs(
+        torch.zeros(2, 0, 4),
+        head,
+        torch.zeros(2, 0, dtype=torch.long),
+        chunk_size=2,
+        with_entropy=True,
+    )
+    assert logp.shape == (2, 0) and entropy is not None and entropy.shape == (2, 0)

@@ -74,3 +74,14 @@ def make_config(tmp_path: Path, tiny_model_dir: Path) -> Callable[..., GRPOKitCo
         return load_config(path)
 
     return factory
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], Any]:
+    """cast(x) -> x in float64 (a GRPOTrainer or a model), for tests of identities; see
+    float64_identity.py."""
+    from float64_identity import rms_norm_in_input_precision, to_float64
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm_in_input_precision)
+    return to_float64

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from float64_identity import to_float64, use_rms_norm_in_input_precision
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
@@ -116,9 +117,11 @@ def _update_on_share(trainer: GRPOTrainer) -> tuple[torch.Tensor, list[dict[str,
 
 
 def _worker(config: str, out: str) -> None:
-    """One rank: update on its share of the fixed batch, save what it got, then train 1 step."""
+    """One rank: update on its share of the fixed batch, save what it got, then train 1 step.
+    In float64, as the single-process reference (an identity; see float64_identity.py)."""
     cfg = load_config(config, ["training.gradient_accumulation_steps=1"])
-    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    use_rms_norm_in_input_precision()
+    trainer = to_float64(GRPOTrainer(cfg, progress=False, log=lambda m: None))
     rank = trainer.dist.rank
     advantages, metrics = _update_on_share(trainer)
     torch.save(
@@ -209,17 +212,23 @@ def _single(
 
 
 def _assert_same_update(
-    ranks: list[dict], single_metrics: list[dict[str, float]], before: dict, expected: dict
+    ranks: list[dict],
+    single_metrics: list[dict[str, float]],
+    before: dict,
+    expected: dict,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
 ) -> None:
+    """Equal updates; the default tolerances are float32's (FSDP), float64 passes its own."""
     moved = max(float((expected[n] - before[n]).abs().max()) for n in expected)
     assert moved > 1e-3, "the update must change the parameters for the comparison to mean much"
     for name, want in expected.items():
         # Ranks apply the same summed gradient: identical to each other, and to one process.
         assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
-        torch.testing.assert_close(ranks[0]["params"][name], want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ranks[0]["params"][name], want, rtol=rtol, atol=atol)
     for step_dist, step_single in zip(ranks[0]["metrics"], single_metrics, strict=True):
         for key in ("loss", "grad_norm", "kl"):
-            assert step_dist[key] == pytest.approx(step_single[key], rel=1e-4, abs=1e-6), key
+            assert step_dist[key] == pytest.approx(step_single[key], rel=rtol, abs=atol / 10), key
 
 
 @pytest.fixture
@@ -227,12 +236,15 @@ def config(make_config: Callable[..., GRPOKitConfig]) -> GRPOKitConfig:
     return make_config(**TRAINING)
 
 
-def test_two_processes_update_like_one(config: GRPOKitConfig, tmp_path: Path) -> None:
+def test_two_processes_update_like_one(
+    config: GRPOKitConfig, float64: Callable[[GRPOTrainer], GRPOTrainer], tmp_path: Path
+) -> None:
     out = tmp_path / "dist-out"
     proc = _torchrun(config, out, "dp")
 
-    # Meanwhile, the single-process reference on the same global batch (its own run directory).
-    single = _single(config)
+    # Meanwhile, the single-process reference on the same global batch (its own run directory),
+    # in float64 as the workers.
+    single = float64(_single(config))
     assert not single.dist.enabled
     exp, rewards = _fixed_batch()
     before = _trainable(single)
@@ -245,7 +257,7 @@ def test_two_processes_update_like_one(config: GRPOKitConfig, tmp_path: Path) ->
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
     assert [r["num_processes"] for r in ranks] == [2, 2]
-    _assert_same_update(ranks, single_metrics, before, expected)
+    _assert_same_update(ranks, single_metrics, before, expected, rtol=1e-9, atol=1e-11)
     torch.testing.assert_close(
         torch.cat([ranks[0]["advantages"], ranks[1]["advantages"]]), expected_adv
     )

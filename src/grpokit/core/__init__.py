@@ -13,7 +13,7 @@ from grpokit.core.advantages import (
     reward_zero_std_mask,
 )
 from grpokit.core.kl import KL_ESTIMATORS, k1, k2, k3
-from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
+from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_log_softmax
 from grpokit.core.losses import (
     IMPORTANCE_SAMPLING_LEVELS,
     LOSS_TYPES,
@@ -39,6 +39,7 @@ __all__ = [
     "LossSettings",
     "compute_advantages",
     "entropy_from_logits",
+    "head_logprobs",
     "fixed_point",
     "fixed_points",
     "group_advantages",

@@ -7,6 +7,15 @@ autograd would keep it for the backward pass. Both functions here go one sequenc
 once. Half-precision logits are upcast per chunk: logsumexp in bfloat16 loses about two decimal
 digits, which shows up directly in the importance ratio.
 
+:func:`head_logprobs` goes one step further and never holds the logits of more than two chunks:
+it takes the hidden states before the output projection and projects ``chunk_size`` positions at
+a time, keeping only each position's chosen log-probability (and entropy). A projection kept for
+the backward pass would bring the (positions, V) logits back, so when the projection is trained
+each chunk but the last is recomputed from its hidden states in the backward pass (activation
+checkpointing of the projection alone: one more product of the head's size, and a log-softmax);
+when it is frozen (LoRA), the gradient with respect to the hidden states is taken in the forward
+pass instead, which recomputes nothing.
+
 The log-softmax's gradient is written by hand (:class:`_SelectiveLogSoftmax`): left to autograd,
 each per-sequence view ``logits[b]`` would get its own logits-sized zero gradient in the backward
 pass, B full passes over B*T*V floats where one is needed (measured on the embedded model with 8
@@ -15,14 +24,19 @@ sequences a micro-batch: 0.4 s of a 5 s update).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["entropy_from_logits", "selective_log_softmax"]
+__all__ = ["entropy_from_logits", "head_logprobs", "selective_log_softmax"]
 
 DEFAULT_CHUNK_SIZE = 512
+
+_ENTROPY_ROWS = 128
+"""Rows of a chunk's logits :func:`head_logprobs` takes the entropy of at once."""
 
 
 def _result_dtype(logits: Tensor) -> torch.dtype:
@@ -134,3 +148,102 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE)
     if not pieces:
         return torch.zeros(logits.shape[:-1], dtype=dtype, device=logits.device)
     return torch.cat(pieces).reshape(logits.shape[:-1])
+
+
+def head_logprobs(
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    token_ids: Tensor,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    head_requires_grad: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities of ``token_ids`` under softmax(head(hidden) / temperature), and optionally
+    the entropy of that distribution, with at most ``chunk_size`` positions' logits at a time.
+
+    With ``head_requires_grad`` (the head's parameters are trained) each chunk's logits but the
+    last chunk's are recomputed in the backward pass (the last chunk's are kept, so at most
+    chunk_size positions cost no recomputation: one chunk kept, one computed at a time). Without (a frozen head, as under LoRA) the only gradient
+    wanted is the hidden states', and since position t's log-prob depends on hidden state t
+    alone, d logp_t / d h_t (one H-vector per position) is computed in the forward pass, from the
+    logits already there; the backward pass scales it by the incoming gradient, recomputing
+    nothing.
+
+    hidden: (..., N, H) hidden states (any leading shape; may be a non-contiguous slice);
+    head: the output projection, (n, H) -> (n, V), applied row by row (each position's logits
+    depend on its own hidden state only); token_ids: (..., N) integer, matching ``hidden``'s
+    leading shape. Returns (log-probs (..., N), entropy (..., N) or None): float32 (float64 for
+    float64 logits), the log-probs differentiable with respect to ``hidden`` and the head's
+    parameters, the entropy a detached metric. Equal, up to the rounding of a product split
+    into chunks, to ``selective_log_softmax(head(hidden) / temperature, token_ids)``.
+    """
+    _check_chunk_size(chunk_size)
+    if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"token_ids shape {tuple(token_ids.shape)} must equal hidden shape without the "
+            f"hidden axis {tuple(hidden.shape[:-1])}"
+        )
+    rows, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
+
+    def chunk_logprobs(h: Tensor, chunk_ids: Tensor, entropy_out: list[Tensor]) -> Tensor:
+        logits = head(h)
+        if temperature != 1.0:
+            # Upcast first: bfloat16 logits divided in bfloat16 would round once more.
+            logits = logits.to(_result_dtype(logits)) / temperature
+        # In their own smaller steps: a (chunk_size, V) temporary per operation of theirs would
+        # double or triple the chunk's memory. The entropy makes four temporaries a step.
+        logp = selective_log_softmax(logits, chunk_ids)
+        # The backward pass runs this again; the entropy is wanted once.
+        if with_entropy and not entropy_out:
+            entropy_out.append(entropy_from_logits(logits.detach(), chunk_size=_ENTROPY_ROWS))
+        return logp
+
+    logps: list[Tensor] = []
+    entropies: list[Tensor] = []
+    for start in range(0, rows.shape[0], chunk_size):
+        h, chunk_ids = rows[start : start + chunk_size], ids[start : start + chunk_size]
+        entropy_out: list[Tensor] = []
+        if torch.is_grad_enabled() and not head_requires_grad and h.requires_grad:
+            with torch.enable_grad():
+                detached = h.detach().requires_grad_(True)
+                value = chunk_logprobs(detached, chunk_ids, entropy_out)
+                (jacobian,) = torch.autograd.grad(value.sum(), detached)
+            logp = _RowwiseGradient.apply(h, value.detach(), jacobian)  # type: ignore[no-untyped-call]
+        elif torch.is_grad_enabled() and start + chunk_size < rows.shape[0]:
+            # Keeps only h for the backward pass, not the (chunk, V) logits.
+            logp = checkpoint(
+                chunk_logprobs,
+                h,
+                chunk_ids,
+                entropy_out,
+                use_reentrant=False,
+                preserve_rng_state=False,  # a projection draws no random numbers
+            )
+        else:
+            logp = chunk_logprobs(h, chunk_ids, entropy_out)
+        logps.append(logp)
+        entropies += entropy_out
+    if not logps:
+        empty = hidden.new_zeros(token_ids.shape, dtype=_result_dtype(hidden))
+        return empty, (empty if with_entropy else None)
+    logp_all = torch.cat(logps).reshape(token_ids.shape)
+    entropy = torch.cat(entropies).reshape(token_ids.shape) if with_entropy else None
+    return logp_all, entropy
+
+
+class _RowwiseGradient(torch.autograd.Function):
+    """values (n,) of a function of h (n, H) whose row t depends on h[t] alone, with its
+    per-row gradient d values_t / d h_t already computed (n, H): backward is g_t * that row."""
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, values: Tensor, jacobian: Tensor) -> Tensor:
+        ctx.save_for_backward(jacobian)
+        return values.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        (jacobian,) = ctx.saved_tensors
+        return (grad_out[:, None] * jacobian).to(jacobian.dtype), None, None

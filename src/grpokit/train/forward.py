@@ -2,8 +2,14 @@
 
 A micro-batch row is [left-padded prompt | right-padded completion], trimmed to the longest
 prompt and completion *of this micro-batch* (not of the whole batch), so padding costs little.
-Only the logits of completion positions are computed (`logits_to_keep`), and the log-softmax is
-the core's chunked selective one: the full (B, T, V) log-softmax is never materialised.
+Only completion positions are projected to the vocabulary (`logits_to_keep`), and by default not
+all at once: the model's output projection is swapped, for the call, for one that projects
+``logprob_chunk_size`` positions at a time and keeps only each position's log-probability of its
+token and its entropy (grpokit.core.logprobs.head_logprobs). The (B, C, V) logits of a micro-batch
+(8 x 1,024 x 152k float32 = 5 GB, kept for the backward pass) never exist; two chunks' at most
+do (bench/scaling.py --memory measures it). The
+swap, rather than calling the decoder and the head separately, keeps the model's own forward, so
+peft adapters, CPU autocast and FSDP's hooks on the root module run as they do otherwise.
 
 A GRPO micro-batch holds whole groups: G completions of the same prompt. Then each distinct prompt
 is encoded once, and its keys and values (with their autograd graph) serve all its completions,
@@ -17,13 +23,24 @@ quarter faster.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from grpokit.core.logprobs import entropy_from_logits, selective_log_softmax
-from grpokit.models.compat import cache_kwarg, is_checkpointing, new_cache
+from grpokit.config.training import TrainingConfig
+from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_log_softmax
+from grpokit.errors import UserError
+from grpokit.models.compat import cache_kwarg, hf_model, is_checkpointing, new_cache
 from grpokit.models.onednn import compute_autocast
+
+DEFAULT_LOGPROB_CHUNK_SIZE: int = TrainingConfig.model_fields["logprob_chunk_size"].default
+"""Positions projected to the vocabulary at once (training.logprob_chunk_size's default)."""
+
+Scores = tuple[torch.Tensor, torch.Tensor | None]
+"""Log-probabilities (B, n) of the target tokens and, when asked for, their entropy (B, n)."""
 
 
 @dataclass
@@ -102,12 +119,17 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prompts: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logprob_chunk_size: int | None = DEFAULT_LOGPROB_CHUNK_SIZE,
+) -> Scores:
     """Log-probabilities (B, C) of the completion tokens, and optionally the entropy (B, C).
 
     Logits are divided by the sampling temperature, as the rollout sampled from logits / T.
     The entropy is a detached metric. With ``share_prompts`` (and rows that share a prompt, and
     no gradient checkpointing, which cannot keep a cache), each distinct prompt is encoded once.
+    ``logprob_chunk_size``: positions projected to the vocabulary at once (see the module's
+    docstring); 0 or None projects all completion positions at once, as a plain forward does.
+    Models whose forward changes the projection's logits (Gemma 2's soft-capping, Cohere's and
+    Granite's scales) always take that path.
 
     A model marked to compute in bfloat16 (``model.dtype: auto`` on a CPU that has it) runs its
     forward under CPU autocast (grpokit.models.onednn.compute_autocast); the log-softmax and the
@@ -115,46 +137,157 @@ def completion_logprobs(
     come from this one function, so their ratios compare like with like: on unchanged weights the
     importance ratio is exactly 1 (bfloat16 rounding cannot fake clipping).
     """
+    if logprob_chunk_size is not None and (
+        isinstance(logprob_chunk_size, bool)
+        or not isinstance(logprob_chunk_size, int)
+        or logprob_chunk_size < 0
+    ):
+        raise ValueError(f"logprob_chunk_size must be None or >= 0, got {logprob_chunk_size!r}")
+    chunked = bool(logprob_chunk_size) and _swappable_head(model) is not None
+    scoring = _Scoring(
+        temperature=temperature,
+        with_entropy=with_entropy,
+        chunk_size=logprob_chunk_size if chunked and logprob_chunk_size else 0,
+    )
     with compute_autocast(model):
         if share_prompts and batch.shares_prompts and not is_checkpointing(model):
-            parts = _shared_prompt_logits(model, batch)
+            parts = _shared_prompt_scores(model, batch, scoring)
         else:
-            parts = [(_full_logits(model, batch), batch.completion_ids)]
-    logps, entropies = [], []
-    for logits, targets in parts:
-        if temperature != 1.0:
-            # Upcast first: bfloat16 logits divided in bfloat16 would round once more.
-            logits = logits.float() / temperature
-        logps.append(selective_log_softmax(logits, targets))
-        if with_entropy:
-            with torch.no_grad():
-                entropies.append(entropy_from_logits(logits.detach()))
-    logp = torch.cat(logps, dim=1) if len(logps) > 1 else logps[0]
+            parts = [_full_scores(model, batch, scoring)]
+    logp = torch.cat([p[0] for p in parts], dim=1) if len(parts) > 1 else parts[0][0]
     entropy = None
     if with_entropy:
+        entropies = [e for _, e in parts if e is not None]
         entropy = torch.cat(entropies, dim=1) if len(entropies) > 1 else entropies[0]
     return logp, entropy
 
 
-def _full_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    """Logits (B, C, V) predicting each completion token, from one pass over prompt + completion."""
+@dataclass(frozen=True)
+class _Scoring:
+    """How a forward's output becomes scores: temperature, entropy or not, chunk size (0: none)."""
+
+    temperature: float
+    with_entropy: bool
+    chunk_size: int
+
+    def of_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> Scores:
+        """Scores of targets (B, n) from logits (B, n, V) that are all there."""
+        if self.temperature != 1.0:
+            # Upcast first: bfloat16 logits divided in bfloat16 would round once more (float64
+            # ones stay float64).
+            logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / self.temperature
+        logp = selective_log_softmax(logits, targets)
+        entropy = None
+        if self.with_entropy:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
+        return logp, entropy
+
+
+def _swappable_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's output projection, if the model's logits are its output untouched (so it can
+    be swapped for the chunked one): true of Llama, Qwen, Mistral, SmolLM and most others."""
+    inner = hf_model(model)
+    get_head = getattr(inner, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    config = getattr(inner, "config", None)
+    rescaled = (
+        getattr(config, "final_logit_softcapping", None) is not None  # Gemma 2 and 3
+        or getattr(config, "logit_scale", None) not in (None, 1, 1.0)  # Cohere
+        or getattr(config, "logits_scaling", None) not in (None, 1, 1.0)  # Granite
+    )
+    return head if isinstance(head, torch.nn.Module) and not rescaled else None
+
+
+def _scored_forward(
+    model: torch.nn.Module,
+    targets: torch.Tensor,
+    scoring: _Scoring,
+    rows: torch.Tensor | None = None,
+    **inputs: Any,
+) -> Scores:
+    """Run ``model(**inputs)``; its first n = targets.shape[1] kept positions predict ``targets``.
+
+    targets: (B, n); rows: (B,) which of the forward's rows each target row reads (None: the same
+    row). Chunked, the output projection is swapped for the call, and what the model returns as
+    logits is the (B, n) log-probs.
+    """
+    n = int(targets.shape[1])
+    if not scoring.chunk_size:
+        logits = model(**inputs).logits
+        return scoring.of_logits(logits[:, :n] if rows is None else logits[rows, :n], targets)
+    head = _swappable_head(model)
+    assert head is not None  # a chunk size is set only then
+    trained = any(p.requires_grad for p in head.parameters())
+    scores: list[Scores] = []
+
+    def chunked(projection: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            selected = hidden[:, :n] if rows is None else hidden[rows, :n]
+            scores.append(
+                head_logprobs(
+                    selected,
+                    lambda h: projection(h, *args, **kwargs),
+                    targets,
+                    chunk_size=scoring.chunk_size,
+                    temperature=scoring.temperature,
+                    with_entropy=scoring.with_entropy,
+                    head_requires_grad=trained,
+                )
+            )
+            return scores[-1][0]
+
+        return forward
+
+    with _forward_replaced(head, chunked):
+        out = model(**inputs)
+    if len(scores) != 1 or out.logits is not scores[0][0]:
+        raise UserError(
+            f"training.logprob_chunk_size: {type(hf_model(model)).__name__}'s forward changes "
+            "what its output projection returns, so log-probs cannot be computed a chunk at a "
+            "time; set training.logprob_chunk_size: 0 for this model"
+        )
+    return scores[0]
+
+
+@contextmanager
+def _forward_replaced(
+    module: torch.nn.Module,
+    make: Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]],
+) -> Iterator[None]:
+    """Within the block, ``module`` computes ``make(its own forward)``; its hooks still run."""
+    own = module.__dict__.get("forward")  # a forward set on the instance (accelerate's hooks)
+    module.forward = make(module.forward)
+    try:
+        yield
+    finally:
+        if own is None:
+            del module.forward
+        else:
+            module.forward = own
+
+
+def _full_scores(model: torch.nn.Module, batch: TokenBatch, scoring: _Scoring) -> Scores:
+    """Scores (B, C) of the completion tokens, from one pass over prompt + completion."""
     c = batch.completion_length
-    # The logit at position j predicts token j + 1: the last C + 1 logits cover the completion.
-    out = model(
+    # The logit at position j predicts token j + 1: the first C of the last C + 1 logits cover
+    # the completion.
+    return _scored_forward(
+        model,
+        batch.completion_ids,
+        scoring,
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
         position_ids=batch.position_ids,
         logits_to_keep=c + 1,
         use_cache=False,
     )
-    logits: torch.Tensor = out.logits[:, :-1, :]
-    return logits
 
 
-def _shared_prompt_logits(
-    model: torch.nn.Module, batch: TokenBatch
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(logits, targets) pieces covering the completion tokens, each distinct prompt encoded once.
+def _shared_prompt_scores(
+    model: torch.nn.Module, batch: TokenBatch, scoring: _Scoring
+) -> list[Scores]:
+    """Scores covering the completion tokens, each distinct prompt encoded once.
 
     First the U prompts run with a cache; the cache's rows are then gathered to the B rows (a
     differentiable index, so gradients flow back into the prompt pass) and the completions run as
@@ -162,30 +295,37 @@ def _shared_prompt_logits(
     runs tokens 0 .. C-2 (the last token predicts nothing needed) and predicts tokens 1 .. C-1.
 
     Returns:
-        [(logits (B, 1, V), targets (B, 1)), (logits (B, C-1, V), targets (B, C-1))], the
-        second only when C > 1.
+        [scores (B, 1), scores (B, C-1)], the second only when C > 1.
     """
     p, c = batch.prompt_length, batch.completion_length
     rows, index = batch.prompt_rows, batch.prompt_index
     cache, cache_arg = new_cache(model), cache_kwarg(model)
-    prompt_mask = batch.attention_mask[rows, :p]
-    out = model(
-        input_ids=batch.input_ids[rows, :p],
-        attention_mask=prompt_mask,
-        position_ids=batch.position_ids[rows, :p],
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_arg: cache},
-    )
-    pieces = [(out.logits[index], batch.completion_ids[:, :1])]
-    if c > 1:
-        cache.batch_select_indices(index)
-        out = model(
-            input_ids=batch.completion_ids[:, :-1],
-            attention_mask=batch.attention_mask[:, : p + c - 1],
-            position_ids=batch.position_ids[:, p : p + c - 1],
+    pieces = [
+        _scored_forward(
+            model,
+            batch.completion_ids[:, :1],
+            scoring,
+            rows=index,
+            input_ids=batch.input_ids[rows, :p],
+            attention_mask=batch.attention_mask[rows, :p],
+            position_ids=batch.position_ids[rows, :p],
             use_cache=True,
+            logits_to_keep=1,
             **{cache_arg: cache},
         )
-        pieces.append((out.logits, batch.completion_ids[:, 1:]))
+    ]
+    if c > 1:
+        cache.batch_select_indices(index)
+        pieces.append(
+            _scored_forward(
+                model,
+                batch.completion_ids[:, 1:],
+                scoring,
+                input_ids=batch.completion_ids[:, :-1],
+                attention_mask=batch.attention_mask[:, : p + c - 1],
+                position_ids=batch.position_ids[:, p : p + c - 1],
+                use_cache=True,
+                **{cache_arg: cache},
+            )
+        )
     return pieces

@@ -50,6 +50,7 @@ RESUMABLE = (
     "training.dynamic_sampling",
     "training.max_dynamic_sampling_rounds",
     "training.max_tokens_per_micro_batch",
+    "training.logprob_chunk_size",
     "training.gradient_checkpointing",
     "training.use_vllm",
     "training.vllm_*",

@@ -417,6 +417,7 @@ class GRPOTrainer:
             temperature=self.args.temperature,
             with_entropy=with_entropy,
             share_prompts=not self.args.fsdp,
+            logprob_chunk_size=self.args.logprob_chunk_size,
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
