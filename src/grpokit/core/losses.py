@@ -466,7 +466,9 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
     metrics = {k: masked_mean(v.detach(), active) for k, v in per_token_metrics.items()}
     if x.sampler_logp is not None:
         sampler_safe = torch.where(active, x.sampler_logp.detach().to(logp.dtype), zeros)
-        per_token = per_token * _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
+        weight = _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
+        if weight is not None:
+            per_token = per_token * weight
     if x.ref_logp is not None:
         ref_safe = torch.where(active, x.ref_logp.detach().to(logp.dtype), zeros)
         kl_per_token = k3(logp_safe, ref_safe)
@@ -487,17 +489,17 @@ def _mismatch(
     active: Tensor,
     correction: MismatchCorrection | None,
     metrics: dict[str, Tensor],
-) -> Tensor:
-    """The (B, T) weight of each token's policy term (1 without a correction); adds the gap's
+) -> Tensor | None:
+    """The (B, T) weight of each token's policy term, None without a correction; adds the gap's
     metrics: the k3 estimate of KL(pi_sampler || pi_old), the largest ratio, and the share of
     tokens the correction truncated or masked."""
     metrics["mismatch/kl"] = masked_mean(k3(sampler, old), active)
-    weight, ratio, outside = mismatch_weights(
-        old, sampler, active, correction or MismatchCorrection(mode="token_truncate")
-    )
+    if correction is None:  # measured only: the per-token ratio, nothing reweighted
+        ratio = torch.exp(torch.where(active, old - sampler, torch.zeros_like(old)))
+        metrics["mismatch/max_ratio"] = torch.where(active, ratio, torch.zeros_like(ratio)).max()
+        return None
+    weight, ratio, outside = mismatch_weights(old, sampler, active, correction)
     metrics["mismatch/max_ratio"] = torch.where(active, ratio, torch.zeros_like(ratio)).max()
-    if correction is None:
-        return torch.ones_like(old)
     kind = "truncated" if correction.mode.endswith("truncate") else "masked"
     metrics[f"mismatch/{kind}_frac"] = masked_mean(outside.to(old.dtype), active)
     return weight

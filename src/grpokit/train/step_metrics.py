@@ -120,13 +120,14 @@ class LossSums:
     """
 
     def __init__(self, device: torch.device) -> None:
-        def zero() -> torch.Tensor:
-            return torch.zeros((), dtype=torch.float64, device=device)
-
-        self._zero = zero
-        self.loss, self.tokens, self.entropy, self.entropy_batches = zero(), zero(), zero(), zero()
+        self.device = device
+        self.loss, self.tokens = self._zero(), self._zero()
+        self.entropy, self.entropy_batches = self._zero(), self._zero()
         self.weighted: dict[str, torch.Tensor] = {}
         self.largest: dict[str, torch.Tensor] = {}
+
+    def _zero(self) -> torch.Tensor:
+        return torch.zeros((), dtype=torch.float64, device=self.device)
 
     def add(
         self, out: LossOutput, weight: float, mask: torch.Tensor, entropy: torch.Tensor | None
