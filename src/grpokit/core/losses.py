@@ -466,9 +466,9 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
     metrics = {k: masked_mean(v.detach(), active) for k, v in per_token_metrics.items()}
     if x.sampler_logp is not None:
         sampler_safe = torch.where(active, x.sampler_logp.detach().to(logp.dtype), zeros)
-        weight = _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
-        if weight is not None:
-            per_token = per_token * weight
+        correction = _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
+        if correction is not None:
+            per_token = per_token * correction
     if x.ref_logp is not None:
         ref_safe = torch.where(active, x.ref_logp.detach().to(logp.dtype), zeros)
         kl_per_token = k3(logp_safe, ref_safe)
