@@ -29,6 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import ValidationError
 
+from grpokit.data.chat import prompt_text as chat_prompt_text
 from grpokit.errors import UserError
 from grpokit.evaluate.rundir import read_jsonl
 from grpokit.rewards.builtin.checklist import ChecklistItem
@@ -98,7 +99,10 @@ def _sample(line: int, row: dict[str, Any], kind: SourceKind) -> ReviewSample | 
     if raw is None:
         return None
     prompt = row.get("prompt")
-    prompt_text = prompt if isinstance(prompt, str) else completion_text(prompt)
+    if isinstance(prompt, list) and all(isinstance(m, dict) and "role" in m for m in prompt):
+        prompt_text = chat_prompt_text(prompt)  # the system prompt left out, as in the logs
+    else:
+        prompt_text = prompt if isinstance(prompt, str) else completion_text(prompt)
     completion = completion_text(raw)
     scores: dict[str, float | None] = {
         TOTAL: _number(row.get("total" if kind == "generate" else "reward"))

@@ -307,6 +307,8 @@ def _handler(app: ReviewApp) -> type[BaseHTTPRequestHandler]:
                 self._send(HTTPStatus.OK, SCRIPT.encode(), "text/javascript; charset=utf-8")
             elif path == "/review.css":
                 self._send(HTTPStatus.OK, STYLE.encode(), "text/css; charset=utf-8")
+            elif path == "/favicon.ico":  # browsers ask; a 404 would be logged as an error
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
             elif path == "/api/state":
                 self._json(HTTPStatus.OK, app.state())
             elif path.startswith("/api/sample/"):
