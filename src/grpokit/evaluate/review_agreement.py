@@ -139,7 +139,7 @@ def agreement_table(rows: Sequence[Agreement]) -> list[list[object]]:
 
 def agreement_text(rows: Sequence[Agreement]) -> str:
     """A plain-text table for the terminal."""
-    cells = [HEADER, *agreement_table(rows)]
+    cells: list[list[object]] = [list(HEADER), *agreement_table(rows)]
     widths = [max(len(str(row[i])) for row in cells) for i in range(len(HEADER))]
     return "\n".join(
         "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

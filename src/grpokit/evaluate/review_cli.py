@@ -110,6 +110,8 @@ def review_cmd(
         items = items_from_scores(found.samples)
     offline = report or export_pairs is not None or export_rm is not None
     store = LabelStore.open(found, items, seed=seed, db_path=db, create=not offline)
+    if seed is not None and seed != store.seed:
+        click.echo(f"note: {store.path} keeps the order of its own seed {store.seed}", err=True)
     if offline:
         if report:
             rows = agreement(found.samples, store)
@@ -140,7 +142,7 @@ def review_cmd(
     state = app.state()
     mode = f"{len(store.items)} checklist item(s)" if store.items else "one 1-5 score"
     click.echo(
-        f"review: http://127.0.0.1:{server.server_address[1]}/  ({state['total']} samples, "
+        f"review: http://127.0.0.1:{server.server_port}/  ({state['total']} samples, "
         f"{state['labelled']} labelled by {who}; {mode}; labels in {store.path})"
     )
     click.echo("stop with Ctrl-C; the labels are saved as you go", err=True)

@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, cast
 
 from grpokit.errors import UserError
 from grpokit.evaluate.review_data import SCORE_LEVELS, LabelStore, ReviewSample
@@ -293,7 +293,7 @@ def _handler(app: ReviewApp) -> type[BaseHTTPRequestHandler]:
         def _host_ok(self) -> bool:
             # A page of another site that resolves its own name to 127.0.0.1 (DNS rebinding)
             # sends its own name as Host: only this address and localhost are served.
-            port = self.server.server_address[1]
+            port = cast(ThreadingHTTPServer, self.server).server_port
             return self.headers.get("Host", "") in (f"127.0.0.1:{port}", f"localhost:{port}")
 
         def do_GET(self) -> None:  # noqa: N802 (the base class's name)
