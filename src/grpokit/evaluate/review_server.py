@@ -138,12 +138,20 @@ function complete() {
     : score !== null;
 }
 
+// Each navigation takes a ticket; only the latest one's reply is shown, so quick key presses
+// whose replies come back out of order never pair one sample's text with another's position.
+let navigation = 0, shown = 0;
+
 async function show(p) {
-  if (p >= state.total) {
-    $("main").hidden = true; $("done").hidden = false; pos = state.total; return;
+  const ticket = ++navigation;
+  pos = Math.min(Math.max(0, p), state.total);
+  if (pos >= state.total) {
+    shown = ticket; $("main").hidden = true; $("done").hidden = false; return;
   }
-  pos = Math.max(0, p);
-  sample = await api("/api/sample/" + pos);
+  const data = await api("/api/sample/" + pos);
+  if (ticket !== navigation) return;
+  shown = ticket;
+  sample = data;
   $("main").hidden = false; $("done").hidden = true;
   $("prompt").textContent = sample.prompt;
   $("answer").textContent = sample.completion;
@@ -157,6 +165,7 @@ async function show(p) {
 }
 
 async function save() {
+  if (shown !== navigation) return;  // still loading the sample the grades would go to
   if (!complete()) {
     $("status").textContent = state.mode === "checklist"
       ? "grade every item first (Y / N)" : "choose a score first (1-" + state.levels + ")";
