@@ -222,6 +222,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("grpokit.train.sft_cli", "sft_cmd"),
     ("grpokit.models.cli", "export_cmd"),
     ("grpokit.evaluate.generate_cli", "generate_cmd"),
+    ("grpokit.evaluate.review_cli", "review_cmd"),
     ("grpokit.recipes.cli", "recipes_cli"),
     ("grpokit.rollout.cli", "vllm_serve_cmd"),
 )

@@ -13,12 +13,14 @@ from grpokit.core.stats import (
     cluster_mean_stderr,
     cluster_pass_interval,
     cluster_pass_summary,
+    cohen_kappa,
     design_effect,
     paired_difference,
     pass_at_k,
     pearson,
     ranks,
     spearman,
+    spearman_interval,
     student_t_quantile,
     student_t_sf,
     t_quantile_975,
@@ -256,3 +258,78 @@ def test_correlation_is_nan_where_undefined() -> None:
     assert math.isnan(pearson([], []))
     with pytest.raises(ValueError, match="different lengths"):
         pearson([1, 2], [1, 2, 3])
+
+
+def test_cohen_kappa_hand_computed() -> None:
+    # 50 items: both yes 20, a yes / b no 5, a no / b yes 10, both no 15.
+    # p_o = 0.7; a says yes 0.5, b 0.6; p_e = 0.5 * 0.6 + 0.5 * 0.4 = 0.5; kappa = 0.4.
+    a = [True] * 25 + [False] * 25
+    b = [True] * 20 + [False] * 5 + [True] * 10 + [False] * 15
+    kappa, lo, hi = cohen_kappa(a, b)
+    assert kappa == pytest.approx(0.4)
+    # Fleiss-Cohen-Everitt by hand: cells p11 .4, p10 .1, p01 .2, p00 .3; rows (a) .5/.5,
+    # columns (b) .6/.4. agree = .4 (1 - 1.1 * .6)^2 + .3 (1 - .9 * .6)^2 = .04624 + .06348;
+    # disagree = (1 - kappa)^2 (p10 (p.1 + p0.)^2 + p01 (p.0 + p1.)^2)
+    #          = .36 (.1 (.6 + .5)^2 + .2 (.4 + .5)^2) = .36 * .283; chance = (.4 - .5 * .6)^2.
+    var = (0.04624 + 0.06348 + 0.36 * 0.283 - 0.01) / (50 * 0.25)
+    half = 1.959963984540054 * math.sqrt(var)
+    assert (lo, hi) == pytest.approx((0.4 - half, 0.4 + half))
+    assert cohen_kappa(a, a)[0] == pytest.approx(1.0)
+    assert cohen_kappa(a, [not x for x in a])[0] == pytest.approx(-1.0)
+
+
+def test_cohen_kappa_undefined_and_bad_input() -> None:
+    assert all(math.isnan(x) for x in cohen_kappa([], []))
+    # Both raters say yes to everything: agreement is perfect but says nothing beyond chance.
+    assert all(math.isnan(x) for x in cohen_kappa([True] * 5, [True] * 5))
+    with pytest.raises(ValueError, match="different numbers"):
+        cohen_kappa([True], [True, False])
+
+
+def test_cohen_kappa_interval_matches_its_sampling_spread_and_covers() -> None:
+    """Draw 300 items from a fixed 2x2 table many times: the analytic standard error is the
+    spread of kappa over the draws, and the 95% interval holds the table's kappa ~95% of the
+    time."""
+    rng = np.random.default_rng(0)
+    cells = [0.35, 0.1, 0.15, 0.4]  # p11, p10, p01, p00
+    pa, pb = cells[0] + cells[1], cells[0] + cells[2]
+    p_e = pa * pb + (1 - pa) * (1 - pb)
+    true_kappa = (cells[0] + cells[3] - p_e) / (1 - p_e)
+    n, reps = 300, 1500
+    kappas, widths, covered = [], [], 0
+    for counts in rng.multinomial(n, cells, size=reps):
+        a = [True] * int(counts[0] + counts[1]) + [False] * int(counts[2] + counts[3])
+        b = ([True] * int(counts[0]) + [False] * int(counts[1]) + [True] * int(counts[2])
+             + [False] * int(counts[3]))  # fmt: skip
+        kappa, lo, hi = cohen_kappa(a, b)
+        kappas.append(kappa)
+        widths.append((hi - lo) / (2 * 1.959963984540054))
+        covered += lo <= true_kappa <= hi
+    assert statistics.stdev(kappas) == pytest.approx(statistics.mean(widths), rel=0.08)
+    assert 0.93 <= covered / reps <= 0.97
+
+
+def test_spearman_interval_hand_computed_and_undefined() -> None:
+    rho, lo, hi = spearman_interval([1, 2, 3, 4, 5], [1, 2, 3, 5, 4])
+    assert rho == pytest.approx(0.9)
+    # z = atanh(0.9) = 1.47222, se = sqrt((1 + 0.405) / 2) = 0.83815.
+    assert lo == pytest.approx(math.tanh(1.472219 - 1.959964 * 0.838153), abs=1e-5)
+    assert hi == pytest.approx(math.tanh(1.472219 + 1.959964 * 0.838153), abs=1e-5)
+    assert lo == pytest.approx(-0.1692, abs=1e-3)
+    rho, lo, hi = spearman_interval([1, 2, 3], [1, 3, 2])
+    assert rho == pytest.approx(0.5) and math.isnan(lo) and math.isnan(hi)
+    assert all(math.isnan(x) for x in spearman_interval([1, 2, 3, 4], [2, 2, 2, 2]))
+
+
+def test_spearman_interval_covers_the_population_rank_correlation() -> None:
+    """Bivariate normal with Pearson r has Spearman 6 / pi * asin(r / 2)."""
+    rng = np.random.default_rng(1)
+    r, n, reps = 0.6, 40, 1500
+    population = 6 / math.pi * math.asin(r / 2)
+    cov = [[1.0, r], [r, 1.0]]
+    covered = 0
+    for _ in range(reps):
+        xy = rng.multivariate_normal([0.0, 0.0], cov, size=n)
+        _, lo, hi = spearman_interval(xy[:, 0].tolist(), xy[:, 1].tolist())
+        covered += lo <= population <= hi
+    assert 0.93 <= covered / reps <= 0.975

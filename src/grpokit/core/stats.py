@@ -13,12 +13,14 @@ __all__ = [
     "cluster_mean_stderr",
     "cluster_pass_interval",
     "cluster_pass_summary",
+    "cohen_kappa",
     "design_effect",
     "pass_at_k",
     "paired_difference",
     "pearson",
     "ranks",
     "spearman",
+    "spearman_interval",
     "student_t_quantile",
     "student_t_sf",
     "t_quantile_975",
@@ -348,3 +350,73 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     """Spearman rank correlation: :func:`pearson` on average ranks, so NaN where that is (fewer
     than two points, or a series whose values are all equal)."""
     return pearson(ranks(xs), ranks(ys))
+
+
+def cohen_kappa(
+    a: Sequence[bool], b: Sequence[bool], *, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """Cohen's kappa of two raters' yes/no grades of the same items, with an analytic interval:
+    (kappa, low, high).
+
+    a, b: one grade each per item (equal length). kappa = (p_o - p_e) / (1 - p_e), p_o the
+    share of items they agree on and p_e = sum_c p_a(c) p_b(c) the share expected by chance
+    from their marginal rates. The interval is kappa +- q * se, q the normal quantile, with the
+    large-sample variance of Fleiss, Cohen and Everitt (1969), which holds away from kappa = 0
+    too: with p_ij the share graded i by a and j by b and p_i., p_.j the margins,
+    var = [sum_i p_ii (1 - (p_i. + p_.i)(1 - kappa))^2
+           + (1 - kappa)^2 sum_{i != j} p_ij (p_.i + p_j.)^2 - (kappa - p_e (1 - kappa))^2]
+          / (n (1 - p_e)^2),
+    clipped to [-1, 1]. NaN (all three) when kappa is undefined: no items, or both raters
+    giving one and the same grade to everything (p_e = 1).
+
+    >>> round(cohen_kappa([1, 1, 0, 0], [1, 0, 0, 0])[0], 3)
+    0.5
+    """
+    if len(a) != len(b):
+        raise ValueError(f"a and b grade different numbers of items: {len(a)} and {len(b)}")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    n = len(a)
+    nan = (math.nan, math.nan, math.nan)
+    if n == 0:
+        return nan
+    cell = [[0.0, 0.0], [0.0, 0.0]]  # cell[i][j]: share graded i by a and j by b
+    for x, y in zip(a, b, strict=True):
+        cell[int(bool(x))][int(bool(y))] += 1.0 / n
+    row = [cell[i][0] + cell[i][1] for i in (0, 1)]
+    col = [cell[0][j] + cell[1][j] for j in (0, 1)]
+    p_o = cell[0][0] + cell[1][1]
+    p_e = row[0] * col[0] + row[1] * col[1]
+    if p_e >= 1.0 - 1e-12:
+        return nan
+    kappa = (p_o - p_e) / (1.0 - p_e)
+    agree = math.fsum(cell[i][i] * (1.0 - (row[i] + col[i]) * (1.0 - kappa)) ** 2 for i in (0, 1))
+    disagree = (1.0 - kappa) ** 2 * math.fsum(
+        cell[i][j] * (col[i] + row[j]) ** 2 for i in (0, 1) for j in (0, 1) if i != j
+    )
+    var = (agree + disagree - (kappa - p_e * (1.0 - kappa)) ** 2) / (n * (1.0 - p_e) ** 2)
+    half = NormalDist().inv_cdf((1.0 + confidence) / 2.0) * math.sqrt(max(var, 0.0))
+    return (kappa, max(-1.0, kappa - half), min(1.0, kappa + half))
+
+
+def spearman_interval(
+    xs: Sequence[float], ys: Sequence[float], *, confidence: float = 0.95
+) -> tuple[float, float, float]:
+    """Spearman's rank correlation with an interval from Fisher's z: (rho, low, high).
+
+    z = atanh(rho) is close to normal with standard error sqrt((1 + rho^2 / 2) / (n - 3))
+    (Bonett and Wright 2000, for rank correlations; Pearson's 1 / sqrt(n - 3) is too narrow
+    for ranks), and the interval is tanh(z +- q * se), q the normal quantile. rho is NaN where
+    :func:`spearman` is; the interval is NaN there and with fewer than 4 pairs.
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    rho = spearman(xs, ys)
+    n = len(xs)
+    if math.isnan(rho) or n < 4:
+        return (rho, math.nan, math.nan)
+    # A perfect rank agreement has z = inf; just inside +-1 its interval is the point itself.
+    z = math.atanh(max(-1.0 + 1e-15, min(1.0 - 1e-15, rho)))
+    se = math.sqrt((1.0 + rho * rho / 2.0) / (n - 3))
+    q = NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+    return (rho, math.tanh(z - q * se), math.tanh(z + q * se))

@@ -436,6 +436,7 @@ def run_eval(
                 "rewards": s.rewards,
                 "length": s.length,
                 "truncated": s.truncated,
+                **({"parts": s.parts} if s.parts else {}),
                 **({"transcript": s.transcript} if s.transcript is not None else {}),
             },
             ensure_ascii=False,

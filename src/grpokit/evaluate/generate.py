@@ -253,12 +253,13 @@ def write_jsonl(result: GenerateResult, path: Path) -> Path:
     return write_records(
         path,
         (
-            {"prompt": result.prompts[s.prompt_index], **_without_none(asdict(s), "transcript")}
+            {"prompt": result.prompts[s.prompt_index], **_without_empty(asdict(s))}
             for s in result.samples
         ),
     )
 
 
-def _without_none(record: dict[str, Any], key: str) -> dict[str, Any]:
-    """``record`` without ``key`` when it is None (a transcript only where tools were used)."""
-    return {k: v for k, v in record.items() if k != key or v is not None}
+def _without_empty(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` without a transcript or parts it does not have (a transcript only where tools
+    were used, parts only where a reward reports them, as a checklist's items)."""
+    return {k: v for k, v in record.items() if k not in ("transcript", "parts") or v}

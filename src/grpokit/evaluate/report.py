@@ -21,6 +21,8 @@ from grpokit.core.forecast import forecast_checks
 from grpokit.errors import UserError
 from grpokit.evaluate import plots
 from grpokit.evaluate.html import esc, img, page, section, table
+from grpokit.evaluate.review_agreement import agreement, agreement_html
+from grpokit.evaluate.review_data import DB_NAME, LabelStore, find_samples
 from grpokit.evaluate.rundir import RunData, load_run
 from grpokit.evaluate.schema import EvalResult
 from grpokit.evaluate.tables import eval_tables, to_html
@@ -234,6 +236,19 @@ def forecast_rows(run: RunData, names: Sequence[str]) -> list[list[object]]:
     return rows
 
 
+def review_section(run_dir: Path) -> str | None:
+    """The agreement of the person's labels (``grpokit review``) with the rewards; None when the
+    run has no label database."""
+    if not (run_dir / DB_NAME).is_file():
+        return None
+    try:
+        found = find_samples(run_dir)
+        store = LabelStore.open(found, [], create=False)
+    except UserError as e:
+        return f'<div class="warn">{esc(e)}</div>'
+    return agreement_html(agreement(found.samples, store), len(store.labels()), store.reviewers())
+
+
 def alerts_html(alerts: Sequence[dict[str, Any]]) -> str:
     if not alerts:
         return '<p class="muted">No monitor fired.</p>'
@@ -368,6 +383,9 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
         )
     parts.append(section("alerts", "Monitor alerts", alerts_html(alerts)))
     parts.append(section("samples", "Samples: early vs late", samples_html(run.completions)))
+    review = review_section(run_dir)
+    if review is not None:
+        parts.append(section("review", "Human review against the rewards", review))
     if evaluation is not None:
         parts.append(
             section(

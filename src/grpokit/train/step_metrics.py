@@ -241,6 +241,11 @@ def completion_records(
                 "advantage": float(advantages[j]),
             }
         )
+        if scored.scores.parts:  # a checklist's items, which `grpokit review` compares with
+            rows[-1]["parts"] = {
+                n: (None if math.isnan(v := float(column[j])) else v)
+                for n, column in scored.scores.parts.items()
+            }
         if scored.messages is not None:  # the turns, tool calls and tool results, marked
             rows[-1]["transcript"] = scored.messages[j]
     return rows
