@@ -188,7 +188,6 @@ def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
         ({"tools": ["calculator"]}, r"tools\[0\] 'calculator' is not of the form"),
         ({"training__max_tool_calling_iterations": 0}, "max_tool_calling_iterations"),
         ({"training__tool_call_format": "regex"}, "tool_call_format: regex needs tool_call_regex"),
-        ({"training__use_vllm": True}, "run on the torch engine"),
     ],
     ids=[
         "template-without-tools",
@@ -197,7 +196,6 @@ def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
         "not-a-path",
         "iterations-0",
         "regex",
-        "vllm",
     ],
 )
 def test_bad_tool_settings_stop_before_any_model_loads(

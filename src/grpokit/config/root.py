@@ -126,15 +126,6 @@ class GRPOKitConfig(_Strict):
         return None if entry is None else entry.strip()
 
     @model_validator(mode="after")
-    def _tools_on_torch(self) -> GRPOKitConfig:
-        if (self.tools or self.environment_factory) and self.training.use_vllm:
-            raise ValueError(
-                "tools, environment_factory: multi-turn rollouts run on the torch engine; set "
-                "training.use_vllm: false"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _reward_weights(self) -> GRPOKitConfig:
         # TRL's reward_weights: one weight per reward function, replacing their own weights.
         weights = self.training.reward_weights
