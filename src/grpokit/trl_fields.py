@@ -535,7 +535,8 @@ TRL_TOOL_API: dict[str, tuple[str, str, str]] = {
         "call runs in a thread of its own with training.tool_timeout; an exception, a timeout or "
         'bad arguments become the tool message {"error": ...}, and a result is cut at '
         "training.tool_max_result_chars. A tool that does not import or lacks hints or a "
-        "docstring stops the run before the model loads (exit 2).",
+        "docstring stops the run before the model loads (exit 2). grpokit's own addition: an "
+        "entry {function: ..., sandbox: true} runs each call in the code sandbox.",
     ),
     "environment_factory": (
         "GRPOTrainer(environment_factory=...)",
