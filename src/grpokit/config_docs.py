@@ -19,7 +19,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from grpokit.config import TRAINING_GROUPS, GRPOKitConfig, TrainingConfig
-from grpokit.trl_fields import DEFAULT_DIFFERS, GRPOKIT_ONLY, TRL_FIELDS, TRL_SCRIPT_KEYS
+from grpokit.trl_fields import (
+    DEFAULT_DIFFERS,
+    GRPOKIT_ONLY,
+    TRL_FIELDS,
+    TRL_SCRIPT_KEYS,
+    TRL_TOOL_API,
+)
 
 
 def _type_name(annotation: Any) -> str:
@@ -173,6 +179,18 @@ def trl_markdown() -> str:
         "| field | what |",
         "|---|---|",
         *(f"| {name} | {_cell(why)} |" for name, why in GRPOKIT_ONLY.items()),
+        "",
+        "## Tools and environments",
+        "",
+        "TRL's tool calling spans GRPOTrainer's arguments, GRPOConfig fields and the tokenizer. "
+        "A TRL user's tools and environment classes run unchanged:",
+        "",
+        "| TRL | where in TRL | in grpokit | what grpokit does |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {where} | {status} | {_cell(what)} |"
+            for name, (where, status, what) in TRL_TOOL_API.items()
+        ),
         "",
         "## Keys of a `trl grpo --config` file",
         "",

@@ -525,6 +525,79 @@ TRL_SCRIPT_KEYS: dict[str, str] = {
 """Keys of a flat `trl grpo --config` YAML (TRL's script and model arguments) and where they go."""
 
 
+TRL_TOOL_API: dict[str, tuple[str, str, str]] = {
+    "tools": (
+        "GRPOTrainer(tools=...)",
+        "accepted",
+        "`tools:` at the top of the config, `file.py:function` or `module:function` entries; sync "
+        "or async; the JSON schema from the type hints and the Google-style docstring "
+        "(transformers' get_json_schema, as TRL), passed to the chat template's `tools`. Each "
+        "call runs in a thread of its own with training.tool_timeout; an exception, a timeout or "
+        'bad arguments become the tool message {"error": ...}, and a result is cut at '
+        "training.tool_max_result_chars. A tool that does not import or lacks hints or a "
+        "docstring stops the run before the model loads (exit 2). grpokit's own addition: an "
+        "entry {function: ..., sandbox: true} runs each call in the code sandbox.",
+    ),
+    "environment_factory": (
+        "GRPOTrainer(environment_factory=...)",
+        "accepted (one factory)",
+        "`environment_factory:` at the top of the config, `file.py:Class` or `module:factory`: "
+        "one instance per rollout, kept and reused; reset(**row) returns text appended to the "
+        "prompt's last message, or None; the public methods are tools on that rollout's own "
+        "instance; reward functions receive `environments=`. TRL's dict of several factories "
+        "(picked by an `environment` column) is not taken.",
+    ),
+    "get_reward": (
+        "environment method",
+        "accepted",
+        "read by the reward `{type: environment}`, listed in `rewards:` like any other (TRL "
+        "adds it by itself, with weight 1).",
+    ),
+    "max_tool_calling_iterations": (
+        "GRPOConfig",
+        "accepted",
+        "training.max_tool_calling_iterations: rounds of tool calls per completion; null: no "
+        "limit but max_completion_length.",
+    ),
+    "max_completion_length": (
+        "GRPOConfig",
+        "accepted",
+        "counts the tokens of all turns, tool messages included, as in TRL; a tool result that "
+        "would leave no room is run but not appended, and the completion ends truncated.",
+    ),
+    "response_schema": (
+        "tokenizer attribute",
+        "not read",
+        "TRL parses tool calls with the tokenizer's response schema; grpokit with "
+        "training.tool_call_format (auto: from the chat template; hermes, llama3, or regex with "
+        "training.tool_call_regex).",
+    ),
+    "chat template": (
+        "tokenizer",
+        "accepted",
+        "must render `tools` and 'tool' messages (else exit 2 naming model.chat_template; "
+        "`model.chat_template: hermes` gives one). TRL swaps a template that re-renders earlier "
+        "turns for a training template; grpokit never re-renders: the next turn's input is the "
+        "previous input's ids, the sampled ids and the tool message's ids.",
+    ),
+    "tool metrics": (
+        "logged",
+        "accepted",
+        "tools/call_frequency and tools/failure_frequency (TRL's names), with tools/<name>/calls, "
+        "turns/mean and turns/max; tool tokens are masked out of the loss, the KL and the "
+        "entropy.",
+    ),
+    "use_vllm": (
+        "GRPOConfig",
+        "accepted",
+        "tools run with either engine: vLLM takes each turn's token ids and returns the sampled "
+        "ids and log-probs; only rows that called a tool are sampled again.",
+    ),
+}
+"""TRL's tool-calling API (GRPOTrainer arguments, GRPOConfig fields, the tokenizer): name ->
+(where TRL has it, status in grpokit, what grpokit does)."""
+
+
 def drop_accepted_trl_fields(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` without the TRL fields given at a value grpokit accepts (they change nothing);
     refused values stay, for the config's own check to report with their line."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -56,6 +57,36 @@ def probe_images(page: Path, tmp: Path) -> tuple[list[dict[str, object]], list[s
     images = json.loads(match.group(1).replace("&quot;", '"'))
     # The probe itself logs nothing, so console lines come from the page.
     return images, console_lines(res.stderr)
+
+
+# Reads what a reader sees of each transcript block: its kind, its text, its colours.
+TRANSCRIPT_PROBE = """<script>
+window.addEventListener("load", () => {
+  const out = document.createElement("pre");
+  out.id = "grpokit-transcripts";
+  out.textContent = JSON.stringify({
+    scripts: document.scripts.length,
+    images: document.images.length,
+    blocks: [...document.querySelectorAll("#samples .transcript .msg")].map((m) => ({
+      kind: m.className.replace("msg ", ""),
+      who: m.querySelector(".who").textContent,
+      text: m.querySelector("pre").textContent,
+      background: getComputedStyle(m).backgroundColor,
+      border: getComputedStyle(m).borderLeftColor,
+    })),
+  });
+  document.body.appendChild(out);
+});
+</script>"""
+HOSTILE = '</pre></div><script>console.error("pwned")</script><img src=x onerror=alert(1)>'
+TRANSCRIPT = [
+    {"role": "assistant", "content": "Let me look.",
+     "tool_calls": [{"name": "lookup", "arguments": {"q": "<b>x</b>"}}]},
+    {"role": "tool", "name": "lookup", "content": HOSTILE, "error": False},
+    {"role": "assistant", "content": "Done.", "tool_calls": [{"name": "nope", "arguments": {}}]},
+    {"role": "tool", "name": "nope", "content": '{"error": "unknown tool"}', "error": True},
+    {"role": "assistant", "content": "It is 7."},
+]  # fmt: skip
 
 
 def test_probe_detects_broken_images_and_console_errors(tmp_path: Path) -> None:
@@ -113,3 +144,41 @@ def test_report_of_a_real_training_run_renders(tmp_path: Path, tiny_model_dir: P
     assert len(images) >= 5 and all(i["data"] is True and i["w"] >= 800 for i in images), images
     assert console == []
     assert "regex_match" in report.read_text(encoding="utf-8")
+
+
+def test_transcripts_render_with_tool_calls_and_results_marked(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """A run with tools: each sample card shows the whole transcript, the calls and the results
+    in blocks of their own colours, and a tool result made of markup stays text."""
+    path = run_dir / "completions.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    path.write_text(
+        "".join(
+            json.dumps(r | {"transcript": TRANSCRIPT}, ensure_ascii=False) + "\n" for r in rows
+        ),
+        encoding="utf-8",
+    )
+    report = build_report(run_dir)
+    copy = tmp_path / "probe-transcripts.html"
+    page = report.read_text(encoding="utf-8")
+    copy.write_text(page.replace("</body>", TRANSCRIPT_PROBE + "</body>"), encoding="utf-8")
+    res = chromium(copy, tmp_path / "profile-transcripts", "--dump-dom")
+    match = re.search(r'<pre id="grpokit-transcripts">(.*?)</pre>', res.stdout, re.S)
+    assert match, "the probe did not run: page not loaded"
+    seen = json.loads(html.unescape(match.group(1)))
+    assert console_lines(res.stderr) == []  # the tool's script never ran
+    assert seen["scripts"] == 1 and seen["images"] == 6  # the probe's; the plots only
+    blocks = seen["blocks"]
+    cards = len(blocks) // 7
+    assert cards >= 2 and len(blocks) == 7 * cards  # early and late cards, 7 blocks each
+    first = blocks[:7]
+    assert [b["kind"] for b in first] == [
+        "turn", "tool-call", "tool-result", "turn", "tool-call", "tool-error", "turn",
+    ]  # fmt: skip
+    assert first[1]["text"] == 'lookup({"q": "<b>x</b>"})'
+    assert first[2]["who"] == "tool result · lookup" and first[2]["text"] == HOSTILE
+    assert first[5]["who"] == "tool error · nope"
+    # Calls, results and errors each have their own colours, none the model's plain turn's.
+    colours = {b["kind"]: (b["background"], b["border"]) for b in first}
+    assert len(set(colours.values())) == 4

@@ -188,7 +188,6 @@ def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
         ({"tools": ["calculator"]}, r"tools\[0\] 'calculator' is not of the form"),
         ({"training__max_tool_calling_iterations": 0}, "max_tool_calling_iterations"),
         ({"training__tool_call_format": "regex"}, "tool_call_format: regex needs tool_call_regex"),
-        ({"training__use_vllm": True}, "run on the torch engine"),
     ],
     ids=[
         "template-without-tools",
@@ -197,7 +196,6 @@ def test_grpo_with_tools_masks_tool_tokens_logs_and_learns(
         "not-a-path",
         "iterations-0",
         "regex",
-        "vllm",
     ],
 )
 def test_bad_tool_settings_stop_before_any_model_loads(
@@ -435,3 +433,42 @@ def test_eval_and_generate_sample_with_the_configs_tools(
         "assistant",
     ]
     rewards.close()
+
+
+def test_the_context_check_counts_the_tools_schemas(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The chat template writes the tools' schemas into every prompt: a prompt that fits the
+    context alone but not with them is caught at start-up (refused, or dropped when asked)."""
+    from transformers import AutoTokenizer
+
+    from grpokit.data.chat import encode_prompt
+    from grpokit.rollout.tools import load_tools
+    from tests.rollout.tool_helpers import HERMES_TEMPLATE
+
+    write_config(tmp_path, tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = HERMES_TEMPLATE
+    schemas = [t.schema for t in load_tools(["my_tools.py:calculator"], tmp_path)]
+    long = "word " * 300
+    alone = len(encode_prompt(tokenizer, long))
+    assert len(encode_prompt(tokenizer, long, tools=schemas)) > alone
+    rows = [{"prompt": "What is 6 times 7?"}, {"prompt": long}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    context = 2048  # the tiny model's max_position_embeddings
+    logged: list[str] = []
+
+    def start(**top: Any) -> GRPOTrainer:
+        settings = {
+            "training__max_completion_length": context - alone,  # the long prompt just fits
+            "training__max_prompt_length": None,
+        }
+        cfg = load_config(write_config(tmp_path, tiny_model_dir, **(settings | top)))
+        (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return GRPOTrainer(cfg, progress=False, log=logged.append)
+
+    assert len(start(tools=[]).rows) == 2  # without tools it fits
+    with pytest.raises(UserError, match=rf"data.train: 1 of 2 prompts are longer than the {alone}"):
+        start()
+    assert [r.prompt for r in start(data__drop_long_prompts=True).rows] == [rows[0]["prompt"]]
+    # With max_prompt_length the prompt is cut instead, and said so: counted with the tools too.
+    start(training__max_prompt_length=alone)
+    assert any(m.startswith("1 of 2 data.train prompts are longer than") for m in logged)

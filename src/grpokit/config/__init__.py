@@ -26,6 +26,7 @@ from grpokit.config.sections import (
     DatasetSpec,
     LoraConfig,
     ModelConfig,
+    ToolSpec,
 )
 from grpokit.config.training import (
     GENERATION_KWARGS,
@@ -44,6 +45,7 @@ __all__ = [
     "GRPOKitConfig",
     "LoraConfig",
     "ModelConfig",
+    "ToolSpec",
     "TrainingConfig",
     "format_validation_error",
     "load_config",

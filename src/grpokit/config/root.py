@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from grpokit.config.sections import DataConfig, ModelConfig, _Strict
+from grpokit.config.sections import DataConfig, ModelConfig, ToolSpec, _Strict
 from grpokit.config.training import TrainingConfig
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError, read_utf8
@@ -33,12 +33,13 @@ class GRPOKitConfig(_Strict):
     rewards: list[RewardSpec] = Field(
         min_length=1, description="Reward functions, their weights and gates."
     )
-    tools: list[str] = Field(
+    tools: list[str | ToolSpec] = Field(
         default_factory=list,
         description="Tools the policy may call while it answers (TRL's GRPOTrainer tools): "
         "`file.py:function` (relative to the config file) or `module:function`; typed Python "
         "functions, sync or async, with a Google-style docstring describing each argument. "
-        "Their results are appended to the completion and masked from the loss.",
+        "Their results are appended to the completion and masked from the loss. An entry "
+        "{function: ..., sandbox: true} runs each call of that tool in the code sandbox.",
     )
     environment_factory: str | None = Field(
         None,
@@ -109,14 +110,20 @@ class GRPOKitConfig(_Strict):
 
     @field_validator("tools")
     @classmethod
-    def _tool_paths(cls, entries: list[str]) -> list[str]:
+    def _tool_paths(cls, entries: list[str | ToolSpec]) -> list[str | ToolSpec]:
         for i, entry in enumerate(entries):
-            if not FUNCTION_PATH.match(entry.strip()):
+            path = entry if isinstance(entry, str) else entry.function
+            if not FUNCTION_PATH.match(path.strip()):
                 raise ValueError(
-                    f"tools[{i}] {entry!r} is not of the form `module:function` (e.g. "
+                    f"tools[{i}] {path!r} is not of the form `module:function` (e.g. "
                     "my_tools.py:calculator)"
                 )
-        return [e.strip() for e in entries]
+        return [e.strip() if isinstance(e, str) else e for e in entries]
+
+    @property
+    def tool_specs(self) -> list[ToolSpec]:
+        """Every ``tools:`` entry as a :class:`ToolSpec` (a plain path runs in this process)."""
+        return [ToolSpec(function=e) if isinstance(e, str) else e for e in self.tools]
 
     @field_validator("environment_factory")
     @classmethod
@@ -124,15 +131,6 @@ class GRPOKitConfig(_Strict):
         if entry is not None and not FUNCTION_PATH.match(entry.strip()):
             raise ValueError(f"{entry!r} is not of the form `module:Class` (e.g. my_env.py:Game)")
         return None if entry is None else entry.strip()
-
-    @model_validator(mode="after")
-    def _tools_on_torch(self) -> GRPOKitConfig:
-        if (self.tools or self.environment_factory) and self.training.use_vllm:
-            raise ValueError(
-                "tools, environment_factory: multi-turn rollouts run on the torch engine; set "
-                "training.use_vllm: false"
-            )
-        return self
 
     @model_validator(mode="after")
     def _reward_weights(self) -> GRPOKitConfig:

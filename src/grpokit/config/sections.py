@@ -191,3 +191,22 @@ class DataConfig(_Strict):
         if isinstance(spec, str):
             return DatasetSource(spec)
         return DatasetSource(**spec.model_dump())
+
+
+class ToolSpec(_Strict):
+    """A ``tools:`` entry written out, for a tool with settings of its own."""
+
+    function: str = Field(
+        description="`file.py:function` (relative to the config file) or `module:function`."
+    )
+    sandbox: bool = Field(
+        False,
+        description="Run each call in the code sandbox (docs/sandbox.md): a fresh confined "
+        "subprocess without network, other processes or files outside its own directory, "
+        "limited to training.tool_timeout and memory_mb. For tools that execute what the model "
+        "wrote. The tool must be a top-level function of a self-contained .py file (or module) "
+        "that needs only the standard library.",
+    )
+    memory_mb: int = Field(
+        512, ge=32, description="With sandbox: true, the memory a call may use (MiB)."
+    )

@@ -156,9 +156,11 @@ def prompts_past_context(
     *,
     system_prompt: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[tuple[int, str]]:
-    """The rows whose rendered prompt (see :func:`render_prompt`) is longer than ``room``
-    tokens, as (index, its length in words: "9390 tokens").
+    """The rows whose rendered prompt (see :func:`render_prompt`; with ``tools``, the tools'
+    schemas the template writes into it) is longer than ``room`` tokens, as (index, its length
+    in words: "9390 tokens").
 
     A text longer than ``room`` times the longest token in the vocabulary (in characters) is
     too long without counting: a 10 MB prompt is refused in milliseconds, not tokenized for a
@@ -174,6 +176,7 @@ def prompts_past_context(
             row.prompt,
             system_prompt=system_prompt,
             chat_template_kwargs=chat_template_kwargs,
+            tools=tools,
         )
         if len(text) > room * longest:
             out.append((i, f"{len(text):,} characters"))

@@ -36,8 +36,9 @@ from grpokit.evaluate.schema import (
     PairedComparison,
     PromptResult,
     RewardSummary,
+    TranscriptSample,
 )
-from grpokit.evaluate.tables import eval_tables, to_markdown
+from grpokit.evaluate.tables import eval_tables, to_markdown, transcripts_markdown
 from grpokit.files import write_atomic
 from grpokit.monitor.config import MonitorConfig
 from grpokit.monitor.text_stats import (
@@ -143,6 +144,28 @@ def _prompt_means(
             vals = [s.rewards.get(key) for s in at]
             present = [v for v in vals if v is not None]
             out.append(sum(present) / len(present) if present else None)
+    return out
+
+
+TRANSCRIPT_PROMPTS = 3
+"""Prompts whose transcripts eval.json and eval.md show (all are in completions.jsonl)."""
+
+
+def pick_transcripts(
+    samples: Sequence[Sample], labels: Sequence[str], n_prompts: int
+) -> list[TranscriptSample]:
+    """One transcript per model for each of the first :data:`TRANSCRIPT_PROMPTS` prompts: the
+    first sample that called a tool, else the first sample (none without tools)."""
+    out = []
+    for i in range(min(n_prompts, TRANSCRIPT_PROMPTS)):
+        for label in labels:
+            at = [s for s in samples if s.model == label and s.prompt_index == i and s.transcript]
+            called = [s for s in at if any(m.get("role") == "tool" for m in s.transcript or [])]
+            if at:
+                shown = (called or at)[0]
+                messages = shown.transcript or []
+                out.append(TranscriptSample(model=label, prompt_index=i, sample=shown.sample,
+                                            messages=messages))  # fmt: skip
     return out
 
 
@@ -320,6 +343,7 @@ def summarize_eval(
         prompts=rows,
         paired=paired,
         alerts=alerts,
+        transcripts=pick_transcripts(samples, labels, n_prompts),
         intervals=CLUSTER_INTERVALS,
     )
 
@@ -452,7 +476,7 @@ def run_eval(
 
 def render_markdown(result: EvalResult) -> str:
     """The tables and alerts as Markdown, for the terminal and eval.md."""
-    text = to_markdown(eval_tables(result))
+    text = to_markdown(eval_tables(result)) + transcripts_markdown(result)
     if result.alerts:
         text += "\n### Monitor alerts\n\n" + "\n".join(
             f"- [{a.get('rule')}] {a.get('message')}" for a in result.alerts

@@ -15,14 +15,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import ModelConfig
+from grpokit.config import GRPOKitConfig, ModelConfig
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.files import write_jsonl as write_records
 from grpokit.rewards.compose import RewardSet
 from grpokit.rollout.base import SamplingParams
-from grpokit.sampling import Sample, Sampler, resolve_device, resolve_model, unique_labels
+from grpokit.sampling import (
+    Sample,
+    Sampler,
+    check_tools,
+    resolve_device,
+    resolve_model,
+    tool_rollout,
+    unique_labels,
+)
 
 
 @dataclass
@@ -82,6 +90,7 @@ def generate_samples(
     device: str = "auto",
     batch_size: int = 32,
     model_config: ModelConfig | None = None,
+    config: GRPOKitConfig | None = None,
     log: Callable[[str], None] = print,
 ) -> GenerateResult:
     """Sample ``samples`` completions per prompt from each model (one model in memory at a time).
@@ -99,6 +108,8 @@ def generate_samples(
         batch_size: completions generated at once.
         model_config: dtype and matmul settings (a config's ``model:`` section); default
             float32.
+        config: the whole config, when there is one: its tools and environment (the models may
+            call them; each sample then keeps its transcript) and its chat template variables.
     """
     if not models:
         raise UserError("give at least one --model")
@@ -110,6 +121,8 @@ def generate_samples(
         check_columns(rows, reward_set.required_columns, "the prompts")
     scoring = reward_set if reward_set is not None else RewardSet([], [])
     specs = unique_labels([resolve_model(m) for m in models])
+    if config is not None:
+        check_tools(config)  # a tool that does not import stops here, before any model loads
     out: list[Sample] = []
     for spec in specs:
         log(f"sampling {spec.label} ({spec.given}) ...")
@@ -122,7 +135,10 @@ def generate_samples(
             base_dir=Path.cwd(),
             model=spec,
             device=resolve_device(device),
+            chat_template_kwargs=config.training.chat_template_kwargs if config else None,
         )
+        if config is not None:
+            sampler.tools = tool_rollout(config, sampler.tokenizer)
         out += sampler.model_samples(
             spec.label, rows, samples, seed=seed, batch_size=batch_size, log=log
         )
@@ -170,6 +186,7 @@ def run_generate(
     prompt_column, config_device = "prompt", "auto"
     max_prompt_length: int | None = None
     model_config: ModelConfig | None = None
+    cfg: GRPOKitConfig | None = None
     defaults = SamplingParams(max_completion_length=128)
     if config is not None:
         cfg = load_config(config)
@@ -198,6 +215,7 @@ def run_generate(
             reward_set=reward_set,
             device=device or config_device,
             model_config=model_config,
+            config=cfg,
             log=log,
         )
     finally:
@@ -218,9 +236,12 @@ def _fmt(value: float | None) -> str:
 
 
 def render(result: GenerateResult, console: Any) -> None:
-    """Print each prompt with the models' samples in columns, then the mean rewards per model."""
+    """Print each prompt with the models' samples in columns, then the mean rewards per model.
+    A sample with tools shows its whole transcript, tool calls and results marked."""
     from rich.markup import escape
     from rich.table import Table
+
+    from grpokit.evaluate.transcripts import to_rich
 
     for i, prompt in enumerate(result.prompts):
         console.rule(f"[bold]prompt {i + 1}/{len(result.prompts)}")
@@ -234,7 +255,8 @@ def render(result: GenerateResult, console: Any) -> None:
             cells = []
             for mine in per_model:
                 s = mine[k]
-                cells.append(f"{escape(s.text)}\n[dim]{_score_line(s, result.reward_names)}[/dim]")
+                shown = to_rich(s.transcript) if s.transcript else escape(s.text)
+                cells.append(f"{shown}\n[dim]{_score_line(s, result.reward_names)}[/dim]")
             table.add_row(str(k + 1), *cells)
         console.print(table)
     if result.reward_names:

@@ -31,6 +31,13 @@ pre.config { max-height: 340px; }
 .sample { border: 1px solid #ddd; border-radius: 4px; padding: 6px 8px; margin-bottom: 8px; }
 .sample pre { max-height: 220px; }
 .sample .meta { font-size: 12px; color: #555; }
+.transcript { display: flex; flex-direction: column; gap: 4px; }
+.transcript .msg { border-left: 4px solid #bbb; padding: 2px 6px; }
+.transcript .msg .who { font-size: 11px; font-weight: 600; color: #555; }
+.transcript .msg pre { margin: 2px 0; max-height: 220px; border: 0; }
+.tool-call, .tool-call pre { border-left-color: #9467bd; background: #f5f0fa; }
+.tool-result, .tool-result pre { border-left-color: #2ca02c; background: #eef8ee; }
+.tool-error, .tool-error pre { border-left-color: #d62728; background: #fdecea; }
 """
 
 

@@ -25,7 +25,9 @@ from grpokit.evaluate.review_agreement import agreement, agreement_html
 from grpokit.evaluate.review_data import DB_NAME, LabelStore, find_samples
 from grpokit.evaluate.rundir import RunData, load_run
 from grpokit.evaluate.schema import EvalResult
-from grpokit.evaluate.tables import eval_tables, to_html
+from grpokit.evaluate.tables import eval_tables, to_html, transcripts_html
+from grpokit.evaluate.transcripts import is_transcript
+from grpokit.evaluate.transcripts import to_html as transcript_html
 from grpokit.files import write_atomic
 from grpokit.monitor.series import ema, mean
 from grpokit.rewards.text import completion_text, user_request
@@ -100,6 +102,9 @@ def _sample_card(row: dict[str, Any]) -> str:
     if len(text) > MAX_CHARS:
         cut = f'<div class="meta">… {len(text) - MAX_CHARS} more characters in completions.jsonl</div>'
         text = text[:MAX_CHARS]
+    body = f"<pre>{esc(text)}</pre>{cut}"
+    if is_transcript(row.get("transcript")):  # with tools: the turns, calls and results marked
+        body = transcript_html(row["transcript"], max_chars=MAX_CHARS)
     meta = []
     reward = row.get("reward")
     if isinstance(reward, int | float):
@@ -114,10 +119,7 @@ def _sample_card(row: dict[str, Any]) -> str:
     adv = row.get("advantage")
     if isinstance(adv, int | float):
         meta.append(f"advantage {adv:+.2f}")
-    return (
-        f'<div class="sample"><div class="meta">{" · ".join(meta)}</div>'
-        f"<pre>{esc(text)}</pre>{cut}</div>"
-    )
+    return f'<div class="sample"><div class="meta">{" · ".join(meta)}</div>{body}</div>'
 
 
 def samples_html(completions: Sequence[dict[str, Any]]) -> str:
@@ -391,7 +393,7 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
             section(
                 "eval",
                 f"Eval on held-out prompts ({evaluation.heldout})",
-                to_html(eval_tables(evaluation)),
+                to_html(eval_tables(evaluation)) + transcripts_html(evaluation),
             )
         )
     write_atomic(out, page(f"grpokit report: {run.name}", "".join(parts)).encode("utf-8"))

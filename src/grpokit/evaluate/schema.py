@@ -9,7 +9,7 @@ threshold reaches it; rewards without one (unbounded scores) only enter the mean
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -89,6 +89,16 @@ class PairedComparison(_Strict):
     n_prompts: int = Field(description="Prompts in the comparison.")
 
 
+class TranscriptSample(_Strict):
+    model: str = Field(description="Label of the model that wrote it.")
+    prompt_index: int = Field(description="0-based row of the held-out file.")
+    sample: int = Field(description="Which of the prompt's samples (0-based).")
+    messages: list[dict[str, Any]] = Field(
+        description="The model's turns with their tool calls, and the tool messages with their "
+        "results (completions.jsonl's transcript)."
+    )
+
+
 class EvalResult(_Strict):
     format: Literal["grpokit-eval/1"] = Field(
         default=EVAL_FORMAT, description="File format and version."
@@ -111,6 +121,12 @@ class EvalResult(_Strict):
     alerts: list[dict[str, object]] = Field(
         default_factory=list,
         description="Monitor alerts on the eval samples: rule, model, value, message.",
+    )
+    transcripts: list[TranscriptSample] = Field(
+        default_factory=list,
+        description="With tools: whole transcripts of the first prompts, one per model and "
+        "prompt (a sample that called a tool where there is one); every sample's is in "
+        "completions.jsonl.",
     )
     intervals: IntervalMethod = Field(
         default="wilson",

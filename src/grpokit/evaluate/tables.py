@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from grpokit.evaluate import transcripts
 from grpokit.evaluate.html import esc, table
-from grpokit.evaluate.schema import EvalResult, RewardSummary
+from grpokit.evaluate.schema import EvalResult, RewardSummary, TranscriptSample
 
 INTERVAL_NOTES = {
     "wilson": "95% intervals: Wilson over all samples as if independent (too narrow when the "
@@ -142,4 +143,45 @@ def to_html(tables: Sequence[Table]) -> str:
         parts.append(table(t.header, t.rows, numeric=False))
         if t.note:
             parts.append(f'<p class="muted">{esc(t.note)}</p>')
+    return "".join(parts)
+
+
+TRANSCRIPT_CHARS = 1500
+"""Longest text of one transcript block in eval.md and the report (the whole is in
+completions.jsonl)."""
+
+
+def _transcript_title(result: EvalResult, shown: TranscriptSample) -> str:
+    at = shown.prompt_index
+    prompt = shorten(result.prompts[at].prompt) if at < len(result.prompts) else "?"
+    return f"{shown.model}, prompt {at} ({prompt}), sample {shown.sample}"
+
+
+def transcripts_markdown(result: EvalResult) -> str:
+    """The eval's transcripts as Markdown, tool calls and results marked; empty without tools."""
+    if not result.transcripts:
+        return ""
+    out = [
+        "### Transcripts",
+        "",
+        "_>> tool call, << tool result, !! failed call; every sample's transcript is in "
+        "completions.jsonl_",
+        "",
+    ]
+    for shown in result.transcripts:
+        out += [f"**{_transcript_title(result, shown)}**", ""]
+        out += [transcripts.to_markdown(shown.messages, max_chars=TRANSCRIPT_CHARS), ""]
+    return "\n".join(out)
+
+
+def transcripts_html(result: EvalResult) -> str:
+    """The eval's transcripts as HTML (tool calls and results styled apart); empty without."""
+    if not result.transcripts:
+        return ""
+    parts = ["<h3>Transcripts</h3>"]
+    for shown in result.transcripts:
+        parts.append(
+            f'<div class="sample"><div class="meta">{esc(_transcript_title(result, shown))}</div>'
+            f"{transcripts.to_html(shown.messages, max_chars=TRANSCRIPT_CHARS)}</div>"
+        )
     return "".join(parts)

@@ -80,6 +80,11 @@ def load_tools(entries: Sequence[str], base_dir: Path, *, field: str = "tools") 
     return tools
 
 
+class ToolFailed(Exception):
+    """A tool's failure whose message is the whole error the model reads (no exception type is
+    put in front of it): raised where a call ran elsewhere and its error was already written."""
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A call the model wrote: the tool's name and its arguments, or why it could not be read."""
@@ -227,6 +232,8 @@ class ToolRunner:
         except TimeoutError:
             content = error_content(f"{tool.name} did not finish within {self.timeout:g} s")
             failed = True
+        except ToolFailed as exc:
+            content, failed = error_content(str(exc)[: self.max_result_chars]), True
         except Exception as exc:  # whatever a tool raises is the model's to read, not a crash
             message = f"{type(exc).__name__}: {exc}"[: self.max_result_chars]
             content, failed = error_content(message), True

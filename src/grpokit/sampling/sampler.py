@@ -31,6 +31,7 @@ from grpokit.models.loading import (
 from grpokit.models.onednn import CpuMatmul
 from grpokit.progress import Progress, progress
 from grpokit.rewards.compose import RewardSet, part_pass_rates
+from grpokit.rewards.sandbox.launcher import SandboxLimits
 from grpokit.rollout.agent import (
     ToolMessageTokens,
     ToolRollout,
@@ -40,6 +41,7 @@ from grpokit.rollout.agent import (
 from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.environments import load_environments
 from grpokit.rollout.tool_calls import Parser, detect_format, tool_call_parser
+from grpokit.rollout.tool_sandbox import sandboxed
 from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.sampling.runtime import resolve_device
@@ -139,7 +141,12 @@ def tool_rollout(
     if not cfg.tools and not cfg.environment_factory:
         return None
     a = cfg.training
-    tools = load_tools(cfg.tools, cfg.config_dir)
+    specs = cfg.tool_specs
+    tools = load_tools([s.function for s in specs], cfg.config_dir)
+    for i, spec in enumerate(specs):
+        if spec.sandbox:  # each call in a confined subprocess, the tool's file its program
+            limits = SandboxLimits(timeout_s=a.tool_timeout, memory_mb=spec.memory_mb)
+            tools[i] = sandboxed(tools[i], where=f"tools[{i}] {spec.function!r}", limits=limits)
     environments = None
     if cfg.environment_factory:
         row = None if probe_row is None else {"prompt": probe_row.prompt, **probe_row.columns}

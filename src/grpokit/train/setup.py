@@ -205,12 +205,16 @@ def fit_to_context(
     rows: list[PromptRow],
     which: str,
     log: Callable[[str], None],
+    *,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[PromptRow]:
     """The prompts that leave room for max_completion_length in the model's context.
 
     With max_prompt_length, longer prompts are cut from the left to fit (the run checked that
     max_prompt_length does): how many is said. Without it, too-long prompts are refused with their
     lines (or dropped with data.drop_long_prompts), before a step tries to fit them.
+    ``tools``: the JSON schemas the chat template writes into every prompt (the config's tools),
+    counted as part of it.
     """
     a = cfg.training
     if not rows:
@@ -223,6 +227,7 @@ def fit_to_context(
             room,
             system_prompt=cfg.system_prompt,
             chat_template_kwargs=a.chat_template_kwargs,
+            tools=tools,
         )
 
     if a.max_prompt_length is not None:

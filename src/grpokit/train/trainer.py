@@ -177,8 +177,14 @@ class GRPOTrainer:
             self.args.chat_template_kwargs,
             tools=tool_rollout(self.cfg, self.policy.tokenizer),
         )
-        self.rows = fit_to_context(self.cfg, self.policy, self.rows, "train", self.log)
-        self.heldout = fit_to_context(self.cfg, self.policy, self.heldout, "heldout", self.log)
+        # The tools' schemas are part of every prompt the chat template renders: counted too.
+        schemas = self.sampler.tools.schemas if self.sampler.tools is not None else None
+        self.rows = fit_to_context(
+            self.cfg, self.policy, self.rows, "train", self.log, tools=schemas
+        )
+        self.heldout = fit_to_context(
+            self.cfg, self.policy, self.heldout, "heldout", self.log, tools=schemas
+        )
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
         a = self.args
