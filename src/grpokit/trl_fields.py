@@ -501,6 +501,7 @@ GRPOKIT_ONLY: dict[str, str] = {
     "tool_call_regex": "a pattern of your own for tool calls",
     "tool_timeout": "a tool call's time limit",
     "tool_max_result_chars": "a tool result's length limit",
+    "vllm_lora_sync": "a LoRA adapter synced to vLLM alone or merged into dense weights",
 }
 """training: fields that are not GRPOConfig's (older TRL names, and grpokit's own)."""
 

@@ -194,6 +194,16 @@ class TrainingConfig(_Strict):
         ),
         json_schema_extra=_GEN,
     )
+    vllm_lora_sync: Literal["adapter", "merged"] = Field(
+        "merged",
+        description=(
+            "Under LoRA with vLLM colocated, what each weight sync sends: 'merged' dense weights "
+            "(the adapter merged in; vLLM runs a plain model) or the 'adapter' alone, run by "
+            "vLLM's LoRA support (the base weights sent once). Server mode sends dense weights. "
+            "docs/vllm.md compares the two."
+        ),
+        json_schema_extra=_GEN,
+    )
     vllm_server_base_url: str = Field(
         "http://127.0.0.1:8000",
         description="Address of the vLLM server (server mode).",
