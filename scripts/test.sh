@@ -10,7 +10,8 @@ mode=${1:-fast}
 if [ "$mode" = "--vllm" ]; then
   BIN=${GRPOKIT_VLLM_VENV:-.venv-vllm}/bin
   exec $BIN/python -m pytest -q -p no:cacheprovider -m "slow or not slow" \
-    tests/rollout/test_vllm_engine.py tests/train/test_vllm_training.py
+    tests/rollout/test_vllm_engine.py tests/rollout/test_ahead.py tests/train/test_vllm_training.py \
+    tests/bench/test_gpu_check.py::test_vllm_cpu_smoke_runs_the_gpu_vllm_path
 fi
 if [ "$mode" != "--slow" ]; then
   $BIN/ruff check src tests bench

@@ -32,7 +32,7 @@ import shutil
 import socket
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ import torch
 from grpokit.errors import UserError
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 from grpokit.rollout.torch_engine import lora_merged
-from grpokit.rollout.vllm_server import ServerClient, sync_dir
+from grpokit.rollout.vllm_server import ServerClient, sync_dir, write_weights
 
 VLLMMode = Literal["colocate", "server"]
 LoraSync = Literal["adapter", "merged"]
@@ -348,6 +348,11 @@ class VLLMEngine:
         lora_sync: under LoRA in colocate mode, what a sync sends: ``merged`` dense weights
             (the adapter merged in) or the ``adapter`` alone, run by vLLM's LoRA support. Full
             fine-tuning and server mode always send dense weights.
+        sleep_mode: colocate mode on a GPU: vLLM sleeps between generations (weights offloaded
+            to host memory, KV cache freed; vLLM's level 1), woken for each sync and generation.
+        load_format: how vLLM loads its first weights: ``auto`` from ``model_path``, or
+            ``dummy`` (random, for benchmarks: the first sync replaces them, under adapter sync
+            too, as it sends the base weights once).
     """
 
     def __init__(
@@ -364,6 +369,8 @@ class VLLMEngine:
         dtype: torch.dtype | str = torch.float32,
         seed: int = 0,
         lora_sync: LoraSync = "merged",
+        sleep_mode: bool = False,
+        load_format: str = "auto",
     ) -> None:
         if not eos_token_ids:
             raise ValueError("VLLMEngine needs at least one EOS token id")
@@ -384,10 +391,17 @@ class VLLMEngine:
             else None
         )
         self._lora: Any = None  # the LoRARequest of the adapter synced last
+        self.sleep_mode = sleep_mode and mode == "colocate"
+        self._asleep: set[str] = set()  # what of vLLM's memory sleeps: "weights", "kv_cache"
         self._lora_cleanup: weakref.finalize[Any, Any] | None = None  # removes its directory
         self._base_synced = False
         if mode == "colocate":
             self.platform = require_vllm()
+            if self.sleep_mode and self.platform != "cuda":
+                raise UserError(
+                    "training.vllm_enable_sleep_mode: vLLM's sleep mode needs a GPU; vLLM's "
+                    f"{self.platform} backend has none. Set it to false"
+                )
             self._llm = self._build_colocated(
                 model_path,
                 share=gpu_memory_utilization,
@@ -395,6 +409,7 @@ class VLLMEngine:
                 max_num_seqs=max_num_seqs,
                 dtype=vllm_dtype(dtype),
                 seed=seed,
+                load_format=load_format,
             )
         elif torch.cuda.is_available():
             # A GPU trainer pushes its weights to TRL's server over NCCL.
@@ -418,6 +433,7 @@ class VLLMEngine:
         max_num_seqs: int | None,
         dtype: str,
         seed: int,
+        load_format: str,
     ) -> Any:
         # One engine per training process, driven in-process, so the weight reload reaches the
         # model directly (no engine subprocess, no copy of the weights between processes).
@@ -442,6 +458,8 @@ class VLLMEngine:
         if self.adapter_rank is not None:
             # One adapter at a time: each sync replaces the last.
             extra |= {"enable_lora": True, "max_lora_rank": self.adapter_rank, "max_loras": 1}
+        if self.sleep_mode:
+            extra["enable_sleep_mode"] = True
         rank = int(os.environ["RANK"])
         with torch_threads_kept():
             return LLM(
@@ -455,15 +473,31 @@ class VLLMEngine:
                 distributed_executor_backend="external_launcher",
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,  # a group's G requests share their prompt's cache
+                load_format=load_format,
                 **memory,
                 **extra,
             )
 
     # ---- weights -------------------------------------------------------------------------------
 
+    def _wake(self, *tags: str) -> None:
+        """Wake the parts of a sleeping vLLM that the next call needs (all before generating)."""
+        wanted = self._asleep.intersection(tags)
+        if wanted:
+            self._llm.wake_up(tags=sorted(wanted))
+            self._asleep -= wanted
+
+    def _sleep(self) -> None:
+        """Level 1: weights offloaded to host memory (the adapter sync sends the base weights
+        only once, so they must survive), KV cache freed; the update gets that memory."""
+        if self.sleep_mode and not self._asleep:
+            self._llm.sleep(level=1)
+            self._asleep = {"weights", "kv_cache"}
+
     @torch.no_grad()
     def sync_weights(self) -> None:
         """Push the policy's current weights to vLLM (after every optimizer step)."""
+        self._wake("weights")  # the KV cache stays asleep until the next generation
         if self.adapter_rank is not None:
             self._sync_adapter()
             return
@@ -476,15 +510,32 @@ class VLLMEngine:
             elif self._files is not None:
                 self._files.push_weights(dense_weights(model))
             else:
-                weights = list(dense_weights(model))
-                metadata = [
-                    (n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights
-                ]
-                self._client.update_named_params(metadata, iter(weights))
-        if self._llm is not None:
+                self._push_nccl(list(dense_weights(model)))
+        if self._llm is not None and "kv_cache" not in self._asleep:  # asleep, it is empty
             self._llm.reset_prefix_cache()
-        elif self._client is not None:
-            self._client.reset_prefix_cache()
+
+    @torch.no_grad()
+    def weights_snapshot(self) -> Callable[[], None]:
+        """Take the policy's current weights now and return what pushes them to the server
+        later, from another thread (an engine generating ahead, grpokit.rollout.ahead): as a
+        file written now, or (NCCL) a copy of the tensors. Server mode only: a colocated vLLM
+        shares the training process and device."""
+        with merged_adapter(self.model) as model:
+            if self._files is not None:
+                path = write_weights(dense_weights(model))
+                return functools.partial(self._files.reload, path)
+            if self._client is not None:
+                weights = [(name, t.clone()) for name, t in dense_weights(model)]
+                return functools.partial(self._push_nccl, weights)
+        raise UserError(
+            "training.max_staleness: generating ahead needs vllm_mode: server (a colocated vLLM "
+            "shares the training process); set max_staleness: 0 or use a vLLM server"
+        )
+
+    def _push_nccl(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights]
+        self._client.update_named_params(metadata, iter(weights))
+        self._client.reset_prefix_cache()
 
     def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """vLLM's in-place reload of the colocated model from checkpoint-format weights."""
@@ -521,7 +572,8 @@ class VLLMEngine:
         if self._lora_cleanup is not None:
             self._lora_cleanup()
         self._lora, self._lora_cleanup = request, cleanup
-        self._llm.reset_prefix_cache()  # cached prompts were computed with the last adapter
+        if "kv_cache" not in self._asleep:  # cached prompts were computed with the last adapter
+            self._llm.reset_prefix_cache()
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -586,12 +638,14 @@ class VLLMEngine:
             logprobs=0,
             detokenize=False,
         )
+        self._wake("weights", "kv_cache")
         outputs = self._llm.generate(
             [{"prompt_token_ids": ids} for ids in prompt_ids for _ in range(copies)],
             sampling,
             use_tqdm=False,
             lora_request=self._lora,
         )
+        self._sleep()
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
         for request in outputs:  # vLLM returns requests in input order, n outputs each
