@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--num-generations", type=int, default=4)
     ap.add_argument("--max-completion-length", type=int, default=32)
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+    ap.add_argument("--threads", type=int, default=1, help="the trainer's torch threads")
     args = ap.parse_args()
     if args.smoke:
         args.pairs, args.steps, args.max_completion_length = 1, 3, 8
@@ -116,7 +117,7 @@ def main() -> None:
     server = start_server(cmd, log=work / "server.log", timeout=600)
     try:
         os.sched_setaffinity(0, {TRAINER_CORE})
-        torch.set_num_threads(1)
+        torch.set_num_threads(args.threads)
         url = f"http://127.0.0.1:{port}"
         print(
             f"model {args.model_path}; dtype {args.dtype}; {args.prompts} prompts x "

@@ -64,7 +64,10 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=16, help="LoRA rank")
     ap.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
     ap.add_argument("--repeats", type=int, default=MIN_MEASURED, help="measured repeats")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.smoke:
         args.repeats, args.max_new_tokens, args.batch = 1, 8, 8
     if not vllm_available():

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from grpokit.models.onednn import bf16_compute_applies
+from grpokit.rollout.vllm_engine import vllm_available
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 RATIO_LINE = re.compile(r"^(.+?)\s+(\d+\.\d+)x\s", re.M)
@@ -47,10 +48,33 @@ def test_rollout_benchmark_prints_its_ratios() -> None:
         "batch 8: grpokit / decode floor (torch default)",
         "batch 8: grpokit / decode floor (oneDNN linears)",
     }
-    if bf16_compute_applies(torch.device("cpu")):  # bfloat16 against the float32 engine
+    bf16 = bf16_compute_applies(torch.device("cpu"))
+    if bf16:  # bfloat16 against the float32 engine
         want.add("batch 8: grpokit bfloat16 / float32 tokens per second")
+    if vllm_available():  # vLLM's CPU build (make test-vllm): its engine is a peer, each dtype
+        want.add("batch 8: grpokit / vllm tokens per second")
+        if bf16:
+            want.add("batch 8: grpokit-fp32 / vllm-fp32 tokens per second")
     assert set(ratios) == want
     assert all(v > 0 for v in ratios.values())
+
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make test-vllm)")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_lora_sync_benchmark_prints_its_ratios() -> None:
+    assert set(_run("lora_sync.py")) == {
+        "merged / adapter seconds per sync",
+        "adapter / merged rollout tokens per second",
+    }
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_async_rollouts_benchmark_prints_its_ratio() -> None:
+    assert set(_run("async_rollouts.py")) == {"synchronous / ahead seconds per step"}
 
 
 def test_training_step_benchmark_against_trl_prints_its_ratios() -> None:

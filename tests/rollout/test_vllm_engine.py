@@ -35,6 +35,7 @@ from grpokit.rollout.vllm_engine import (
     torch_threads_kept,
     vllm_available,
     vllm_dtype,
+    vllm_lora_rank,
     vllm_param_name,
     vllm_platform,
 )
@@ -219,6 +220,18 @@ def test_kv_bytes_per_token_from_the_model_config(vllm_tiny_model_dir: Path) -> 
     # keys and values x 2 layers x 1 KV head x head size 32 (64 wide / 2 heads), in bfloat16
     assert kv_bytes_per_token(config, torch.bfloat16) == 2 * 2 * 1 * 32 * 2
     assert kv_bytes_per_token(object(), torch.float32) is None
+
+
+def test_the_adapter_sync_asks_vllm_for_a_rank_it_takes() -> None:
+    from peft import LoraConfig
+
+    assert vllm_lora_rank(LoraConfig(r=4)) == 8
+    assert vllm_lora_rank(LoraConfig(r=16)) == 16
+    assert vllm_lora_rank(LoraConfig(r=8, rank_pattern={"q_proj": 40})) == 64
+    with pytest.raises(UserError, match="ranks up to 512, this adapter's is 600.*merged"):
+        vllm_lora_rank(LoraConfig(r=600))
+    with pytest.raises(UserError, match=r"modules_to_save \['lm_head'\].*vllm_lora_sync: merged"):
+        vllm_lora_rank(LoraConfig(r=8, modules_to_save=["lm_head"]))
 
 
 def test_vllm_computes_in_the_policys_compute_dtype() -> None:
