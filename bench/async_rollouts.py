@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -150,7 +151,11 @@ def main() -> None:
         )
     finally:
         server.terminate()
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # seen under heavy load: its shutdown hangs
+            server.kill()
+            server.wait()
 
 
 if __name__ == "__main__":

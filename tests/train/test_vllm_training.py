@@ -129,7 +129,8 @@ def vllm_server_url(
     cmd = [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(vllm_tiny_model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
     cmd += ["--memory-share", "0.05", "--max-model-len", "256", "--max-num-seqs", "64"]
-    proc = start_server(cmd, log=tmp_path_factory.mktemp("vllm-server") / "server.log")
+    # A generous wait: on a shared 2-core machine under load the start took over 300 s.
+    proc = start_server(cmd, log=tmp_path_factory.mktemp("vllm-server") / "server.log", timeout=900)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
