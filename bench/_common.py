@@ -48,9 +48,14 @@ def load_average() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} on {os.cpu_count()} cores"
 
 
-def model_path(smoke: bool, model: str | None) -> str:
+VLLM_TINY_SHAPE = {"num_attention_heads": 2, "num_key_value_heads": 1}
+"""The tiny model's shape changed so that vLLM's CPU attention takes it (head size 32, not 16)."""
+
+
+def model_path(smoke: bool, model: str | None, **tiny_shape: Any) -> str:
     """The model a benchmark runs: the given one, the embedded SmolLM2 (converted once), or with
-    ``smoke`` a tiny random model with SmolLM2's tokenizer (a temporary directory)."""
+    ``smoke`` a tiny random model with SmolLM2's tokenizer (a temporary directory), its config
+    changed by ``tiny_shape``."""
     if model:
         from grpokit.model_files.resolve import resolve_model_path
 
@@ -61,7 +66,9 @@ def model_path(smoke: bool, model: str | None) -> str:
         from grpokit.models.tiny import make_tiny_model_dir
 
         out = Path(tempfile.mkdtemp(prefix="grpokit-bench-tiny-"))
-        return str(make_tiny_model_dir(out, seed=0, tokenizer_dir=embedded_model_dir()))
+        return str(
+            make_tiny_model_dir(out, seed=0, tokenizer_dir=embedded_model_dir(), **tiny_shape)
+        )
     return str(embedded_model_dir())
 
 

@@ -2,6 +2,11 @@
 # grpokit against TRL's GRPOTrainer on one CUDA GPU, without network access (bench/README.md):
 #   bench/gpu_check.sh                   on the GPU machine (estimated: 6 minutes)
 #   bench/gpu_check.sh --cpu-smoke       tiny models, float32 on CPU: the same code path
+#   bench/gpu_check.sh --vllm            vLLM colocated: 1.5B and 8B random Llamas, sleep mode,
+#                                        LoRA synced merged / as the adapter (bench/gpu_vllm.py;
+#                                        estimated: 8 minutes; needs vLLM's CUDA build)
+#   bench/gpu_check.sh --vllm --cpu-smoke   the same on vLLM's CPU build, a tiny model
+#                                        (PYTHON=.venv-vllm/bin/python)
 #   bench/gpu_check.sh --fill-wheels [--python-version 3.10 3.12]
 #                                        where PyPI is reachable: fill bench/wheels (not torch)
 # Other arguments go to bench/gpu_check.py (--help lists them). PYTHON picks the interpreter,
@@ -13,6 +18,10 @@ WHEELS=bench/wheels
 VENV=bench/.gpu-check/venv
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
+if [ "${1:-}" = --vllm ]; then
+  shift
+  exec "$PY" bench/gpu_vllm.py "$@"
+fi
 if [ "${1:-}" = --fill-wheels ]; then
   shift
   exec "$PY" bench/gpu_check.py --fill-wheels "$WHEELS" "$@"

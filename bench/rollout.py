@@ -45,6 +45,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     MIN_MEASURED,
+    VLLM_TINY_SHAPE,
     chat_prompts,
     load_average,
     median,
@@ -153,7 +154,7 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = model_path(args.smoke, args.model)
+    path = model_path(args.smoke, args.model, **VLLM_TINY_SHAPE)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     eos = [int(tokenizer.eos_token_id)]

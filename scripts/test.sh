@@ -10,8 +10,12 @@ mode=${1:-fast}
 if [ "$mode" = "--vllm" ]; then
   BIN=${GRPOKIT_VLLM_VENV:-.venv-vllm}/bin
   exec $BIN/python -m pytest -q -p no:cacheprovider -m "slow or not slow" \
-    tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_agent.py \
-    tests/train/test_vllm_training.py
+    tests/rollout/test_vllm_engine.py tests/rollout/test_vllm_agent.py tests/rollout/test_ahead.py \
+    tests/train/test_vllm_training.py \
+    tests/bench/test_gpu_check.py::test_vllm_cpu_smoke_runs_the_gpu_vllm_path \
+    tests/bench/test_bench_smoke.py::test_rollout_benchmark_prints_its_ratios \
+    tests/bench/test_bench_smoke.py::test_lora_sync_benchmark_prints_its_ratios \
+    tests/bench/test_bench_smoke.py::test_async_rollouts_benchmark_prints_its_ratio
 fi
 if [ "$mode" != "--slow" ]; then
   $BIN/ruff check src tests bench

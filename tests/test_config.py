@@ -239,3 +239,16 @@ def test_heldout_watch_must_name_a_reward(tmp_path: Path) -> None:
         load_config(_write(tmp_path, text.replace("[xml_format]", "[quality]")))
     assert "monitors.heldout.watch names 'quality', not a reward of this config" in str(e.value)
     assert "rewards: xml_format" in str(e.value)
+
+
+def test_generating_ahead_says_what_it_needs(tmp_path: Path) -> None:
+    server = "  use_vllm: true\n  vllm_mode: server\n"
+    load_config(_write(tmp_path, BASE + server + "  max_staleness: 1\n"))
+    for extra, why in [
+        ("", "needs use_vllm: true with vllm_mode: server"),
+        ("  use_vllm: true\n", "needs use_vllm: true with vllm_mode: server"),
+        (server + "  vllm_importance_sampling_correction: false\n", "samples from an older"),
+        (server + "  dynamic_sampling: true\n", "takes rounds of one size"),
+    ]:
+        with pytest.raises(UserError, match=f"training: max_staleness: 2 {why}.*max_staleness: 0"):
+            load_config(_write(tmp_path, BASE + extra + "  max_staleness: 2\n"))

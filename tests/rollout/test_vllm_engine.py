@@ -25,6 +25,7 @@ from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.rollout.vllm_engine import (
     CPU_KV_BLOCK,
+    LoraSync,
     VLLMEngine,
     cpu_kv_cache_bytes,
     dense_weights,
@@ -34,6 +35,7 @@ from grpokit.rollout.vllm_engine import (
     torch_threads_kept,
     vllm_available,
     vllm_dtype,
+    vllm_lora_rank,
     vllm_param_name,
     vllm_platform,
 )
@@ -110,7 +112,7 @@ def _device() -> torch.device:
     return torch.device("cuda" if vllm_platform() == "cuda" else "cpu")
 
 
-def _engine(model: torch.nn.Module, path: Path) -> VLLMEngine:
+def _engine(model: torch.nn.Module, path: Path, lora_sync: LoraSync = "merged") -> VLLMEngine:
     """A colocated engine for the tiny models: a small memory share either way (on CPU it goes
     to the KV cache, capped at what 64 sequences of 256 tokens need)."""
     return VLLMEngine(
@@ -121,6 +123,7 @@ def _engine(model: torch.nn.Module, path: Path) -> VLLMEngine:
         max_model_len=256,
         max_num_seqs=64,
         dtype=torch.float32,
+        lora_sync=lora_sync,
     )
 
 
@@ -219,6 +222,18 @@ def test_kv_bytes_per_token_from_the_model_config(vllm_tiny_model_dir: Path) -> 
     assert kv_bytes_per_token(object(), torch.float32) is None
 
 
+def test_the_adapter_sync_asks_vllm_for_a_rank_it_takes() -> None:
+    from peft import LoraConfig
+
+    assert vllm_lora_rank(LoraConfig(r=4)) == 8
+    assert vllm_lora_rank(LoraConfig(r=16)) == 16
+    assert vllm_lora_rank(LoraConfig(r=8, rank_pattern={"q_proj": 40})) == 64
+    with pytest.raises(UserError, match="ranks up to 512, this adapter's is 600.*merged"):
+        vllm_lora_rank(LoraConfig(r=600))
+    with pytest.raises(UserError, match=r"modules_to_save \['lm_head'\].*vllm_lora_sync: merged"):
+        vllm_lora_rank(LoraConfig(r=8, modules_to_save=["lm_head"]))
+
+
 def test_vllm_computes_in_the_policys_compute_dtype() -> None:
     assert vllm_dtype(torch.bfloat16) == "bfloat16"
     assert vllm_dtype(torch.float32) == "float32"
@@ -285,14 +300,24 @@ def _sample(engine: VLLMEngine) -> RolloutBatch:
     )
 
 
-@pytest.fixture(params=["full", "lora"])
+@pytest.fixture(params=["full", "lora", "lora-adapter"])
 def policy_and_engine(request, vllm_tiny_model_dir: Path) -> Iterator[tuple[Policy, VLLMEngine]]:  # type: ignore[no-untyped-def]
-    lora = LoraSettings(r=8, alpha=16) if request.param == "lora" else None
+    """A float32 policy and a colocated engine: full fine-tuning, LoRA synced merged, or LoRA
+    synced as the adapter alone (vLLM's LoRA support)."""
+    lora = LoraSettings(r=8, alpha=16) if request.param.startswith("lora") else None
     policy = load_policy(
         str(vllm_tiny_model_dir), dtype="float32", lora=lora, need_reference=False, device=_device()
     )
+    if lora is not None:  # a warm start: the base weights are no longer what vLLM loads
+        with torch.no_grad():
+            for name, p in policy.model.named_parameters():
+                if "base_layer" in name:
+                    p.mul_(1.1)
     threads = torch.get_num_threads()
-    engine = _engine(policy.model, vllm_tiny_model_dir)
+    sync: LoraSync = "adapter" if request.param == "lora-adapter" else "merged"
+    engine = _engine(policy.model, vllm_tiny_model_dir, sync)
+    assert engine.adapter_rank == (8 if sync == "adapter" else None)
+    engine.sync_weights()  # as the trainer's set-up does
     assert torch.get_num_threads() == threads, "building vLLM changed the trainer's threads"
     yield policy, engine
 

@@ -1,6 +1,6 @@
 """A few GRPO steps with vLLM generating (a CUDA GPU, or vLLM's CPU build: `make test-vllm`),
 against the same run on grpokit's torch engine; and with vLLM's own server generating, its
-weights pushed as files (no NCCL), following the policy.
+weights pushed as files (no NCCL), following the policy, on-policy and one step ahead.
 
 The two engines draw different samples, so the runs are compared as samples of the same
 process: the mean reward over the run within four standard errors of the difference, the
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from grpokit.config import GRPOKitConfig
+from grpokit.rollout.ahead import AheadEngine
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.vllm_engine import VLLMEngine, _free_port, vllm_available
 from grpokit.rollout.vllm_server import start_server
@@ -128,7 +129,8 @@ def vllm_server_url(
     cmd = [sys.executable, "-m", "grpokit", "vllm-serve", "--model", str(vllm_tiny_model_dir)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--dtype", "float32"]
     cmd += ["--memory-share", "0.05", "--max-model-len", "256", "--max-num-seqs", "64"]
-    proc = start_server(cmd, log=tmp_path_factory.mktemp("vllm-server") / "server.log")
+    # A generous wait: on a shared 2-core machine under load the start took over 300 s.
+    proc = start_server(cmd, log=tmp_path_factory.mktemp("vllm-server") / "server.log", timeout=900)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -143,17 +145,51 @@ def test_grpo_steps_on_a_vllm_server_without_nccl(
     """The server is started, the trainer pushes its weights as a file at start and after each of
     3 steps, and the server's log-probs then follow the trained policy (float32 on both sides:
     within 1e-3 per token on average), not the starting weights."""
-    trainer, history = _run(
+    trainer, history = _on_server(make_config, vllm_tiny_model_dir, vllm_server_url, max_steps=3)
+    assert len(history) == 3 and history[-1]["kl"] > 0.0
+    _assert_server_follows(trainer)
+
+
+def _on_server(
+    make_config: Callable[..., GRPOKitConfig], model_dir: Path, url: str, **training: Any
+) -> tuple[GRPOTrainer, list[dict[str, Any]]]:
+    """A float32 run generating on the server at ``url``."""
+    return _run(
         make_config,
-        vllm_tiny_model_dir,
+        model_dir,
         use_vllm=True,
         dtype="float32",
         vllm_mode="server",
-        vllm_server_base_url=vllm_server_url,
-        max_steps=3,
-        learning_rate=1e-2,
+        vllm_server_base_url=url,
+        **({"learning_rate": 1e-2} | training),
     )
-    assert len(history) == 3 and history[-1]["kl"] > 0.0
+
+
+def _assert_server_follows(trainer: GRPOTrainer) -> None:
+    """The server's log-probs follow the trained policy (float32 on both sides: within 1e-3 per
+    token on average), not the starting weights."""
     trained_gap, start_gap = _gaps(trainer)
     assert trained_gap < 1e-3, trained_gap
     assert start_gap > 20 * trained_gap, (trained_gap, start_gap)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU trainer pushes weights over NCCL")
+def test_generating_one_step_ahead_on_a_vllm_server(
+    make_config: Callable[..., GRPOKitConfig], vllm_tiny_model_dir: Path, vllm_server_url: str
+) -> None:
+    """max_staleness: 1: each step's completions were sampled while the step before trained, by
+    the weights before that step's update. The first step has nothing to overlap (staleness 0),
+    every later one trains one update off-policy; the mismatch correction sees that gap (float32
+    on both sides, so beyond rounding it is the staleness alone); the server ends on the trained
+    weights all the same."""
+    trainer, history = _on_server(
+        make_config, vllm_tiny_model_dir, vllm_server_url, max_staleness=1
+    )
+    assert isinstance(trainer.engine, AheadEngine)
+    assert [h["staleness"] for h in history] == [0.0, 1.0, 1.0, 1.0]
+    assert all(math.isfinite(h["loss"]) and h["grad_norm"] > 0 for h in history)
+    on_policy = history[0]["mismatch/kl"]
+    assert on_policy < 1e-6, on_policy  # float32 server against the float32 trainer
+    assert all(h["mismatch/kl"] > 10 * on_policy for h in history[1:]), history
+    assert trainer.engine.weight_version == STEPS  # a push after every step
+    _assert_server_follows(trainer)

@@ -194,6 +194,37 @@ class TrainingConfig(_Strict):
         ),
         json_schema_extra=_GEN,
     )
+    vllm_lora_sync: Literal["adapter", "merged"] = Field(
+        "merged",
+        description=(
+            "Under LoRA with vLLM colocated, what each weight sync sends: 'merged' dense weights "
+            "(the adapter merged in; vLLM runs a plain model) or the 'adapter' alone, run by "
+            "vLLM's LoRA support (the base weights sent once). Server mode sends dense weights. "
+            "docs/vllm.md compares the two."
+        ),
+        json_schema_extra=_GEN,
+    )
+    vllm_enable_sleep_mode: bool = Field(
+        False,
+        description=(
+            "Colocate mode on a GPU: vLLM sleeps between generations (its weights offloaded to "
+            "host memory, its KV cache freed), so the update has that GPU memory; costs a copy "
+            "back and forth per step. vLLM's CPU backend has no sleep mode."
+        ),
+        json_schema_extra=_GEN,
+    )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description=(
+            "0: each step generates, then trains (on-policy). N >= 1: with vllm_mode: server, "
+            "generation runs up to N steps ahead of the update, overlapping it, so a step trains "
+            "on completions sampled by weights at most N updates old (TRL's AsyncGRPOConfig "
+            "name); the gap is corrected by vllm_importance_sampling_correction and logged as "
+            "staleness."
+        ),
+        json_schema_extra=_GEN,
+    )
     vllm_server_base_url: str = Field(
         "http://127.0.0.1:8000",
         description="Address of the vLLM server (server mode).",
@@ -710,6 +741,8 @@ class TrainingConfig(_Strict):
                 f"{_fix_accumulation(self.per_device_train_batch_size * self.num_processes, self.num_generations)}"
             )
         _ = self.loss_settings  # its checks (delta, cispo's cap) name the fields
+        if self.max_staleness:
+            self._check_generating_ahead()
         if self.fsdp and self.use_vllm:
             raise ValueError(
                 "fsdp and use_vllm cannot be combined: vLLM keeps a whole copy of the weights on "
@@ -717,6 +750,25 @@ class TrainingConfig(_Strict):
                 "with torch (use_vllm: false) under fsdp"
             )
         return self
+
+    def _check_generating_ahead(self) -> None:
+        """What max_staleness > 0 needs: a generation that runs beside the trainer, whose older
+        policy is corrected for, in rounds of one size."""
+        why = None
+        if not (self.use_vllm and self.vllm_mode == "server"):
+            why = (
+                "needs use_vllm: true with vllm_mode: server (the torch engine and a colocated "
+                "vLLM generate in the training process itself)"
+            )
+        elif not self.vllm_importance_sampling_correction:
+            why = (
+                "samples from an older policy, which vllm_importance_sampling_correction "
+                "corrects for; turn it on"
+            )
+        elif self.dynamic_sampling:
+            why = "takes rounds of one size ahead; dynamic_sampling tops rounds up"
+        if why:
+            raise ValueError(f"max_staleness: {self.max_staleness} {why}, or set max_staleness: 0")
 
     @property
     def loss_settings(self) -> LossSettings:

@@ -92,6 +92,9 @@ class RolloutBatch:
     (same length as ``completion_ids[b]``) is 1 at tokens the model sampled and 0 at tool
     messages' tokens, whose ``logprobs`` are 0; ``turns[b]`` lays the turns out. Both are None for
     single-turn rollouts.
+
+    ``weight_version``: how many weight syncs the engine had applied when it generated the batch,
+    from an engine that generates ahead of training (grpokit.rollout.ahead); None otherwise.
     """
 
     prompt_ids: list[list[int]]
@@ -101,6 +104,7 @@ class RolloutBatch:
     group_size: int
     tool_mask: list[list[int]] | None = None
     turns: list[list[Turn]] | None = field(default=None, repr=False)
+    weight_version: int | None = None
 
     def __post_init__(self) -> None:
         expected = len(self.prompt_ids) * self.group_size

@@ -7,9 +7,11 @@ Two modes, one interface (:class:`~grpokit.rollout.base.RolloutEngine`):
 
 - ``colocate``: a vLLM ``LLM`` lives in the training process, on the training device. After every
   optimizer step :meth:`VLLMEngine.sync_weights` streams the policy's current weights into it
-  through vLLM's in-place reload (under LoRA the adapter is merged for the copy and the base
-  weights are restored by copy afterwards, so vLLM always runs plain dense weights and needs no
-  LoRA support).
+  through vLLM's in-place reload. Under LoRA there are two ways (``lora_sync``): ``merged``, the
+  adapter merged into the dense weights for the copy (the base weights restored by copy
+  afterwards; vLLM runs plain dense weights and needs no LoRA support), or ``adapter``, only the
+  adapter written in peft's format and handed to vLLM's own LoRA support under a new id each
+  time (the base weights go over once).
 - ``server``: generation runs in a separate server. A GPU trainer uses TRL's (``trl vllm-serve
   --model DIR``, the same server TRL users already run), weights sent over NCCL through TRL's
   client; a trainer without a GPU uses vLLM's own server started by ``grpokit vllm-serve``,
@@ -26,8 +28,11 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import shutil
 import socket
-from collections.abc import Iterator
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -36,9 +41,13 @@ import torch
 from grpokit.errors import UserError
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 from grpokit.rollout.torch_engine import lora_merged
-from grpokit.rollout.vllm_server import ServerClient
+from grpokit.rollout.vllm_server import ServerClient, sync_dir, write_weights
 
 VLLMMode = Literal["colocate", "server"]
+LoraSync = Literal["adapter", "merged"]
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``max_lora_rank`` values vLLM accepts."""
 
 SUPPORTED_PLATFORMS = ("cuda", "cpu")
 """vLLM's ``current_platform.device_type`` values grpokit runs on (ROCm reports "cuda")."""
@@ -269,6 +278,35 @@ def refresh_tied_packed_layers(model: torch.nn.Module) -> int:
     return refreshed
 
 
+def adapter_config(model: torch.nn.Module) -> Any | None:
+    """The peft ``LoraConfig`` of a peft model's adapter, or None for a plain model."""
+    configs = getattr(model, "peft_config", None)
+    return configs.get("default") if isinstance(configs, dict) else None
+
+
+def vllm_lora_rank(config: Any) -> int:
+    """The ``max_lora_rank`` vLLM needs for an adapter of ``config`` (vLLM takes a few fixed
+    values: the smallest at or above the adapter's rank, per-module ranks included); raises a
+    UserError for an adapter vLLM's LoRA support cannot hold."""
+    ranks = [
+        int(config.r),
+        *(int(r) for r in (getattr(config, "rank_pattern", None) or {}).values()),
+    ]
+    if getattr(config, "modules_to_save", None):
+        raise UserError(
+            "training.vllm_lora_sync: adapter: this LoRA adapter also trains whole modules "
+            f"(modules_to_save {sorted(config.modules_to_save)}), which vLLM's LoRA support does "
+            "not load; set vllm_lora_sync: merged"
+        )
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= max(ranks):
+            return allowed
+    raise UserError(
+        f"training.vllm_lora_sync: adapter: vLLM's LoRA support takes ranks up to "
+        f"{VLLM_LORA_RANKS[-1]}, this adapter's is {max(ranks)}; set vllm_lora_sync: merged"
+    )
+
+
 def greedy_copies(n: int, temperature: float) -> int:
     """How many times each prompt is sent (with ``n // copies`` samples each): vLLM refuses
     n > 1 with greedy decoding, and a prompt's n greedy completions are equal, so greedy sends
@@ -307,6 +345,14 @@ class VLLMEngine:
         dtype: the dtype vLLM computes in: the policy's compute dtype, so that both engines
             agree (see :func:`vllm_dtype`).
         seed: vLLM's sampling seed (colocate; a per-call generator cannot drive vLLM's sampler).
+        lora_sync: under LoRA in colocate mode, what a sync sends: ``merged`` dense weights
+            (the adapter merged in) or the ``adapter`` alone, run by vLLM's LoRA support. Full
+            fine-tuning and server mode always send dense weights.
+        sleep_mode: colocate mode on a GPU: vLLM sleeps between generations (weights offloaded
+            to host memory, KV cache freed; vLLM's level 1), woken for each sync and generation.
+        load_format: how vLLM loads its first weights: ``auto`` from ``model_path``, or
+            ``dummy`` (random, for benchmarks: the first sync replaces them, under adapter sync
+            too, as it sends the base weights once).
     """
 
     def __init__(
@@ -322,6 +368,9 @@ class VLLMEngine:
         server_url: str = "http://127.0.0.1:8000",
         dtype: torch.dtype | str = torch.float32,
         seed: int = 0,
+        lora_sync: LoraSync = "merged",
+        sleep_mode: bool = False,
+        load_format: str = "auto",
     ) -> None:
         if not eos_token_ids:
             raise ValueError("VLLMEngine needs at least one EOS token id")
@@ -334,8 +383,25 @@ class VLLMEngine:
         self._llm: Any = None
         self._client: Any = None
         self._files: ServerClient | None = None
+        config = adapter_config(model)
+        # Adapter sync: vLLM runs the base weights with the current adapter beside them.
+        self.adapter_rank = (
+            vllm_lora_rank(config)
+            if config is not None and lora_sync == "adapter" and mode == "colocate"
+            else None
+        )
+        self._lora: Any = None  # the LoRARequest of the adapter synced last
+        self.sleep_mode = sleep_mode and mode == "colocate"
+        self._asleep: set[str] = set()  # what of vLLM's memory sleeps: "weights", "kv_cache"
+        self._lora_cleanup: weakref.finalize[Any, Any] | None = None  # removes its directory
+        self._base_synced = False
         if mode == "colocate":
             self.platform = require_vllm()
+            if self.sleep_mode and self.platform != "cuda":
+                raise UserError(
+                    "training.vllm_enable_sleep_mode: vLLM's sleep mode needs a GPU; vLLM's "
+                    f"{self.platform} backend has none. Set it to false"
+                )
             self._llm = self._build_colocated(
                 model_path,
                 share=gpu_memory_utilization,
@@ -343,6 +409,7 @@ class VLLMEngine:
                 max_num_seqs=max_num_seqs,
                 dtype=vllm_dtype(dtype),
                 seed=seed,
+                load_format=load_format,
             )
         elif torch.cuda.is_available():
             # A GPU trainer pushes its weights to TRL's server over NCCL.
@@ -366,6 +433,7 @@ class VLLMEngine:
         max_num_seqs: int | None,
         dtype: str,
         seed: int,
+        load_format: str,
     ) -> Any:
         # One engine per training process, driven in-process, so the weight reload reaches the
         # model directly (no engine subprocess, no copy of the weights between processes).
@@ -387,6 +455,11 @@ class VLLMEngine:
             max_model_len=max_model_len,
         )
         extra: dict[str, Any] = {} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}
+        if self.adapter_rank is not None:
+            # One adapter at a time: each sync replaces the last.
+            extra |= {"enable_lora": True, "max_lora_rank": self.adapter_rank, "max_loras": 1}
+        if self.sleep_mode:
+            extra["enable_sleep_mode"] = True
         rank = int(os.environ["RANK"])
         with torch_threads_kept():
             return LLM(
@@ -400,38 +473,107 @@ class VLLMEngine:
                 distributed_executor_backend="external_launcher",
                 logprobs_mode="processed_logprobs",
                 enable_prefix_caching=True,  # a group's G requests share their prompt's cache
+                load_format=load_format,
                 **memory,
                 **extra,
             )
 
     # ---- weights -------------------------------------------------------------------------------
 
+    def _wake(self, *tags: str) -> None:
+        """Wake the parts of a sleeping vLLM that the next call needs (all before generating)."""
+        wanted = self._asleep.intersection(tags)
+        if wanted:
+            self._llm.wake_up(tags=sorted(wanted))
+            self._asleep -= wanted
+
+    def _sleep(self) -> None:
+        """Level 1: weights offloaded to host memory (the adapter sync sends the base weights
+        only once, so they must survive), KV cache freed; the update gets that memory."""
+        if self.sleep_mode and not self._asleep:
+            self._llm.sleep(level=1)
+            self._asleep = {"weights", "kv_cache"}
+
     @torch.no_grad()
     def sync_weights(self) -> None:
         """Push the policy's current weights to vLLM (after every optimizer step)."""
+        self._wake("weights")  # the KV cache stays asleep until the next generation
+        if self.adapter_rank is not None:
+            self._sync_adapter()
+            return
         with merged_adapter(self.model) as model:
             if self._llm is not None:
                 # vLLM's supported in-place reload: each layer is loaded from the streamed
                 # checkpoint-format weights and then processed for its kernels again (packing on
                 # CPU), which loading into the running model directly would skip.
-                self._llm.collective_rpc(
-                    "reload_weights",
-                    kwargs={"weights_iterator": dense_weights(model), "is_checkpoint_format": True},
-                )
+                self._reload(dense_weights(model))
             elif self._files is not None:
                 self._files.push_weights(dense_weights(model))
             else:
-                weights = list(dense_weights(model))
-                metadata = [
-                    (n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights
-                ]
-                self._client.update_named_params(metadata, iter(weights))
-        if self._llm is not None:
-            if self.platform == "cpu":
-                self._llm.apply_model(refresh_tied_packed_layers)
+                self._push_nccl(list(dense_weights(model)))
+        if self._llm is not None and "kv_cache" not in self._asleep:  # asleep, it is empty
             self._llm.reset_prefix_cache()
-        elif self._client is not None:
-            self._client.reset_prefix_cache()
+
+    @torch.no_grad()
+    def weights_snapshot(self) -> Callable[[], None]:
+        """Take the policy's current weights now and return what pushes them to the server
+        later, from another thread (an engine generating ahead, grpokit.rollout.ahead): as a
+        file written now, or (NCCL) a copy of the tensors. Server mode only: a colocated vLLM
+        shares the training process and device."""
+        with merged_adapter(self.model) as model:
+            if self._files is not None:
+                path = write_weights(dense_weights(model))
+                return functools.partial(self._files.reload, path)
+            if self._client is not None:
+                weights = [(name, t.clone()) for name, t in dense_weights(model)]
+                return functools.partial(self._push_nccl, weights)
+        raise UserError(
+            "training.max_staleness: generating ahead needs vllm_mode: server (a colocated vLLM "
+            "shares the training process); set max_staleness: 0 or use a vLLM server"
+        )
+
+    def _push_nccl(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights]
+        self._client.update_named_params(metadata, iter(weights))
+        self._client.reset_prefix_cache()
+
+    def _reload(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """vLLM's in-place reload of the colocated model from checkpoint-format weights."""
+        self._llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": weights, "is_checkpoint_format": True},
+        )
+        if self.platform == "cpu":
+            self._llm.apply_model(refresh_tied_packed_layers)
+
+    def _sync_adapter(self) -> None:
+        """Hand vLLM the current adapter, in peft's format, under a new id; the previous one is
+        removed. The base weights go over once, at the first sync (a warm start may have changed
+        them from what vLLM loaded); they are frozen afterwards."""
+        from vllm.lora.request import LoRARequest
+
+        if not self._base_synced:
+            self._reload(dense_weights(self.model))  # the base layers' weights, adapter left out
+            self._base_synced = True
+        directory = tempfile.mkdtemp(prefix="grpokit-lora-", dir=sync_dir())
+        # Removed with the engine (or at exit), should no later sync replace it.
+        cleanup = weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+        try:
+            self.model.save_pretrained(directory)  # type: ignore[operator]
+            new_id = 1 if self._lora is None else self._lora.lora_int_id + 1
+            request = LoRARequest(f"grpokit-{new_id}", new_id, directory)
+            # Loaded now, so that the sync pays for it, not the next generation.
+            self._llm.llm_engine.add_lora(request)
+        except BaseException:
+            cleanup()
+            raise
+        if self._lora is not None:
+            self._llm.llm_engine.remove_lora(self._lora.lora_int_id)
+        if self._lora_cleanup is not None:
+            self._lora_cleanup()
+        self._lora, self._lora_cleanup = request, cleanup
+        if "kv_cache" not in self._asleep:  # cached prompts were computed with the last adapter
+            self._llm.reset_prefix_cache()
 
     # ---- generation ----------------------------------------------------------------------------
 
@@ -496,11 +638,14 @@ class VLLMEngine:
             logprobs=0,
             detokenize=False,
         )
+        self._wake("weights", "kv_cache")
         outputs = self._llm.generate(
             [{"prompt_token_ids": ids} for ids in prompt_ids for _ in range(copies)],
             sampling,
             use_tqdm=False,
+            lora_request=self._lora,
         )
+        self._sleep()
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
         for request in outputs:  # vLLM returns requests in input order, n outputs each

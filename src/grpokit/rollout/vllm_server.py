@@ -148,6 +148,22 @@ def start_server(cmd: list[str], *, log: Path, timeout: float = 300.0) -> subpro
     raise RuntimeError(f"the vLLM server did not answer within {timeout:.0f} s; see {log}")
 
 
+def write_weights(weights: Iterable[tuple[str, torch.Tensor]]) -> Path:
+    """The weights as one safetensors file in :func:`sync_dir`, for :meth:`ServerClient.reload`
+    (a snapshot: training may change the tensors once this returns)."""
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+    fd, tmp = tempfile.mkstemp(prefix="grpokit-weights-", suffix=".safetensors", dir=sync_dir())
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
 class ServerClient:
     """Generation and weight pushes against a server started by :func:`server_command`."""
 
@@ -165,16 +181,13 @@ class ServerClient:
 
     def push_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Write the weights as one safetensors file the server can read, and have it reload."""
-        from safetensors.torch import save_file
+        self.reload(write_weights(weights))
 
-        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
-        fd, tmp = tempfile.mkstemp(prefix="grpokit-weights-", suffix=".safetensors", dir=sync_dir())
-        os.close(fd)
+    def reload(self, path: Path) -> None:
+        """Have the server reload from a file of :func:`write_weights`; the file is removed."""
         try:
-            save_file(tensors, tmp)
-            del tensors
             reply = self.http.post(
-                "/collective_rpc", json={"method": RELOAD_METHOD, "kwargs": {"path": tmp}}
+                "/collective_rpc", json={"method": RELOAD_METHOD, "kwargs": {"path": str(path)}}
             )
             if reply.status_code == 404:
                 raise UserError(
@@ -185,7 +198,7 @@ class ServerClient:
             reply.raise_for_status()
             self.http.post("/reset_prefix_cache").raise_for_status()
         finally:
-            Path(tmp).unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
 
     def generate(
         self, prompt_ids: list[list[int]], body: dict[str, Any], copies: int

@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
-from grpokit.data.chat import NO_TEMPLATE, apply_template_setting
+from grpokit.data.chat import NO_TEMPLATE, apply_template_setting, encode_prompt
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.model_files.resolve import load_tokenizer
@@ -362,6 +362,25 @@ class Sampler:
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.policy.tokenizer
+
+    def prefetch(self, rows: list[PromptRow], num_generations: int) -> None:
+        """Hand the rows' prompts to an engine that generates ahead (grpokit.rollout.ahead), so
+        that a later :meth:`sample` of the same rows finds its generation under way. Other
+        engines, and multi-turn rollouts (a turn's prompt depends on the last), skip it."""
+        ahead = getattr(self.engine, "prefetch", None)
+        if ahead is None or self.tools is not None:
+            return
+        prompt_ids = [
+            encode_prompt(
+                self.policy.tokenizer,
+                row.prompt,
+                system_prompt=self.system_prompt,
+                max_prompt_length=self.max_prompt_length,
+                chat_template_kwargs=self.chat_template_kwargs,
+            )
+            for row in rows
+        ]
+        ahead(prompt_ids, num_generations, self.sampling)
 
     def sample(
         self, rows: list[PromptRow], num_generations: int, *, generator: torch.Generator | None

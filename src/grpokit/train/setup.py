@@ -101,8 +101,14 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
         server_url=args.vllm_server_base_url,
         dtype=policy.compute_dtype,  # what the trainer computes in, not vLLM's reading of "auto"
         seed=args.seed,
+        lora_sync=args.vllm_lora_sync,
+        sleep_mode=args.vllm_enable_sleep_mode,
     )
     engine.sync_weights()  # vLLM loaded the base weights; the policy may be warm-started
+    if args.max_staleness:
+        from grpokit.rollout.ahead import AheadEngine
+
+        return AheadEngine(engine)  # generates ahead, overlapping the update
     return engine
 
 

@@ -64,7 +64,6 @@ from grpokit.train.distributed import (
     gather_rows,
     init_distributed,
     reduce_metrics,
-    shard_slice,
 )
 from grpokit.train.experience import Experience
 from grpokit.train.failures import (
@@ -76,6 +75,7 @@ from grpokit.train.failures import (
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs
 from grpokit.train.fsdp import LockStep, full_state, gathered
+from grpokit.train.rollouts import Rollouts
 from grpokit.train.setup import (
     build_engine,
     build_loss,
@@ -112,13 +112,15 @@ class Collected:
     experience: what the update trains on (None when every group had equal rewards).
     scored / advantages: the first round's batch and its advantages exactly as trained on: what
         the step reports and logs (later dynamic-sampling rounds only top up the groups).
-    timings: seconds spent generating and scoring.
+    metrics: seconds spent generating and scoring (and, generating ahead, the staleness).
+    resume_at: the prompt stream's (epoch, position) after the last round's prompts.
     """
 
     experience: Experience | None
     scored: ScoredBatch
     advantages: torch.Tensor
-    timings: dict[str, float]
+    metrics: dict[str, float]
+    resume_at: tuple[int, int]
 
 
 class GRPOTrainer:
@@ -197,6 +199,14 @@ class GRPOTrainer:
             a, self.policy.trainable_parameters(), self.total_steps
         )
         self.stream = PromptStream(self.rows, seed=a.seed, shuffle=self.cfg.data.shuffle)
+        self.rollouts = Rollouts(
+            self.stream,
+            self.sampler,
+            self.dist,
+            num_generations=a.num_generations,
+            generator=self.generator,
+            max_staleness=a.max_staleness,
+        )
         self.state = self._restore() if resume else TrainerState()
         self.sinks: list[MetricsSink] = []
         if self.dist.is_main:  # one writer per run directory
@@ -319,21 +329,20 @@ class GRPOTrainer:
         a = self.args
         want_groups = a.prompts_per_step
         kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
-        timings = {"time/generate": 0.0, "time/score": 0.0}
+        metrics = {"time/generate": 0.0, "time/score": 0.0}
         n_groups = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
+        later_rounds = -(-(self.total_steps - self.state.global_step) // a.num_iterations) - 1
         for _ in range(rounds):
             need = want_groups - n_groups if a.dynamic_sampling else want_groups
-            world = self.dist.world_size
-            # Every rank takes the same global rows (same order) and keeps its share of groups.
-            rows = self.stream.take(-(-need // world) * world)
-            rows = rows[shard_slice(len(rows), self.dist)]
-            scored = self.sampler.sample(rows, a.num_generations, generator=self.generator)
+            drawn = self.rollouts.next(need, later_rounds=later_rounds)
+            scored = drawn.scored
             self.state.generation_round += 1
-            timings["time/generate"] += scored.generate_seconds
-            timings["time/score"] += scored.score_seconds
+            metrics["time/generate"] += scored.generate_seconds
+            metrics["time/score"] += scored.score_seconds
+            metrics |= drawn.metrics
             advantages = self._local_advantages(scored.scores.total)
-            keep = torch.ones(len(rows), dtype=torch.bool)
+            keep = torch.ones(len(scored.rows), dtype=torch.bool)
             if a.dynamic_sampling:
                 keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
             kept.append((scored, advantages, keep))
@@ -341,7 +350,8 @@ class GRPOTrainer:
             if n_groups >= want_groups:
                 break
         first, first_advantages, _ = kept[0]
-        return Collected(self._experience(kept), first, first_advantages, timings)
+        resume_at = (drawn.epoch, drawn.position)
+        return Collected(self._experience(kept), first, first_advantages, metrics, resume_at)
 
     def _experience(
         self, kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]]
@@ -533,7 +543,7 @@ class GRPOTrainer:
         shared = rollout_metrics(
             scored, self.rewards.max_values, text_ngram=text_ngram, tool_names=tools
         )
-        shared |= collected.timings
+        shared |= collected.metrics
         exp = self._joined(collected.experience)
         updates = self.update(exp) if exp is not None else self._no_update()
         shared["time/update"] = time.perf_counter() - t1
@@ -565,7 +575,7 @@ class GRPOTrainer:
                 }
             )
         self._log_completions(scored, collected.advantages)
-        self.state.epoch, self.state.position = self.stream.epoch, self.stream.position
+        self.state.epoch, self.state.position = collected.resume_at
         return out
 
     def _log_completions(self, scored: ScoredBatch, advantages: torch.Tensor) -> None:
@@ -788,3 +798,6 @@ class GRPOTrainer:
             sink.close()
         self.sinks = []
         self.rewards.close()
+        close_engine = getattr(self.engine, "close", None)  # one generating ahead has a thread
+        if callable(close_engine):
+            close_engine()

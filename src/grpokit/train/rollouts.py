@@ -1,0 +1,101 @@
+"""The generation rounds' prompts, sampled and scored: in order from the prompt stream, and with
+an engine that generates ahead, the next rounds' generation overlapping this round's update."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from grpokit.data.prompts import PromptRow
+from grpokit.errors import UserError
+from grpokit.sampling import Sampler, ScoredBatch
+from grpokit.train.data_order import PromptStream
+from grpokit.train.distributed import DistContext, shard_slice
+
+
+@dataclass
+class Drawn:
+    """One round's scored completions.
+
+    epoch / position: the prompt stream's resume point after this round's prompts (the stream
+        itself may be further on, at rounds taken ahead).
+    metrics: ``staleness`` when generating ahead: weight updates between the policy that sampled
+        the round and the one trained on it.
+    """
+
+    scored: ScoredBatch
+    epoch: int
+    position: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Taken:
+    rows: list[PromptRow]
+    epoch: int
+    position: int
+
+
+class Rollouts:
+    """Takes each round's prompts from the stream (every rank the same global rows, each its
+    share of groups) and samples and scores them.
+
+    With ``max_staleness`` > 0 (an engine that generates ahead, grpokit.rollout.ahead), the
+    prompts of up to ``max_staleness`` later rounds are taken and handed to the engine before this
+    round is scored, so their generation runs while this round's update does. A round taken k
+    rounds ahead is sampled from weights at most k updates older than those trained on it.
+    Scoring stays on this (the main) thread: some rewards need it (signal-based time limits).
+    """
+
+    def __init__(
+        self,
+        stream: PromptStream,
+        sampler: Sampler,
+        dist: DistContext,
+        *,
+        num_generations: int,
+        generator: torch.Generator,
+        max_staleness: int = 0,
+    ) -> None:
+        if max_staleness and sampler.tools is not None:
+            raise UserError(
+                "training.max_staleness: generating ahead takes single-turn rollouts; with "
+                "tools a turn's prompt depends on the turn before. Set max_staleness: 0"
+            )
+        self.stream = stream
+        self.sampler = sampler
+        self.dist = dist
+        self.num_generations = num_generations
+        self.generator = generator
+        self.max_staleness = max_staleness
+        self._taken: deque[_Taken] = deque()
+
+    def next(self, prompts: int, *, later_rounds: int) -> Drawn:
+        """This round's ``prompts`` prompts (over all ranks), sampled and scored;
+        ``later_rounds``: how many rounds the run has after this one (none is taken beyond)."""
+        if not self._taken:
+            self._take(prompts)
+        taken = self._taken.popleft()
+        while len(self._taken) < min(self.max_staleness, later_rounds):
+            self._take(prompts)
+        scored = self.sampler.sample(taken.rows, self.num_generations, generator=self.generator)
+        metrics: dict[str, float] = {}
+        sampled_at = scored.rollout.weight_version
+        if self.max_staleness and sampled_at is not None:
+            staleness = getattr(self.sampler.engine, "weight_version", sampled_at) - sampled_at
+            if not 0 <= staleness <= self.max_staleness:
+                raise RuntimeError(
+                    f"a batch {staleness} weight updates old, outside 0..{self.max_staleness}"
+                )
+            metrics["staleness"] = float(staleness)
+        return Drawn(scored, taken.epoch, taken.position, metrics)
+
+    def _take(self, prompts: int) -> None:
+        world = self.dist.world_size
+        rows = self.stream.take(-(-prompts // world) * world)
+        rows = rows[shard_slice(len(rows), self.dist)]
+        self._taken.append(_Taken(rows, self.stream.epoch, self.stream.position))
+        if self.max_staleness:
+            self.sampler.prefetch(rows, self.num_generations)
