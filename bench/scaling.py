@@ -20,15 +20,36 @@ libraries), is what the log-probs cost. The tiny body makes the logits nearly al
     python bench/scaling.py --memory                      # L 256 / 1,024, chunks 0 / 256 / 1,024
     python bench/scaling.py --memory --smoke              # vocabulary 4,096, L 16 (the tests)
 
+Against TRL (``--vs-trl``): seconds per step and peak memory of grpokit and TRL's GRPOTrainer on
+a realistic vocabulary, G = 8 completions of one prompt, completions of 256 / 1,024 / 2,048 tokens.
+The model is a random-weight Llama built here (nothing downloaded): Llama 3's vocabulary size
+(128,256) with an untied output layer, and a narrow body (8 layers of width 512, 155M
+parameters in all, 131M of them the two vocabulary matrices), so that the vocabulary's share of
+the work is what a 1B model has and a CPU can run it. Its end-of-sequence rows are zeroed and
+decoding is greedy (bench/gpu_check.py's models), so every completion is exactly L tokens on both
+sides: the same work. Each (length, library) runs in a fresh process through
+bench/train_step.py's harness (grpokit with ``model.dtype: auto``, TRL in float32, both full
+fine-tuning), one warm-up and ``--steps`` measured steps; step k of one is paired with step k of
+the other.
+
+    python bench/scaling.py --vs-trl --threads 1 --steps 3            # L 256 / 1,024 / 2,048
+    python bench/scaling.py --vs-trl --lengths 256 1024 --steps 3     # without 2,048
+    python bench/scaling.py --vs-trl --smoke                          # tiny model (the tests)
+
 Prints one line per point, then the ratios last (each point against the smallest one; with
-``--memory``, each chunk size's peak against all positions at once).
+``--memory``, each chunk size's peak against all positions at once; with ``--vs-trl``, grpokit
+against TRL per length).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
@@ -36,14 +57,33 @@ from _common import (  # noqa: E402
     load_average,
     median,
     model_path,
+    paired_ratios,
     peak_rss_mib,
+    print_paired,
     print_ratios,
     run_child,
+    spread,
+    verdict,
 )
-from train_step import SETTINGS, run_grpokit  # noqa: E402
+from train_step import SETTINGS, TARGET_TIME, run_grpokit  # noqa: E402
 
 LLAMA3_VOCAB = 128_256
 PROMPT_TOKENS = 16
+
+VOCAB_SHAPE: dict[str, Any] = {
+    "vocab_size": LLAMA3_VOCAB,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rope_theta": 500000.0,
+}
+"""--vs-trl's model: Llama 3's vocabulary and attention layout (grouped keys and values, 4 query
+heads per key head) on a narrow body; 155M parameters with the untied head."""
+TARGET_MEMORY = 0.5
+"""grpokit's peak memory against TRL's at 1,024 tokens."""
 
 
 def main() -> None:
@@ -58,6 +98,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1, help="measured steps per point")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--memory", action="store_true", help="log-prob memory, not step time")
+    ap.add_argument(
+        "--vs-trl", action="store_true", help="grpokit against TRL, 128k vocabulary, G 8"
+    )
     ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="--memory: vocabulary size")
     ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
     ap.add_argument(
@@ -75,6 +118,9 @@ def main() -> None:
         return
     if args.memory:
         memory(args)
+        return
+    if args.vs_trl:
+        against_trl(args)
         return
     args.lengths = args.lengths or [64, 128, 256]
     if args.smoke:
@@ -168,6 +214,94 @@ def memory(args: argparse.Namespace) -> None:
                     )
                 )
     print_ratios("log-prob memory ratios", ratios)
+
+
+def against_trl(args: argparse.Namespace) -> None:
+    """Seconds per step and peak memory, grpokit and TRL, per completion length."""
+    from gpu_check import build_model
+
+    from grpokit.model_files.embedded import embedded_model_dir
+
+    shape, g = dict(VOCAB_SHAPE), 8
+    lengths = args.lengths or [256, 1024, 2048]
+    if args.smoke:
+        # a vocabulary beyond the tokenizer's 49,152, as the real run's
+        shape, lengths, args.steps, g = {"vocab_size": 65_536}, [4, 8], 1, 2
+    root = Path(tempfile.mkdtemp(prefix="grpokit-bench-vocab-"))
+    try:
+        _against_trl(args, build_model("vocab", shape, embedded_model_dir(), root), lengths, g)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: int) -> None:
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    vocab = int(AutoConfig.from_pretrained(path).vocab_size)
+    parameters = 0
+    for weights in path.glob("*.safetensors"):
+        with safe_open(weights, "pt") as f:
+            names = f.keys()
+            parameters += sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    print(
+        f"random-weight Llama, vocabulary {vocab:,}, {parameters / 1e6:.0f}M "
+        f"parameters; 1 prompt x {g} completions of exactly L tokens (greedy, end tokens "
+        f"suppressed); {args.setting}; 1 warm-up + {args.steps} measured steps per point; "
+        f"{args.threads or 'default'} thread(s); {load_average()}",
+        flush=True,
+    )
+    script = Path(__file__).resolve().parent / "train_step.py"
+    common = [
+        f"--model-path={path}",
+        f"--steps={args.steps}",
+        "--prompts=1",
+        f"--num-generations={g}",
+        f"--threads={args.threads}",
+        "--top-k=1",
+        "--device=cpu",
+        f"--setting={args.setting}",
+    ]
+    pairs: list[tuple[str, list[float], str]] = []
+    rows: list[str] = []
+    for length in lengths:
+        results: dict[str, dict[str, Any]] = {}
+        for peer in ("grpokit", "trl"):
+            r = run_child(script, [*common, f"--max-completion-length={length}", f"--child={peer}"])
+            results[peer] = r
+            print(
+                f"L {length:5d}  {peer:<8} step {spread(r['step_times'])} s "
+                f"(steps {', '.join(f'{t:.1f}' for t in r['step_times'])}), peak RSS "
+                f"{r['rss_mib'] / 1024:.2f} GiB, mean completion {r['mean_length']:.0f} tokens "
+                f"({load_average()})",
+                flush=True,
+            )
+        ours, theirs = results["grpokit"], results["trl"]
+        times = paired_ratios(ours["step_times"], theirs["step_times"])
+        memory_ratio = ours["rss_mib"] / theirs["rss_mib"]
+        pairs.append(
+            (
+                f"L {length}: grpokit / TRL seconds per step",
+                times,
+                verdict(median(times), TARGET_TIME, at_least=False),
+            )
+        )
+        memory_note = (
+            verdict(memory_ratio, TARGET_MEMORY, at_least=False) if length == 1024 else "peak RSS"
+        )
+        pairs.append((f"L {length}: grpokit / TRL peak memory", [memory_ratio], memory_note))
+        rows.append(
+            f"| {length:,} x {vocab:,} | {median(ours['step_times']):.1f} s | "
+            f"{median(theirs['step_times']):.1f} s | {median(times):.2f}x "
+            f"({min(times):.2f}-{max(times):.2f}) | {ours['rss_mib'] / 1024:.2f} GiB | "
+            f"{theirs['rss_mib'] / 1024:.2f} GiB | {memory_ratio:.2f}x |"
+        )
+    print(
+        "\n| L x vocabulary | grpokit s/step | TRL s/step | time ratio | grpokit peak | "
+        "TRL peak | memory ratio |\n|---|---|---|---|---|---|---|"
+    )
+    print("\n".join(rows))
+    print_paired("grpokit against TRL by completion length", pairs)
 
 
 def memory_child(args: argparse.Namespace) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from float64_identity import UPDATE_SETTINGS, assert_same_update, updated
 
 from grpokit.config import GRPOKitConfig
 from grpokit.train.experience import Experience
@@ -50,24 +51,9 @@ def test_budgeted_update_equals_row_sized_update(
     after = []
     for budget in (None, 24):
         config = make_config(
-            num_generations=4,
-            per_device_train_batch_size=4,
-            gradient_accumulation_steps=2,
-            beta=0.04,
-            num_iterations=2,
-            loss_type=loss_type,
-            learning_rate=1e-2,
-            max_tokens_per_micro_batch=budget,
+            **UPDATE_SETTINGS, loss_type=loss_type, max_tokens_per_micro_batch=budget
         )
         config.training.output_dir = f"run-{budget}"
         trainer = float64(GRPOTrainer(config, progress=False, log=lambda m: None))
-        metrics = trainer.update(exp)
-        params = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
-        after.append((params, metrics))
-    (a, metrics_a), (b, metrics_b) = after
-    for name in a:
-        error = float((a[name] - b[name]).norm() / max(float(a[name].norm()), 1e-12))
-        assert error < 1e-9, (name, error)
-    for m_a, m_b in zip(metrics_a, metrics_b, strict=True):
-        for key in ("loss", "grad_norm", "kl"):
-            assert m_a[key] == pytest.approx(m_b[key], rel=1e-9, abs=1e-12), key
+        after.append(updated(trainer, exp))
+    assert_same_update(*after)

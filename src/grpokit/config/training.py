@@ -440,6 +440,21 @@ class TrainingConfig(_Strict):
         json_schema_extra=_OPT,
     )
 
+    padding_free: bool = Field(
+        False,
+        description=(
+            "Update without padding (TRL's SFTConfig name): each micro-batch's sequences, "
+            "prompt and completion, are laid end to end in one row with position ids that "
+            "start again at 0 for each, and the attention keeps each sequence to itself "
+            "(transformers builds that mask from the position ids: a block-diagonal mask for "
+            "sdpa and eager, variable-length kernels for FlashAttention). Saves the padding "
+            "of micro-batches whose completions differ in length; each completion then "
+            "carries its own copy of its prompt (no prompt encoded once per group). A model "
+            "whose attention would mix packed sequences (checked on the first use) is refused."
+        ),
+        json_schema_extra=_OPT,
+    )
+
     # ---- checkpointing
     output_dir: str | None = Field(
         None,

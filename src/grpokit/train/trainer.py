@@ -418,6 +418,7 @@ class GRPOTrainer:
             with_entropy=with_entropy,
             share_prompts=not self.args.fsdp,
             logprob_chunk_size=self.args.logprob_chunk_size,
+            padding_free=self.args.padding_free,
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
