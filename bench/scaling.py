@@ -24,8 +24,9 @@ Against TRL (``--vs-trl``): seconds per step and peak memory of grpokit and TRL'
 a realistic vocabulary, G = 8 completions of one prompt, completions of 256 / 1,024 / 2,048 tokens.
 The model is a random-weight Llama built here (nothing downloaded): Llama 3's vocabulary size
 (128,256) with an untied output layer, and a narrow body (8 layers of width 512, 155M
-parameters in all, 131M of them the two vocabulary matrices), so that the vocabulary's share of
-the work is what a 1B model has and a CPU can run it. Its end-of-sequence rows are zeroed and
+parameters in all, 131M of them the two vocabulary matrices; ``--width`` and ``--layers`` change
+the body), so that the vocabulary's share of the work is large, as in a 1B model, and a CPU can
+run it. Its end-of-sequence rows are zeroed and
 decoding is greedy (bench/gpu_check.py's models), so every completion is exactly L tokens on both
 sides: the same work. Each (length, library) runs in a fresh process through
 bench/train_step.py's harness (grpokit with ``model.dtype: auto``, TRL in float32, both full
@@ -35,6 +36,13 @@ the other.
     python bench/scaling.py --vs-trl --threads 1 --steps 3            # L 256 / 1,024 / 2,048
     python bench/scaling.py --vs-trl --lengths 256 1024 --steps 3     # without 2,048
     python bench/scaling.py --vs-trl --smoke                          # tiny model (the tests)
+
+Padding-free (``--packing``): the update's forward and backward of one micro-batch of 8
+completions (one chat prompt, lengths spread evenly from L/8 to L, as sampled completions
+differ), padded (prompt encoded once per group, the default; and plain rows) against packed
+(``training.padding_free``), the three interleaved, ``--steps`` repeats after a warm-up.
+
+    python bench/scaling.py --packing --lengths 128 512 --steps 5
 
 Prints one line per point, then the ratios last (each point against the smallest one; with
 ``--memory``, each chunk size's peak against all positions at once; with ``--vs-trl``, grpokit
@@ -53,6 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    chat_prompts,
     emit_result,
     load_average,
     median,
@@ -102,6 +111,9 @@ def main() -> None:
         "--vs-trl", action="store_true", help="grpokit against TRL, 128k vocabulary, G 8"
     )
     ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="--memory: vocabulary size")
+    ap.add_argument("--width", type=int, default=512, help="--vs-trl: the model's hidden size")
+    ap.add_argument("--layers", type=int, default=8, help="--vs-trl: the model's layers")
+    ap.add_argument("--packing", action="store_true", help="padded against padding-free update")
     ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
     ap.add_argument(
         "--chunk-sizes",
@@ -121,6 +133,9 @@ def main() -> None:
         return
     if args.vs_trl:
         against_trl(args)
+        return
+    if args.packing:
+        packing(args)
         return
     args.lengths = args.lengths or [64, 128, 256]
     if args.smoke:
@@ -222,7 +237,14 @@ def against_trl(args: argparse.Namespace) -> None:
 
     from grpokit.model_files.embedded import embedded_model_dir
 
-    shape, g = dict(VOCAB_SHAPE), 8
+    # A narrower body keeps the vocabulary's share of the work and costs less (a loaded machine).
+    shape = {
+        **VOCAB_SHAPE,
+        "hidden_size": args.width,
+        "intermediate_size": 3 * args.width,
+        "num_hidden_layers": args.layers,
+    }
+    g = 8
     lengths = args.lengths or [256, 1024, 2048]
     if args.smoke:
         # a vocabulary beyond the tokenizer's 49,152, as the real run's
@@ -302,6 +324,73 @@ def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: in
     )
     print("\n".join(rows))
     print_paired("grpokit against TRL by completion length", pairs)
+
+
+PACKING_LAYOUTS = {
+    "padded": {"share_prompts": True},
+    "padded-plain": {"share_prompts": False},
+    "packed": {"padding_free": True},
+}
+"""--packing's layouts: completion_logprobs' keyword arguments."""
+
+
+def packing(args: argparse.Namespace) -> None:
+    """Seconds of one micro-batch's forward and backward, padded and packed, interleaved."""
+    import time
+
+    import torch
+
+    from grpokit.models.loading import load_policy
+    from grpokit.train.forward import completion_logprobs, pack
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = args.lengths or [128, 512]
+    rows = 8
+    if args.smoke:
+        lengths, args.steps = [16], 1
+    args.model_path = model_path(args.smoke, args.model)
+    policy = load_policy(args.model_path, need_reference=False)
+    model = policy.model
+    model.train()
+    prompt = chat_prompts(policy.tokenizer, 1)[0]
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    print(
+        f"model {args.model_path}; {rows} completions of one {len(prompt)}-token prompt, lengths "
+        f"L/8 .. L; forward + backward of the log-probs, full fine-tuning; {load_average()}"
+    )
+    gen = torch.Generator().manual_seed(0)
+    pairs: list[tuple[str, list[float], str]] = []
+    for length in lengths:
+        sizes = torch.linspace(max(1, length // 8), length, rows).round().long().tolist()
+        completions = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in sizes]
+        batch = pack([prompt] * rows, completions, pad_token_id=policy.pad_token_id)
+        seconds: dict[str, list[float]] = {name: [] for name in PACKING_LAYOUTS}
+        for repeat in range(args.steps + 1):  # the first round warms up
+            for name, layout in PACKING_LAYOUTS.items():
+                model.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                logp, _ = completion_logprobs(model, batch, with_entropy=True, **layout)
+                (logp * batch.completion_mask).sum().backward()
+                if repeat:
+                    seconds[name].append(time.perf_counter() - t0)
+        real = sum(len(prompt) + n for n in sizes)
+        print(
+            f"L {length:5d}  "
+            + "  ".join(f"{name} {spread(t)} s" for name, t in seconds.items())
+            + f"  (tokens: packed {real}, padded {rows * (len(prompt) + length)}; "
+            f"{load_average()})",
+            flush=True,
+        )
+        for name in ("padded", "padded-plain"):
+            pairs.append(
+                (
+                    f"L {length}: packed / {name} seconds",
+                    paired_ratios(seconds["packed"], seconds[name]),
+                    "forward + backward",
+                )
+            )
+    print_paired("padding-free against padded", pairs)
 
 
 def memory_child(args: argparse.Namespace) -> None:
