@@ -39,6 +39,19 @@ def test_split_respects_rows_and_budget() -> None:
     assert [r.stop - r.start for r in exp.micro_batch_rows(3, token_budget=10_000)] == [3, 3, 2]
 
 
+def test_packed_split_counts_the_rows_own_tokens() -> None:
+    """Padding-free micro-batches hold the rows' tokens, not rows x the longest: fewer of them
+    for the same budget."""
+    exp = experience([2, 3, 12, 1, 4, 4, 30, 2])  # own tokens 7 8 17 6 7 7 33 5
+    split = exp.micro_batch_rows(4, token_budget=24, packed=True)
+    assert split == [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 7), slice(7, 8)]
+    for rows in split:
+        pairs = zip(exp.prompt_ids[rows], exp.completion_ids[rows], strict=True)
+        own = sum(len(p) + len(c) for p, c in pairs)
+        assert own <= 24 or rows.stop - rows.start == 1
+    assert len(split) < len(exp.micro_batch_rows(4, token_budget=24))
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_budgeted_update_equals_row_sized_update(
     make_config: Callable[..., GRPOKitConfig],

@@ -426,7 +426,7 @@ class GRPOTrainer:
         engine then takes the new weights (vLLM holds its own copy)."""
         a = self.args
         micro_batches = exp.micro_batch_rows(
-            a.per_device_train_batch_size, a.max_tokens_per_micro_batch
+            a.per_device_train_batch_size, a.max_tokens_per_micro_batch, packed=a.padding_free
         )
         self.lockstep.plan(len(micro_batches))
         old_logps, ref_logps = self._fixed_logprobs(exp, micro_batches)
