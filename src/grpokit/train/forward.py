@@ -411,7 +411,8 @@ def check_packing(model: torch.nn.Module) -> None:
             f"training.padding_free: {name}'s forward takes no logits_to_keep, which packing "
             "needs; set training.padding_free: false for this model"
         )
-    embeddings = inner.get_input_embeddings()
+    get_embeddings = getattr(inner, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
     vocab = int(getattr(embeddings, "num_embeddings", 2))
     device = next(inner.parameters()).device
     gen = torch.Generator().manual_seed(0)
