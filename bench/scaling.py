@@ -248,7 +248,7 @@ def against_trl(args: argparse.Namespace) -> None:
     lengths = args.lengths or [256, 1024, 2048]
     if args.smoke:
         # a vocabulary beyond the tokenizer's 49,152, as the real run's
-        shape, lengths, args.steps, g = {"vocab_size": 65_536}, [4, 8], 1, 2
+        shape, lengths, args.steps, g = {"vocab_size": 65_536}, [8], 1, 2
     root = Path(tempfile.mkdtemp(prefix="grpokit-bench-vocab-"))
     try:
         _against_trl(args, build_model("vocab", shape, embedded_model_dir(), root), lengths, g)
