@@ -20,30 +20,79 @@ libraries), is what the log-probs cost. The tiny body makes the logits nearly al
     python bench/scaling.py --memory                      # L 256 / 1,024, chunks 0 / 256 / 1,024
     python bench/scaling.py --memory --smoke              # vocabulary 4,096, L 16 (the tests)
 
+Against TRL (``--vs-trl``): seconds per step and peak memory of grpokit and TRL's GRPOTrainer on
+a realistic vocabulary, G = 8 completions of one prompt, completions of 256 / 1,024 / 2,048 tokens.
+The model is a random-weight Llama built here (nothing downloaded): Llama 3's vocabulary size
+(128,256) with an untied output layer, and a narrow body (8 layers of width 512, 155M
+parameters in all, 131M of them the two vocabulary matrices; ``--width`` and ``--layers`` change
+the body), so that the vocabulary's share of the work is large, as in a 1B model, and a CPU can
+run it. Its end-of-sequence rows are zeroed and
+decoding is greedy (bench/gpu_check.py's models), so every completion is exactly L tokens on both
+sides: the same work. Each (length, library) runs in a fresh process through
+bench/train_step.py's harness (grpokit with ``model.dtype: auto``, TRL in float32, both full
+fine-tuning), one warm-up and ``--steps`` measured steps; step k of one is paired with step k of
+the other.
+
+    python bench/scaling.py --vs-trl --threads 1 --steps 3            # L 256 / 1,024 / 2,048
+    python bench/scaling.py --vs-trl --lengths 256 1024 --steps 3     # without 2,048
+    python bench/scaling.py --vs-trl --smoke                          # tiny model (the tests)
+
+Padding-free (``--packing``): the update's forward and backward of one micro-batch of 8
+completions (one chat prompt, lengths spread evenly from L/8 to L, as sampled completions
+differ), padded (prompt encoded once per group, the default; and plain rows) against packed
+(``training.padding_free``), the three interleaved, ``--steps`` repeats after a warm-up.
+
+    python bench/scaling.py --packing --lengths 128 512 --steps 5
+
 Prints one line per point, then the ratios last (each point against the smallest one; with
-``--memory``, each chunk size's peak against all positions at once).
+``--memory``, each chunk size's peak against all positions at once; with ``--vs-trl``, grpokit
+against TRL per length).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    chat_prompts,
     emit_result,
     load_average,
     median,
     model_path,
+    paired_ratios,
     peak_rss_mib,
+    print_paired,
     print_ratios,
     run_child,
+    spread,
+    verdict,
 )
-from train_step import SETTINGS, run_grpokit  # noqa: E402
+from train_step import SETTINGS, TARGET_TIME, run_grpokit  # noqa: E402
 
 LLAMA3_VOCAB = 128_256
 PROMPT_TOKENS = 16
+
+VOCAB_SHAPE: dict[str, Any] = {
+    "vocab_size": LLAMA3_VOCAB,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rope_theta": 500000.0,
+}
+"""--vs-trl's model: Llama 3's vocabulary and attention layout (grouped keys and values, 4 query
+heads per key head) on a narrow body; 155M parameters with the untied head."""
+TARGET_MEMORY = 0.5
+"""grpokit's peak memory against TRL's at 1,024 tokens."""
 
 
 def main() -> None:
@@ -58,7 +107,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1, help="measured steps per point")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--memory", action="store_true", help="log-prob memory, not step time")
+    ap.add_argument(
+        "--vs-trl", action="store_true", help="grpokit against TRL, 128k vocabulary, G 8"
+    )
     ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="--memory: vocabulary size")
+    ap.add_argument("--width", type=int, default=512, help="--vs-trl: the model's hidden size")
+    ap.add_argument("--layers", type=int, default=8, help="--vs-trl: the model's layers")
+    ap.add_argument("--packing", action="store_true", help="padded against padding-free update")
     ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
     ap.add_argument(
         "--chunk-sizes",
@@ -75,6 +130,12 @@ def main() -> None:
         return
     if args.memory:
         memory(args)
+        return
+    if args.vs_trl:
+        against_trl(args)
+        return
+    if args.packing:
+        packing(args)
         return
     args.lengths = args.lengths or [64, 128, 256]
     if args.smoke:
@@ -168,6 +229,168 @@ def memory(args: argparse.Namespace) -> None:
                     )
                 )
     print_ratios("log-prob memory ratios", ratios)
+
+
+def against_trl(args: argparse.Namespace) -> None:
+    """Seconds per step and peak memory, grpokit and TRL, per completion length."""
+    from gpu_check import build_model
+
+    from grpokit.model_files.embedded import embedded_model_dir
+
+    # A narrower body keeps the vocabulary's share of the work and costs less (a loaded machine).
+    shape = {
+        **VOCAB_SHAPE,
+        "hidden_size": args.width,
+        "intermediate_size": 3 * args.width,
+        "num_hidden_layers": args.layers,
+    }
+    g = 8
+    lengths = args.lengths or [256, 1024, 2048]
+    if args.smoke:
+        # a vocabulary beyond the tokenizer's 49,152, as the real run's
+        shape, lengths, args.steps, g = {"vocab_size": 65_536}, [8], 1, 2
+    root = Path(tempfile.mkdtemp(prefix="grpokit-bench-vocab-"))
+    try:
+        _against_trl(args, build_model("vocab", shape, embedded_model_dir(), root), lengths, g)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: int) -> None:
+    from safetensors import safe_open
+    from transformers import AutoConfig
+
+    vocab = int(AutoConfig.from_pretrained(path).vocab_size)
+    parameters = 0
+    for weights in path.glob("*.safetensors"):
+        with safe_open(weights, "pt") as f:
+            names = f.keys()
+            parameters += sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    print(
+        f"random-weight Llama, vocabulary {vocab:,}, {parameters / 1e6:.0f}M "
+        f"parameters; 1 prompt x {g} completions of exactly L tokens (greedy, end tokens "
+        f"suppressed); {args.setting}; 1 warm-up + {args.steps} measured steps per point; "
+        f"{args.threads or 'default'} thread(s); {load_average()}",
+        flush=True,
+    )
+    script = Path(__file__).resolve().parent / "train_step.py"
+    common = [
+        f"--model-path={path}",
+        f"--steps={args.steps}",
+        "--prompts=1",
+        f"--num-generations={g}",
+        f"--threads={args.threads}",
+        "--top-k=1",
+        "--device=cpu",
+        f"--setting={args.setting}",
+    ]
+    pairs: list[tuple[str, list[float], str]] = []
+    rows: list[str] = []
+    for length in lengths:
+        results: dict[str, dict[str, Any]] = {}
+        for peer in ("grpokit", "trl"):
+            r = run_child(script, [*common, f"--max-completion-length={length}", f"--child={peer}"])
+            results[peer] = r
+            print(
+                f"L {length:5d}  {peer:<8} step {spread(r['step_times'])} s "
+                f"(steps {', '.join(f'{t:.1f}' for t in r['step_times'])}), peak RSS "
+                f"{r['rss_mib'] / 1024:.2f} GiB, mean completion {r['mean_length']:.0f} tokens "
+                f"({load_average()})",
+                flush=True,
+            )
+        ours, theirs = results["grpokit"], results["trl"]
+        times = paired_ratios(ours["step_times"], theirs["step_times"])
+        memory_ratio = ours["rss_mib"] / theirs["rss_mib"]
+        pairs.append(
+            (
+                f"L {length}: grpokit / TRL seconds per step",
+                times,
+                verdict(median(times), TARGET_TIME, at_least=False),
+            )
+        )
+        memory_note = (
+            verdict(memory_ratio, TARGET_MEMORY, at_least=False) if length == 1024 else "peak RSS"
+        )
+        pairs.append((f"L {length}: grpokit / TRL peak memory", [memory_ratio], memory_note))
+        rows.append(
+            f"| {length:,} x {vocab:,} | {median(ours['step_times']):.1f} s | "
+            f"{median(theirs['step_times']):.1f} s | {median(times):.2f}x "
+            f"({min(times):.2f}-{max(times):.2f}) | {ours['rss_mib'] / 1024:.2f} GiB | "
+            f"{theirs['rss_mib'] / 1024:.2f} GiB | {memory_ratio:.2f}x |"
+        )
+    print(
+        "\n| L x vocabulary | grpokit s/step | TRL s/step | time ratio | grpokit peak | "
+        "TRL peak | memory ratio |\n|---|---|---|---|---|---|---|"
+    )
+    print("\n".join(rows))
+    print_paired("grpokit against TRL by completion length", pairs)
+
+
+PACKING_LAYOUTS = {
+    "padded": {"share_prompts": True},
+    "padded-plain": {"share_prompts": False},
+    "packed": {"padding_free": True},
+}
+"""--packing's layouts: completion_logprobs' keyword arguments."""
+
+
+def packing(args: argparse.Namespace) -> None:
+    """Seconds of one micro-batch's forward and backward, padded and packed, interleaved."""
+    import time
+
+    import torch
+
+    from grpokit.models.loading import load_policy
+    from grpokit.train.forward import completion_logprobs, pack
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = args.lengths or [128, 512]
+    rows = 8
+    if args.smoke:
+        lengths, args.steps = [16], 1
+    args.model_path = model_path(args.smoke, args.model)
+    policy = load_policy(args.model_path, need_reference=False)
+    model = policy.model
+    model.train()
+    prompt = chat_prompts(policy.tokenizer, 1)[0]
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    print(
+        f"model {args.model_path}; {rows} completions of one {len(prompt)}-token prompt, lengths "
+        f"L/8 .. L; forward + backward of the log-probs, full fine-tuning; {load_average()}"
+    )
+    gen = torch.Generator().manual_seed(0)
+    pairs: list[tuple[str, list[float], str]] = []
+    for length in lengths:
+        sizes = torch.linspace(max(1, length // 8), length, rows).round().long().tolist()
+        completions = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in sizes]
+        batch = pack([prompt] * rows, completions, pad_token_id=policy.pad_token_id)
+        seconds: dict[str, list[float]] = {name: [] for name in PACKING_LAYOUTS}
+        for repeat in range(args.steps + 1):  # the first round warms up
+            for name, layout in PACKING_LAYOUTS.items():
+                model.zero_grad(set_to_none=True)
+                t0 = time.perf_counter()
+                logp, _ = completion_logprobs(model, batch, with_entropy=True, **layout)
+                (logp * batch.completion_mask).sum().backward()
+                if repeat:
+                    seconds[name].append(time.perf_counter() - t0)
+        real = sum(len(prompt) + n for n in sizes)
+        print(
+            f"L {length:5d}  "
+            + "  ".join(f"{name} {spread(t)} s" for name, t in seconds.items())
+            + f"  (tokens: packed {real}, padded {rows * (len(prompt) + length)}; "
+            f"{load_average()})",
+            flush=True,
+        )
+        for name in ("padded", "padded-plain"):
+            pairs.append(
+                (
+                    f"L {length}: packed / {name} seconds",
+                    paired_ratios(seconds["packed"], seconds[name]),
+                    "forward + backward",
+                )
+            )
+    print_paired("padding-free against padded", pairs)
 
 
 def memory_child(args: argparse.Namespace) -> None:

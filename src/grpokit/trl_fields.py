@@ -489,6 +489,7 @@ GRPOKIT_ONLY: dict[str, str] = {
     "max_dynamic_sampling_rounds": "DAPO's dynamic sampling",
     "max_tokens_per_micro_batch": "verl's token budget per micro-batch",
     "logprob_chunk_size": "log-probs a chunk of positions at a time, without the whole logits",
+    "padding_free": "TRL's SFTConfig has it (GRPOConfig does not): sequences packed without padding",
     "log_completions_steps": "how often completions.jsonl is written",
     "eval_samples": "the periodic held-out eval",
     "eval_max_prompts": "the periodic held-out eval",

@@ -96,3 +96,22 @@ def test_scaling_benchmark_measures_log_prob_memory() -> None:
     ratios = _run("scaling.py", "--memory")
     assert set(ratios) == {"L 16: chunk 8 / all at once, memory above the model"}
     assert all(v > 0 for v in ratios.values())
+
+
+def test_scaling_benchmark_against_trl_prints_its_ratios() -> None:
+    pytest.importorskip("trl")
+    ratios = _run("scaling.py", "--vs-trl")
+    assert set(ratios) == {
+        "L 8: grpokit / TRL seconds per step",
+        "L 8: grpokit / TRL peak memory",
+    }
+    assert all(v > 0 for v in ratios.values())
+
+
+def test_scaling_benchmark_compares_padded_and_packed() -> None:
+    ratios = _run("scaling.py", "--packing")
+    assert set(ratios) == {
+        "L 16: packed / padded seconds",
+        "L 16: packed / padded-plain seconds",
+    }
+    assert all(v > 0 for v in ratios.values())

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 
@@ -42,3 +43,41 @@ def to_float64(x: Any) -> Any:
     if x.policy.reference is not None:
         x.policy.reference.double()
     return x
+
+
+UPDATE_SETTINGS: dict[str, Any] = {
+    "num_generations": 4,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 2,
+    "beta": 0.04,
+    "num_iterations": 2,
+    "learning_rate": 1e-2,
+}
+"""training: settings of the update identities: micro-batches of 4 rows, two optimizer steps per
+batch (so old log-probs), a KL to the reference, and a learning rate at which Adam would turn
+float32 rounding into visible differences."""
+
+Update = tuple[dict[str, torch.Tensor], list[dict[str, float]]]
+"""The weights after an update (name -> tensor) and the update's metrics, one dict a step."""
+
+
+def updated(trainer: Any, exp: Any) -> Update:
+    """Run ``trainer.update(exp)``; the weights after it and its metrics."""
+    metrics = trainer.update(exp)
+    params = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
+    return params, metrics
+
+
+def assert_same_update(
+    a: Update, b: Update, keys: tuple[str, ...] = ("loss", "grad_norm", "kl")
+) -> None:
+    """Two float64 updates of the same identity: weights to 1e-9 relative, metrics too."""
+    (params_a, metrics_a), (params_b, metrics_b) = a, b
+    for name in params_a:
+        error = float(
+            (params_a[name] - params_b[name]).norm() / max(float(params_a[name].norm()), 1e-12)
+        )
+        assert error < 1e-9, (name, error)
+    for m_a, m_b in zip(metrics_a, metrics_b, strict=True):
+        for key in keys:
+            assert m_a[key] == pytest.approx(m_b[key], rel=1e-9, abs=1e-12), key

@@ -471,6 +471,21 @@ class TrainingConfig(_Strict):
         json_schema_extra=_OPT,
     )
 
+    padding_free: bool = Field(
+        False,
+        description=(
+            "Update without padding (TRL's SFTConfig name): each micro-batch's sequences, "
+            "prompt and completion, are laid end to end in one row with position ids that "
+            "start again at 0 for each, and the attention keeps each sequence to itself "
+            "(transformers builds that mask from the position ids: a block-diagonal mask for "
+            "sdpa and eager, variable-length kernels for FlashAttention). Saves the padding "
+            "of micro-batches whose completions differ in length; each completion then "
+            "carries its own copy of its prompt (no prompt encoded once per group). A model "
+            "whose attention would mix packed sequences (checked on the first use) is refused."
+        ),
+        json_schema_extra=_OPT,
+    )
+
     # ---- checkpointing
     output_dir: str | None = Field(
         None,
@@ -565,7 +580,8 @@ class TrainingConfig(_Strict):
             "Token budget of a micro-batch in the update (verl's ppo_max_token_len_per_gpu): "
             "consecutive completions are cut into micro-batches of at most "
             "per_device_train_batch_size rows whose padded size (rows x (longest prompt + "
-            "longest completion)) stays within it; a longer single row goes alone. Bounds the "
+            "longest completion); with padding_free, the rows' own tokens summed) stays within "
+            "it; a longer single row goes alone. Bounds the "
             "update's memory when a few completions run long, and their padding. The update is "
             "the same for dapo, dr_grpo and grpo (normalised per step or per sequence); bnpo "
             "normalises per micro-batch by definition. null: rows only."

@@ -31,24 +31,27 @@ class Experience:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
-    def micro_batch_rows(self, size: int, token_budget: int | None = None) -> list[slice]:
+    def micro_batch_rows(
+        self, size: int, token_budget: int | None = None, *, packed: bool = False
+    ) -> list[slice]:
         """Consecutive row ranges of at most ``size`` rows and, with a budget, at most
-        ``token_budget`` padded tokens (rows x (longest prompt + longest completion)); a row that
-        alone exceeds the budget is a micro-batch of its own."""
+        ``token_budget`` tokens: padded, rows x (longest prompt + longest completion); ``packed``
+        (padding-free), the rows' own prompt + completion tokens summed. A row that alone
+        exceeds the budget is a micro-batch of its own."""
         out: list[slice] = []
         start, n = 0, len(self)
         while start < n:
             end = start + 1
             p_len, c_len = len(self.prompt_ids[start]), max(1, len(self.completion_ids[start]))
+            total = p_len + len(self.completion_ids[start])
             while end < n and end - start < size:
                 p_next = max(p_len, len(self.prompt_ids[end]))
                 c_next = max(c_len, len(self.completion_ids[end]))
-                if (
-                    token_budget is not None
-                    and (end - start + 1) * (p_next + c_next) > token_budget
-                ):
+                total_next = total + len(self.prompt_ids[end]) + len(self.completion_ids[end])
+                tokens = total_next if packed else (end - start + 1) * (p_next + c_next)
+                if token_budget is not None and tokens > token_budget:
                     break
-                p_len, c_len, end = p_next, c_next, end + 1
+                p_len, c_len, total, end = p_next, c_next, total_next, end + 1
             out.append(slice(start, end))
             start = end
         return out

@@ -19,10 +19,23 @@ skip (G - 1) / G of the prompt tokens, often half the tokens of a GRPO batch (a 
 format instructions is as long as the answer). bench/train_step.py measures the step it is part
 of; on the demo's settings (G = 8, a system prompt of about 100 tokens) the update got about a
 quarter faster.
+
+Padding-free (``training.padding_free``): the micro-batch's B sequences, each its prompt's and its
+completion's real tokens, are laid end to end in one row of sum-of-lengths tokens, with position
+ids that start again at 0 for each sequence and no attention mask. transformers reads the
+sequence boundaries from the position ids and keeps each sequence's attention to itself (a
+block-diagonal causal mask for sdpa, eager and flex attention; variable-length kernels for
+FlashAttention), so each token sees what it sees in its padded row, and the padding's work is
+gone. Only the positions that predict completion tokens reach the output projection
+(``logits_to_keep`` given as positions). Prompts are not shared across a group then: each
+sequence carries its own prompt. Whether a model's attention really keeps packed sequences
+apart is checked once per model (:func:`check_packing`), since an attention implementation that
+ignores the position ids would silently let each sequence read the ones before it.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,7 +46,13 @@ import torch
 from grpokit.config.training import TrainingConfig
 from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_log_softmax
 from grpokit.errors import UserError
-from grpokit.models.compat import cache_kwarg, hf_model, is_checkpointing, new_cache
+from grpokit.models.compat import (
+    cache_kwarg,
+    hf_model,
+    is_checkpointing,
+    logits_to_keep_kwarg,
+    new_cache,
+)
 from grpokit.models.onednn import compute_autocast
 
 DEFAULT_LOGPROB_CHUNK_SIZE: int = TrainingConfig.model_fields["logprob_chunk_size"].default
@@ -120,6 +139,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     share_prompts: bool = True,
     logprob_chunk_size: int | None = DEFAULT_LOGPROB_CHUNK_SIZE,
+    padding_free: bool = False,
 ) -> Scores:
     """Log-probabilities (B, C) of the completion tokens, and optionally the entropy (B, C).
 
@@ -129,7 +149,9 @@ def completion_logprobs(
     ``logprob_chunk_size``: positions projected to the vocabulary at once (see the module's
     docstring); 0 or None projects all completion positions at once, as a plain forward does.
     Models whose forward changes the projection's logits (Gemma 2's soft-capping, Cohere's and
-    Granite's scales) always take that path.
+    Granite's scales) always take that path. ``padding_free``: one packed row without padding
+    (see the module's docstring; ``share_prompts`` does not apply); the scores at the padding of
+    the returned (B, C) tensors are 0.
 
     A model marked to compute in bfloat16 (``model.dtype: auto`` on a CPU that has it) runs its
     forward under CPU autocast (grpokit.models.onednn.compute_autocast); the log-softmax and the
@@ -150,7 +172,9 @@ def completion_logprobs(
         chunk_size=logprob_chunk_size if chunked and logprob_chunk_size else 0,
     )
     with compute_autocast(model):
-        if share_prompts and batch.shares_prompts and not is_checkpointing(model):
+        if padding_free:
+            parts = [_packed_scores(model, batch, scoring)]
+        elif share_prompts and batch.shares_prompts and not is_checkpointing(model):
             parts = _shared_prompt_scores(model, batch, scoring)
         else:
             parts = [_full_scores(model, batch, scoring)]
@@ -329,3 +353,93 @@ def _shared_prompt_scores(
             )
         )
     return pieces
+
+
+def _packed_scores(model: torch.nn.Module, batch: TokenBatch, scoring: _Scoring) -> Scores:
+    """Scores (B, C) of the completion tokens, from one row of the B sequences end to end.
+
+    Row b's real tokens (its prompt's p_b, then its completion's c_b) start at offset o_b in the
+    packed row, and its completion token j at o_b + p_b + j, predicted by the position before.
+    """
+    check_packing(model)
+    real = batch.attention_mask.bool()
+    completion = batch.completion_mask.bool()
+    prompt_lengths = real[:, : batch.prompt_length].sum(dim=1)
+    if bool((prompt_lengths == 0).any()):
+        raise ValueError("padding-free packing needs a prompt of at least one token in every row")
+    lengths = real.sum(dim=1)
+    offsets = lengths.cumsum(dim=0) - lengths
+    j = torch.arange(batch.completion_length, device=real.device)
+    predictors = (offsets + prompt_lengths - 1)[:, None] + j[None, :]
+    logp, entropy = _scored_forward(
+        model,
+        batch.completion_ids[completion][None],
+        scoring,
+        input_ids=batch.input_ids[real][None],
+        position_ids=batch.position_ids[real][None],
+        logits_to_keep=predictors[completion],
+        use_cache=False,
+    )
+
+    def unpacked(values: torch.Tensor) -> torch.Tensor:
+        return values.new_zeros(completion.shape).masked_scatter(completion, values.reshape(-1))
+
+    return unpacked(logp), None if entropy is None else unpacked(entropy)
+
+
+_PACKING_CHECKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+"""Models (the transformers model inside any wrapper) whose packed attention passed the check."""
+
+_PROBE_TOKENS = 4
+
+
+def check_packing(model: torch.nn.Module) -> None:
+    """Refuse a model whose attention lets a packed sequence read the sequence before it.
+
+    Runs once per model: two packed rows [a | b] and [a' | b] (random tokens, positions 0..3
+    twice). Kept apart, b is computed by the same arithmetic in both and its logits are equal;
+    an attention that ignores the position ids (an implementation transformers builds no mask
+    for, a model class of its own, a recurrent layer) makes them depend on a or a'.
+    """
+    inner = hf_model(model)
+    if inner in _PACKING_CHECKED:
+        return
+    name = type(inner).__name__
+    implementation = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    if logits_to_keep_kwarg(model) != "logits_to_keep":
+        raise UserError(
+            f"training.padding_free: {name}'s forward takes no logits_to_keep, which packing "
+            "needs; set training.padding_free: false for this model"
+        )
+    get_embeddings = getattr(inner, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
+    vocab = int(getattr(embeddings, "num_embeddings", 2))
+    device = next(inner.parameters()).device
+    gen = torch.Generator().manual_seed(0)
+    a, other, b = torch.randint(vocab, (3, _PROBE_TOKENS), generator=gen).to(device)
+    positions = torch.arange(_PROBE_TOKENS, device=device).repeat(2)[None]
+    keep = torch.arange(_PROBE_TOKENS, 2 * _PROBE_TOKENS, device=device)
+    training = model.training
+    model.eval()  # dropout would make the two rows differ for another reason
+    try:
+        with torch.no_grad():
+            logits = [
+                model(
+                    input_ids=torch.cat([first, b])[None],
+                    position_ids=positions,
+                    logits_to_keep=keep,
+                    use_cache=False,
+                ).logits.float()
+                for first in (a, other)
+            ]
+    finally:
+        model.train(training)
+    scale = max(1.0, float(logits[0].abs().max()))
+    if float((logits[0] - logits[1]).abs().max()) > 1e-5 * scale:
+        raise UserError(
+            f"training.padding_free: {name} (attention implementation {implementation!r}) "
+            "lets a packed sequence attend to the one before it: its attention ignores the "
+            "position ids that mark where each sequence starts. Set training.padding_free: "
+            "false for this model"
+        )
+    _PACKING_CHECKED.add(inner)

@@ -51,6 +51,7 @@ RESUMABLE = (
     "training.max_dynamic_sampling_rounds",
     "training.max_tokens_per_micro_batch",
     "training.logprob_chunk_size",
+    "training.padding_free",
     "training.gradient_checkpointing",
     "training.use_vllm",
     "training.vllm_*",

@@ -434,6 +434,7 @@ class GRPOTrainer:
             with_entropy=with_entropy,
             share_prompts=not self.args.fsdp,
             logprob_chunk_size=self.args.logprob_chunk_size,
+            padding_free=self.args.padding_free,
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
@@ -441,7 +442,7 @@ class GRPOTrainer:
         engine then takes the new weights (vLLM holds its own copy)."""
         a = self.args
         micro_batches = exp.micro_batch_rows(
-            a.per_device_train_batch_size, a.max_tokens_per_micro_batch
+            a.per_device_train_batch_size, a.max_tokens_per_micro_batch, packed=a.padding_free
         )
         self.lockstep.plan(len(micro_batches))
         old_logps, ref_logps = self._fixed_logprobs(exp, micro_batches)
