@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +37,8 @@ class Sample:
     truncated: bool
     transcript: list[dict[str, Any]] | None = None
     """With tools: the turns, tool calls and tool results as chat messages."""
+    parts: dict[str, float | None] = field(default_factory=dict)
+    """Sub-scores of rewards that report parts (a checklist's items, ``checklist/<item>``)."""
 
 
 @dataclass
@@ -91,6 +93,10 @@ class ScoredBatch:
                     length=len(self.rollout.completion_ids[b]),
                     truncated=self.rollout.finish_reason[b] == "length",
                     transcript=None if self.messages is None else self.messages[b],
+                    parts={
+                        name: None if math.isnan(v := float(column[b])) else v
+                        for name, column in self.scores.parts.items()
+                    },
                 )
             )
         return out
