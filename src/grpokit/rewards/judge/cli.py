@@ -176,6 +176,46 @@ def audit_reward_model_command(
     _write_report(output, report.to_json())
 
 
+@judge_cli.command(name="audit-checklist")
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option(
+    "--completions",
+    "completions",
+    required=True,
+    type=click.Path(path_type=Path),
+    help='Labelled JSONL, one {"prompt": ..., "completion": ..., "fails": [items]} per line: '
+    "the items the answer does not meet (empty for a good answer).",
+)
+@click.option(
+    "--reward",
+    "reward_name",
+    default=None,
+    help="Name of the checklist reward to audit when the config has several.",
+)
+@click.option(
+    "--output",
+    "output",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Also write the full report as JSON to this file.",
+)
+def audit_checklist_command(
+    config: Path, completions: Path, reward_name: str | None, output: Path | None
+) -> None:
+    """Score labelled COMPLETIONS with CONFIG's checklist and report, per item, whether its
+    check (a judge's yes/no question or a program) tells the answers that meet it from those
+    that do not better than chance."""
+    from grpokit.config import load_config
+    from grpokit.rewards.audit.checklist import audit_checklist, print_checklist_audit
+
+    cfg = load_config(config)
+    report = audit_checklist(
+        cfg.rewards, cfg.config_dir, completions, source=str(config), reward_name=reward_name
+    )
+    print_checklist_audit(report)
+    _write_report(output, report.to_json())
+
+
 def run_audit(config: Path, completions: Path, **options: Any) -> AuditReport:
     """``grpokit judge audit``: the config's judge reward audited on a completions file."""
     from grpokit.config import load_config
