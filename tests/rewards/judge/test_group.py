@@ -435,3 +435,25 @@ def test_audit_compares_absolute_and_group_scoring(
     contents = [r["messages"][0]["content"] for r in server.requests]
     assert sum("<answer id=" in c for c in contents) == 1 + 4
     assert len(contents) == 1 + 7 * 4 + 1 + 4
+
+
+@pytest.mark.parametrize("name", ["config.openai.group.en.yaml", "config.openai.group.yaml"])
+def test_recipe_group_configs(name: str) -> None:
+    from grpokit.config import load_config
+    from grpokit.recipes import recipe_dir
+    from grpokit.rewards.judge.reward import render_group
+    from grpokit.rewards.judge.rubric import load_rubric
+
+    recipe = recipe_dir("business-ideas")
+    config = load_config(recipe / name)
+    params = config.rewards[1].params
+    assert isinstance(params, JudgeParams)
+    assert params.scoring == "group" and params.score_range == (0.0, 5.0)
+    # Everything but the quality reward is the absolute server config's.
+    absolute = load_config(recipe / name.replace(".group", ""))
+    assert config.model_dump(exclude={"rewards"}) == absolute.model_dump(exclude={"rewards"})
+    group = load_rubric(None, params.group_rubric_file, recipe, "g", placeholder="completions")
+    text = render_group(group, "Target: bakers.", ["First idea.", "Second idea."], {})
+    assert text.count('<answer id="') == 2 and "Target: bakers." in text
+    assert "2" in text.split("</answer>")[-1]  # the count of answers is in the instructions
+    load_rubric(None, params.rubric_file, recipe, "r")  # the absolute side of the comparison
