@@ -541,11 +541,14 @@ class JudgeReward(Reward):
             metrics["judge/group_size"] = statistics.fmean(len(r.shown) for r in records)
         metrics["judge/seconds"] = time.perf_counter() - started
         failures = [o.error for row in outcomes for o in row if o.error is not None]
+        # Group scoring sends one request per group: count those, not the completions.
+        requests = len(records) if records else sum(len(row) for row in outcomes)
+        failed = sum(r.reply is None for r in records) if records else len(failures)
         if failures:
             logger.warning(
                 "judge: %d of %d requests failed (first: %s); those scores are None",
-                len(failures),
-                sum(len(row) for row in outcomes),
+                failed,
+                requests,
                 failures[0],
             )
         return JudgedBatch(outcomes=outcomes, scores=scores, metrics=metrics, groups=records)
