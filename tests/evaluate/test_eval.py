@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from grpokit.core.stats import t_quantile_975, wilson_interval
+from grpokit.core.stats import cluster_pass_interval, t_quantile_975, wilson_interval
 from grpokit.errors import UserError
 from grpokit.evaluate.cli import eval_cmd
 from grpokit.evaluate.eval import (
@@ -227,3 +227,106 @@ def test_eval_cli_prints_the_table_and_reports_user_errors(
     assert isinstance(res.exception, UserError) and "--pass 'nope=1'" in str(res.exception)
     res = runner.invoke(eval_cmd, args[:6])
     assert isinstance(res.exception, UserError) and "--config" in str(res.exception)
+
+
+def test_checklist_items_summarised_by_hand() -> None:
+    def sample(model: str, prompt: int, k: int, parts: dict[str, float | None]) -> Sample:
+        return Sample(model, prompt, k, "t", 1.0, {"quality": 1.0}, 5, False, parts=parts)
+
+    # Item "price": 0/1; item "clear": probabilities of yes; one None (not applicable).
+    base = [
+        sample("base", 0, 0, {"checklist/price": 1.0, "checklist/clear": 0.2}),
+        sample("base", 0, 1, {"checklist/price": 0.0, "checklist/clear": 0.4}),
+        sample("base", 1, 0, {"checklist/price": 0.0, "checklist/clear": 0.1}),
+        sample("base", 1, 1, {"checklist/price": 0.0, "checklist/clear": None}),
+    ]
+    trained = [
+        sample("trained", 0, 0, {"checklist/price": 1.0, "checklist/clear": 0.6}),
+        sample("trained", 0, 1, {"checklist/price": 1.0, "checklist/clear": 0.8}),
+        sample("trained", 1, 0, {"checklist/price": 1.0, "checklist/clear": 0.5}),
+        sample("trained", 1, 1, {"checklist/price": 0.0, "checklist/clear": 0.3}),
+    ]
+    result = summarize_eval(
+        base + trained,
+        labels=["base", "trained"],
+        paths={},
+        prompts=["A", "B"],
+        samples_per_prompt=2,
+        reward_names=["quality"],
+        thresholds={},
+        seed=0,
+        sampling={},
+        heldout="h.jsonl",
+        part_names=["checklist/price", "checklist/clear"],
+    )
+    b, t = (m.checklist for m in result.models)
+    price, clear = "eval/checklist/price/pass_rate", "eval/checklist/clear/pass_rate"
+    assert list(b) == [price, clear]
+    assert (b[price].pass_rate, b[price].n) == (0.25, 4)
+    assert t[price].pass_rate == 0.75
+    # 0/1 successes: the cluster Wilson interval of the pass rates.
+    assert t[price].ci == pytest.approx(cluster_pass_interval([[True, True], [True, False]]))
+    # Probabilities: mean 0.7 / 3 over the 3 applicable samples; t interval on 1 df over the
+    # cluster standard error (prompt sums 0.6 and 0.1 against 0.7/3 x their sizes 2 and 1).
+    assert b[clear].n == 3 and b[clear].pass_rate == pytest.approx(0.7 / 3)
+    m = 0.7 / 3
+    stderr = (2 * ((0.6 - 2 * m) ** 2 + (0.1 - m) ** 2) / 3**2) ** 0.5
+    low = max(0.0, m - t_quantile_975(1) * stderr)
+    assert b[clear].ci == pytest.approx((low, min(1.0, m + t_quantile_975(1) * stderr)))
+    assert t[clear].pass_rate == pytest.approx(0.55)
+    # Paired per prompt: price base 0.5, 0 -> trained 1, 0.5: +0.5 on both prompts.
+    paired = {c.metric: c for c in result.paired}
+    assert paired[price].diff == pytest.approx(0.5) and paired[price].ci == pytest.approx(
+        (0.5, 0.5)
+    )
+    # clear: base 0.3, 0.1 -> trained 0.7, 0.4: +0.4 and +0.3.
+    assert paired[clear].diff == pytest.approx(0.35)
+    md = render_markdown(result)
+    assert "Checklist items: pass rate per model" in md
+    assert f"| {price} | 25% [" in md
+    assert f"| {clear} | trained - base | +0.35 |" in md
+
+
+def test_eval_reports_checklist_items(
+    tmp_path: Path, tiny_model_dir: Path, tiny_model_factory: Callable[..., Path]
+) -> None:
+    prompts = tmp_path / "heldout.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["Say hi.", "Count."]))
+    (tmp_path / "checks.py").write_text(
+        "def vowels(prompts, completions, **kwargs):\n"
+        "    return [sum(ch in 'aeiou' for ch in c) / max(1, len(c)) for c in completions]\n"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"model: {{name_or_path: {tiny_model_dir}}}\n"
+        "data: {train: heldout.jsonl}\n"
+        "rewards:\n"
+        "  - type: checklist\n"
+        "    items:\n"
+        "      - {name: has_e, regex: 'e'}\n"
+        "      - {name: vowels, function: 'checks.py:vowels'}\n"
+        "training: {max_completion_length: 8, temperature: 1.0, num_generations: 2}\n"
+    )
+    out = tmp_path / "eval"
+    result = run_eval(
+        [f"base={tiny_model_dir}", f"other={tiny_model_factory(seed=1)}"],
+        prompts,
+        samples=3,
+        out_dir=out,
+        config=config,
+        log=lambda _: None,
+    )
+    rows = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    saved = EvalResult.model_validate_json((out / "eval.json").read_text())
+    for model in saved.models:
+        mine = [r for r in rows if r["model"] == model.label]
+        for item in ("has_e", "vowels"):
+            summary = model.checklist[f"eval/checklist/{item}/pass_rate"]
+            values = [r["parts"][f"checklist/{item}"] for r in mine]
+            assert summary.n == 6
+            assert summary.pass_rate == pytest.approx(sum(values) / 6)
+        has_e = [r["parts"]["checklist/has_e"] for r in mine]
+        assert has_e == [1.0 if "e" in r["completion"] else 0.0 for r in mine]
+    metrics = {c.metric for c in result.paired}
+    assert {"eval/checklist/has_e/pass_rate", "eval/checklist/vowels/pass_rate"} <= metrics
+    assert "Checklist items: pass rate per model" in (out / "eval.md").read_text()

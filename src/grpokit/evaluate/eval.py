@@ -25,7 +25,13 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOKitConfig, load_config
-from grpokit.core.stats import cluster_pass_interval, paired_difference, pass_at_k
+from grpokit.core.stats import (
+    cluster_mean_stderr,
+    cluster_pass_interval,
+    paired_difference,
+    pass_at_k,
+    t_quantile_975,
+)
 from grpokit.data.chat import prompt_text
 from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
@@ -34,6 +40,7 @@ from grpokit.evaluate.schema import (
     EvalResult,
     ModelSummary,
     PairedComparison,
+    PartSummary,
     PromptResult,
     RewardSummary,
     TranscriptSample,
@@ -131,17 +138,62 @@ def _reward_summary(
     )
 
 
+def part_metric(part: str) -> str:
+    """The held-out metric of a reward part: ``checklist/<item>`` -> its
+    ``eval/checklist/<item>/pass_rate``."""
+    return f"eval/{part}/pass_rate"
+
+
+def _metric_value(sample: Sample, key: str) -> float | None:
+    """A sample's value of a reward, or of a reward part named by its held-out metric."""
+    if key in sample.rewards:
+        return sample.rewards[key]
+    if key.startswith("eval/") and key.endswith("/pass_rate"):
+        return sample.parts.get(key[len("eval/") : -len("/pass_rate")])
+    return None
+
+
+def part_summary(values_per_prompt: Sequence[Sequence[float | None]]) -> PartSummary:
+    """A reward part's success rate over samples with a per-prompt (cluster) 95% interval.
+
+    values_per_prompt: per prompt, the part's value in each sample (None: not applicable).
+    0/1 values get :func:`cluster_pass_interval`; probabilities a t interval (prompts - 1 df)
+    on :func:`cluster_mean_stderr`, clipped to [0, 1], None with fewer than two prompts.
+
+    >>> part_summary([[1.0, 0.0], [1.0, None]]).pass_rate
+    0.6666666666666666
+    """
+    groups = [[v for v in g if v is not None] for g in values_per_prompt]
+    groups = [g for g in groups if g]
+    n = sum(len(g) for g in groups)
+    if n == 0:
+        return PartSummary(pass_rate=None, ci=None, n=0)
+    rate = sum(sum(g) for g in groups) / n
+    ci: tuple[float, float] | None
+    if all(v in (0.0, 1.0) for g in groups for v in g):
+        ci = cluster_pass_interval([[v == 1.0 for v in g] for g in groups])
+    else:
+        stderr = cluster_mean_stderr(groups)
+        if stderr is None:
+            ci = None
+        else:
+            half = t_quantile_975(len(groups) - 1) * stderr
+            ci = (max(0.0, rate - half), min(1.0, rate + half))
+    return PartSummary(pass_rate=rate, ci=ci, n=n)
+
+
 def _prompt_means(
     samples: list[Sample], n_prompts: int, key: str | None, thresholds: Mapping[str, float]
 ) -> list[float | None]:
-    """Per prompt: the mean of a reward (key) or, with key None, the compliant share."""
+    """Per prompt: the mean of a reward or reward part's metric (key) or, with key None, the
+    compliant share."""
     out: list[float | None] = []
     for i in range(n_prompts):
         at = [s for s in samples if s.prompt_index == i]
         if key is None:
             out.append(sum(_compliant(s, thresholds) for s in at) / len(at) if at else None)
         else:
-            vals = [s.rewards.get(key) for s in at]
+            vals = [_metric_value(s, key) for s in at]
             present = [v for v in vals if v is not None]
             out.append(sum(present) / len(present) if present else None)
     return out
@@ -234,11 +286,14 @@ def summarize_eval(
     monitors: MonitorConfig | None = None,
     seconds: Mapping[str, float] | None = None,
     group_texts: Mapping[str, list[str]] | None = None,
+    part_names: Sequence[str] = (),
 ) -> EvalResult:
     """Build the eval tables from scored samples (no model needed: testable by hand).
 
     ``thresholds`` holds the pass threshold of each reward that has one; a sample is compliant
-    when it passes all of them (no thresholds: no compliant counts).
+    when it passes all of them (no thresholds: no compliant counts). ``part_names``: the reward
+    parts (a checklist's items, ``checklist/<item>``) whose success rates are summarised and
+    compared as ``eval/checklist/<item>/pass_rate``.
     """
     n_prompts = len(prompts)
     models: list[ModelSummary] = []
@@ -279,6 +334,15 @@ def summarize_eval(
                 truncated_frac=sum(s.truncated for s in mine) / len(mine),
                 text=text_stats(texts, samples_per_prompt),
                 rewards=rewards,
+                checklist={
+                    part_metric(part): part_summary(
+                        [
+                            [s.parts.get(part) for s in mine if s.prompt_index == i]
+                            for i in range(n_prompts)
+                        ]
+                    )
+                    for part in part_names
+                },
                 seconds=(seconds or {}).get(label, 0.0),
             )
         )
@@ -305,6 +369,7 @@ def summarize_eval(
         )
     paired: list[PairedComparison] = []
     metrics: list[str | None] = list(reward_names) + ([None] if thresholds else [])
+    metrics += [part_metric(part) for part in part_names]
     base = labels[0]
     for other in labels[1:]:
         for key in metrics:
@@ -447,6 +512,7 @@ def run_eval(
         heldout=str(prompts_path),
         monitors=cfg.monitors,
         seconds=seconds,
+        part_names=reward_set.part_names,
     )
     lines = "".join(
         json.dumps(

@@ -43,6 +43,19 @@ class RewardSummary(_Strict):
     )
 
 
+class PartSummary(_Strict):
+    pass_rate: float | None = Field(
+        description="Mean of the part's values (0/1 successes or probabilities of success) over "
+        "the samples where it applied: its success rate."
+    )
+    ci: tuple[float, float] | None = Field(
+        description="95% per-prompt (cluster) interval of pass_rate: Wilson on the effective "
+        "sample size for 0/1 values, a t interval on the cluster standard error for "
+        "probabilities; None with fewer than two prompts for probabilities."
+    )
+    n: int = Field(description="Samples where the part applied (not None).")
+
+
 class ModelSummary(_Strict):
     label: str = Field(description="Short name of the model in tables (unique).")
     path: str = Field(description="What was loaded: a directory, a hub name or the embedded model.")
@@ -60,6 +73,11 @@ class ModelSummary(_Strict):
         default_factory=dict, description="Text metrics of grpokit.monitor.text_stats."
     )
     rewards: dict[str, RewardSummary] = Field(description="Per reward function.")
+    checklist: dict[str, PartSummary] = Field(
+        default_factory=dict,
+        description="Per reward part (a checklist item), keyed by its held-out metric "
+        "eval/checklist/<item>/pass_rate.",
+    )
     seconds: float = Field(default=0.0, description="Wall time to sample and score this model.")
 
 
@@ -76,7 +94,10 @@ class PromptResult(_Strict):
 
 
 class PairedComparison(_Strict):
-    metric: str = Field(description="A reward name, or 'compliant' for the compliant share.")
+    metric: str = Field(
+        description="A reward name, 'compliant' for the compliant share, or a checklist item's "
+        "eval/checklist/<item>/pass_rate."
+    )
     base: str = Field(description="Label of the reference model (the first given).")
     other: str = Field(description="Label of the compared model.")
     diff: float = Field(description="Mean over prompts of other - base (per-prompt means).")

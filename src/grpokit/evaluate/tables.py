@@ -100,6 +100,27 @@ def eval_tables(result: EvalResult) -> list[Table]:
                     [m.label, r] + [pct(s.pass_at_k.get(kk)) if s is not None else "–" for kk in ks]
                 )
         tables.append(Table("pass@k", ["model", "reward", *[f"pass@{kk}" for kk in ks]], rows))
+    items = list(dict.fromkeys(key for m in result.models for key in m.checklist))
+    if items:
+        tables.append(
+            Table(
+                title="Checklist items: pass rate per model (95% intervals)",
+                header=["item", *labels],
+                rows=[
+                    [item]
+                    + [
+                        pct(m.checklist[item].pass_rate, m.checklist[item].ci)
+                        if item in m.checklist
+                        else "–"
+                        for m in result.models
+                    ]
+                    for item in items
+                ],
+                note="pass rate: the mean of the item's 0/1 successes or probabilities of "
+                "success; per-prompt (cluster) intervals; the paired comparison below has "
+                "each model's difference from the first",
+            )
+        )
     if result.paired:
         tables.append(
             Table(

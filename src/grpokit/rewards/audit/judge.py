@@ -7,6 +7,10 @@ from the same prompts: gibberish, an empty answer, the prompt copied back, a lon
 answer and a list of the rubric's keywords with no content. A judge that gives those more than
 real answers will be gamed by the policy; one whose repeats disagree as much as its items differ
 gives GRPO little to learn from.
+
+``--compare-scoring`` audits the same completions and planted answers twice, judged one by one
+(``scoring: absolute``, the rubric) and a prompt's answers together (``scoring: group``, the
+group rubric; each repeat draws another order), and prints the two side by side.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import math
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +33,7 @@ from grpokit.rewards.audit.common import read_completions as read_rows
 from grpokit.rewards.audit.planted import PLANTED_PROMPTS, planted_answers
 from grpokit.rewards.judge.config import JudgeParams
 from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward
+from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.spec import RewardSpec
 from grpokit.rewards.text import completion_text, user_request
 
@@ -100,6 +106,21 @@ class AuditReport:
     :func:`separation`), on each item's mean over judges and repeats."""
     replies: list[dict[str, Any]]
     """A sample of raw judge replies, to see what the judge actually writes."""
+    scoring: str = "absolute"
+    """How the reward judged: "absolute" (one by one) or "group" (a prompt's answers together)."""
+    seconds: float = 0.0
+    """Wall time of the k scoring passes."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), ensure_ascii=False, indent=2)
+
+
+@dataclass
+class ScoringComparison:
+    """The same completions and planted answers audited with absolute and with group scoring."""
+
+    absolute: AuditReport
+    group: AuditReport
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, indent=2)
@@ -170,15 +191,21 @@ def audit_reward(
     format_tags: Sequence[str] | None = None,
     seed: int = 0,
     name: str = "judge",
+    keyword_rubric: Rubric | None = None,
 ) -> AuditReport:
-    """Score ``items`` (plus planted bad answers) ``k`` times with every judge, cache off."""
+    """Score ``items`` (plus planted bad answers) ``k`` times with every judge, cache off.
+
+    ``keyword_rubric``: the rubric whose criteria the keyword-list answer lists (default the
+    first judge's), so that two audits of one reward plant the same answers. With group scoring
+    each repeat shows the groups in another order (``shuffle_salt``).
+    """
     if k < 1:
         raise UserError("--k must be at least 1")
     all_items = list(items)
     if planted:
         rng = random.Random(seed)
         prompts = list(dict.fromkeys(item.prompt for item in items))[:planted_prompts]
-        rubric = reward.judges[0].rubric
+        rubric = keyword_rubric if keyword_rubric is not None else reward.judges[0].rubric
         for prompt in prompts:
             columns = next(item.columns for item in items if item.prompt == prompt)
             for kind, text in planted_answers(prompt, rubric, format_tags, rng).items():
@@ -192,9 +219,12 @@ def audit_reward(
     completions_list = [item.completion for item in all_items]
     replies: list[dict[str, Any]] = []
     answered = [[0, 0, 0] for _ in range(judge_count)]  # requests, replies, parse failures
+    started = time.perf_counter()
     with progress("judge audit", k * len(all_items)) as bar:
         for repeat in range(k):
-            batch = reward.judge_batch(prompts_list, completions_list, columns, use_cache=False)
+            batch = reward.judge_batch(
+                prompts_list, completions_list, columns, use_cache=False, shuffle_salt=repeat
+            )
             bar.advance(len(all_items), f"repeat {repeat + 1}/{k}")
             for item, value in zip(all_items, batch.scores, strict=True):
                 item.rewards.append(value)
@@ -301,6 +331,45 @@ def audit_reward(
         planted=planted_stats,
         separation=separation(ensemble, [_item_score(item) for item in planted_items]),
         replies=replies,
+        scoring=reward.scoring,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _audit_build(
+    spec: RewardSpec,
+    base_dir: Path,
+    temperature: float | None,
+    scoring: str | None = None,
+) -> JudgeReward:
+    """The judge reward of ``spec`` for an audit: cache off, the temperature override, and
+    ``scoring`` (absolute or group) when given."""
+    assert isinstance(spec.params, JudgeParams)
+    updates: dict[str, Any] = {"cache": False}
+    if temperature is not None:
+        updates["judges"] = [
+            j.model_copy(update={"temperature": temperature}) for j in spec.params.judges
+        ]
+    if scoring is not None:
+        updates["scoring"] = scoring
+        field = "group_rubric" if scoring == "group" else "rubric"
+        given = getattr(spec.params, field) or getattr(spec.params, f"{field}_file")
+        if given is None:
+            raise UserError(
+                f"reward {spec.display_name!r}: --compare-scoring judges the completions with "
+                f"the rubric (absolute) and the group_rubric (group); it has no {field}: set "
+                f"{field} or {field}_file"
+            )
+    # Validated again, so that a scoring switched here meets the same checks as in a config.
+    params = JudgeParams.model_validate(spec.params.model_copy(update=updates).model_dump())
+    # A start-up sample without a score does not stop an audit: measuring how often that
+    # happens is what it is for.
+    return build_judge_reward(
+        params,
+        base_dir,
+        None,
+        where=f"reward {spec.display_name!r}",
+        start_sample_must_score=False,
     )
 
 
@@ -316,44 +385,65 @@ def audit_judge(
     planted: bool = True,
     planted_prompts: int = PLANTED_PROMPTS,
     seed: int = 0,
-) -> AuditReport:
-    """Build the judge reward of a config's ``rewards:`` and audit it on a completions file."""
+    scorings: Sequence[str] = (),
+) -> list[AuditReport]:
+    """Build the judge reward of a config's ``rewards:`` and audit it on a completions file.
 
-    def build(spec: RewardSpec) -> JudgeReward:
-        assert isinstance(spec.params, JudgeParams)
-        updates: dict[str, Any] = {"cache": False}
-        if temperature is not None:
-            updates["judges"] = [
-                j.model_copy(update={"temperature": temperature}) for j in spec.params.judges
-            ]
-        # A start-up sample without a score does not stop an audit: measuring how often that
-        # happens is what it is for.
-        return build_judge_reward(
-            spec.params.model_copy(update=updates),
-            base_dir,
-            None,
-            where=f"reward {spec.display_name!r}",
-            start_sample_must_score=False,
-        )
+    ``scorings`` empty: the reward as configured (one report). Else one report per scoring
+    named (absolute, group), each built from the same entry, on the same completions and the
+    same planted answers (those of the absolute rubric).
+    """
 
     def audit(
-        reward: JudgeReward, rows: list[dict[str, Any]], name: str, tags: list[str] | None
-    ) -> AuditReport:
-        items = [_real_item(row) for row in rows]
-        return audit_reward(
-            reward,
-            items,
-            k=k,
-            planted=planted,
-            planted_prompts=planted_prompts,
-            format_tags=tags,
-            seed=seed,
-            name=name,
-        )
+        first: JudgeReward, rows: list[dict[str, Any]], name: str, tags: list[str] | None
+    ) -> list[AuditReport]:
+        spec = next(s for s in specs if s.display_name == name)
+        rewards = [first]
+        reports: list[AuditReport] = []
+        try:
+            rewards += [_audit_build(spec, base_dir, temperature, x) for x in scorings[1:]]
+            for reward in rewards:
+                reports.append(
+                    audit_reward(
+                        reward,
+                        [_real_item(row) for row in rows],
+                        k=k,
+                        planted=planted,
+                        planted_prompts=planted_prompts,
+                        format_tags=tags,
+                        seed=seed,
+                        name=name,
+                        keyword_rubric=first.judges[0].rubric,
+                    )
+                )
+        finally:
+            for reward in rewards[1:]:
+                reward.close()
+        return reports
 
     return audit_config_reward(
-        specs, "judge", reward_name, completions_path, source=source, build=build, audit=audit
+        specs,
+        "judge",
+        reward_name,
+        completions_path,
+        source=source,
+        build=lambda spec: _audit_build(
+            spec, base_dir, temperature, scorings[0] if scorings else None
+        ),
+        audit=audit,
     )
+
+
+def compare_scoring(
+    specs: list[RewardSpec], base_dir: Path, completions_path: Path, **options: Any
+) -> ScoringComparison:
+    """Audit a config's judge reward with absolute and with group scoring on the same
+    completions and the same planted answers (``grpokit judge audit --compare-scoring``);
+    ``options`` as for :func:`audit_judge`."""
+    absolute, group = audit_judge(
+        specs, base_dir, completions_path, scorings=("absolute", "group"), **options
+    )
+    return ScoringComparison(absolute=absolute, group=group)
 
 
 # ---- printing ------------------------------------------------------------------------------------
@@ -366,10 +456,16 @@ def print_report(report: AuditReport, console: Any = None) -> None:
 
     out = console if console is not None else Console()
     out.print(
-        f"[bold]judge audit[/bold] of reward {report.reward!r}: {report.items} completions, "
-        f"each scored {report.k}x, temperature {', '.join(f'{t:g}' for t in report.temperature)}"
+        f"[bold]judge audit[/bold] of reward {report.reward!r} ({report.scoring} scoring): "
+        f"{report.items} completions, each scored {report.k}x, temperature "
+        f"{', '.join(f'{t:g}' for t in report.temperature)}"
     )
-    if report.k > 1 and all(t == 0 for t in report.temperature):
+    if report.scoring == "group":
+        out.print(
+            "  (group scoring: each prompt's answers, real and planted, judged together; every "
+            "repeat shows them in another order, so the noise includes the judge's position bias)"
+        )
+    elif report.k > 1 and all(t == 0 for t in report.temperature):
         out.print(
             "  (greedy judges: repeats only show server nondeterminism; --temperature 0.7 "
             "shows the sampling noise)"
@@ -427,3 +523,60 @@ def print_report(report: AuditReport, console: Any = None) -> None:
         for r in report.replies[:6]:
             text = str(r["reply"]).replace("\n", " ")[:100]
             out.print(f"  [{r['judge']}/{r['kind']}] score {fmt(r['score'], 2)}: {text}")
+
+
+def print_comparison(comparison: ScoringComparison, console: Any = None) -> None:
+    """Print the absolute and the group audit of one reward side by side."""
+    from rich.console import Console
+    from rich.table import Table
+
+    out = console if console is not None else Console()
+    a, g = comparison.absolute, comparison.group
+    out.print(
+        f"[bold]judge audit[/bold] of reward {a.reward!r}, absolute against group scoring: "
+        f"{a.items} completions and the same planted answers, each scored {a.k}x (group: "
+        "every repeat shows each prompt's answers in another order)"
+    )
+
+    def judge_figure(report: AuditReport, attribute: str) -> float:
+        values = [getattr(s, attribute) for s in report.judges]
+        finite = [v for v in values if not math.isnan(v)]
+        return statistics.fmean(finite) if finite else math.nan
+
+    table = Table(title="absolute vs group scoring (same completions)")
+    for column in ("figure", "absolute", "group"):
+        table.add_column(column)
+    rows: list[tuple[str, float, float, int]] = [
+        ("mean score, real answers", a.ensemble_mean, g.ensemble_mean, 3),
+        ("repeat noise (std over repeats)", a.reward_noise, g.reward_noise, 3),
+        ("spread between answers (std)", judge_figure(a, "spread"), judge_figure(g, "spread"), 3),
+        ("separation: P(real > planted)", a.separation, g.separation, 2),
+        (
+            "parse failure rate",
+            judge_figure(a, "parse_failure_rate"),
+            judge_figure(g, "parse_failure_rate"),
+            2,
+        ),
+        (
+            "request failure rate",
+            judge_figure(a, "request_failure_rate"),
+            judge_figure(g, "request_failure_rate"),
+            2,
+        ),
+        ("seconds", a.seconds, g.seconds, 1),
+    ]
+    for label, left, right, digits in rows:
+        table.add_row(label, fmt(left, digits), fmt(right, digits))
+    group_planted = {p.kind: p for p in g.planted}
+    for p in a.planted:
+        other = group_planted.get(p.kind)
+        table.add_row(
+            f"planted {p.kind} (verdict)",
+            f"{fmt(p.mean)} ({p.verdict})",
+            f"{fmt(other.mean)} ({other.verdict})" if other else "-",
+        )
+    out.print(table)
+    out.print(
+        "repeat noise: the noise the policy sees; separation: 1 = real answers always above "
+        "planted ones, 0.5 = chance"
+    )

@@ -11,7 +11,7 @@ import click
 from grpokit.cli_options import seed_option
 
 if TYPE_CHECKING:
-    from grpokit.rewards.audit.judge import AuditReport
+    from grpokit.rewards.audit.judge import AuditReport, ScoringComparison
     from grpokit.rewards.audit.reward_model import RewardModelAudit
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -100,12 +100,20 @@ def _write_report(output: Path | None, text: str) -> None:
     type=click.FloatRange(min=0.0),
     help="Override every judge's temperature (e.g. 0.7 to measure sampling noise).",
 )
+@click.option(
+    "--compare-scoring",
+    is_flag=True,
+    default=False,
+    help="Audit the reward twice, each completion judged alone (rubric) and each prompt's "
+    "answers judged together (group_rubric), and print the two side by side.",
+)
 def audit_command(
     config: Path,
     completions: Path,
     k: int,
     reward_name: str | None,
     temperature: float | None,
+    compare_scoring: bool,
     no_planted: bool,
     planted_prompts: int,
     seed: int,
@@ -113,18 +121,24 @@ def audit_command(
 ) -> None:
     """Score COMPLETIONS k times with CONFIG's judge reward and report its noise, parse
     failures, ensemble agreement and how it scores planted bad answers."""
-    from grpokit.rewards.audit.judge import print_report
+    from grpokit.rewards.audit.judge import print_comparison, print_report
 
-    report = run_audit(
-        config,
-        completions,
-        k=k,
-        reward_name=reward_name,
-        temperature=temperature,
-        planted=not no_planted,
-        planted_prompts=planted_prompts,
-        seed=seed,
-    )
+    options: dict[str, Any] = {
+        "k": k,
+        "reward_name": reward_name,
+        "temperature": temperature,
+        "planted": not no_planted,
+        "planted_prompts": planted_prompts,
+        "seed": seed,
+    }
+    if compare_scoring:
+        comparison = run_scoring_comparison(config, completions, **options)
+        print_report(comparison.absolute)
+        print_report(comparison.group)
+        print_comparison(comparison)
+        _write_report(output, comparison.to_json())
+        return
+    report = run_audit(config, completions, **options)
     print_report(report)
     _write_report(output, report.to_json())
 
@@ -162,13 +176,63 @@ def audit_reward_model_command(
     _write_report(output, report.to_json())
 
 
+@judge_cli.command(name="audit-checklist")
+@click.argument("config", type=click.Path(path_type=Path))
+@click.option(
+    "--completions",
+    "completions",
+    required=True,
+    type=click.Path(path_type=Path),
+    help='Labelled JSONL, one {"prompt": ..., "completion": ..., "fails": [items]} per line: '
+    "the items the answer does not meet (empty for a good answer).",
+)
+@click.option(
+    "--reward",
+    "reward_name",
+    default=None,
+    help="Name of the checklist reward to audit when the config has several.",
+)
+@click.option(
+    "--output",
+    "output",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Also write the full report as JSON to this file.",
+)
+def audit_checklist_command(
+    config: Path, completions: Path, reward_name: str | None, output: Path | None
+) -> None:
+    """Score labelled COMPLETIONS with CONFIG's checklist and report, per item, whether its
+    check (a judge's yes/no question or a program) tells the answers that meet it from those
+    that do not better than chance."""
+    from grpokit.config import load_config
+    from grpokit.rewards.audit.checklist import audit_checklist, print_checklist_audit
+
+    cfg = load_config(config)
+    report = audit_checklist(
+        cfg.rewards, cfg.config_dir, completions, source=str(config), reward_name=reward_name
+    )
+    print_checklist_audit(report)
+    _write_report(output, report.to_json())
+
+
 def run_audit(config: Path, completions: Path, **options: Any) -> AuditReport:
     """``grpokit judge audit``: the config's judge reward audited on a completions file."""
     from grpokit.config import load_config
     from grpokit.rewards.audit.judge import audit_judge
 
     cfg = load_config(config)
-    return audit_judge(cfg.rewards, cfg.config_dir, completions, source=str(config), **options)
+    (report,) = audit_judge(cfg.rewards, cfg.config_dir, completions, source=str(config), **options)
+    return report
+
+
+def run_scoring_comparison(config: Path, completions: Path, **options: Any) -> ScoringComparison:
+    """``grpokit judge audit --compare-scoring``: absolute against group scoring."""
+    from grpokit.config import load_config
+    from grpokit.rewards.audit.judge import compare_scoring
+
+    cfg = load_config(config)
+    return compare_scoring(cfg.rewards, cfg.config_dir, completions, source=str(config), **options)
 
 
 def run_reward_model_audit(config: Path, completions: Path, **options: Any) -> RewardModelAudit:

@@ -239,6 +239,30 @@ class JudgeParams(BaseModel):
         description="[low, high] of the scale the rubric asks for; scores are normalised from "
         "it to [0, 1].",
     )
+    scoring: Literal["absolute", "group"] = Field(
+        default="absolute",
+        description="absolute: each completion is judged alone against the rubric. group: the "
+        "completions of one prompt are shown to the judge together in one request (the "
+        "group_rubric), in a seeded shuffled order, and scored relative to each other; the "
+        "scores are mapped back to their completions. A completion gated out is not shown.",
+    )
+    group_rubric: str | None = Field(
+        default=None,
+        description="The judge prompt template of scoring: group. {completions} is replaced by "
+        'the group\'s answers, each as <answer id="N">...</answer> (N = 1, 2, ... in the '
+        "shuffled order), {count} by how many there are, {prompt} by the user prompt, {column} "
+        "by a dataset column. It must ask for one line `N: score` per answer on score_range.",
+    )
+    group_rubric_file: str | None = Field(
+        default=None,
+        description="A file holding the group_rubric template, relative to the config file.",
+    )
+    shuffle_seed: int = Field(
+        default=0,
+        description="Seed of the order the answers of a group are shown in (scoring: group). "
+        "The order is drawn from this seed and the answers' texts, so the same group is shown "
+        "the same way again (the cache answers it) and position bias averages out over groups.",
+    )
     mode: Literal["number", "expected"] = Field(
         default="number",
         description="number: parse the number the judge wrote. expected: the probability-"
@@ -283,8 +307,23 @@ class JudgeParams(BaseModel):
     def _rubric_given(self) -> JudgeParams:
         if self.rubric is not None and self.rubric_file is not None:
             raise ValueError("give either rubric or rubric_file, not both")
+        if self.group_rubric is not None and self.group_rubric_file is not None:
+            raise ValueError("give either group_rubric or group_rubric_file, not both")
         _check_range(self.score_range)
-        if self.rubric is None and self.rubric_file is None:
+        if self.scoring == "group":
+            if self.group_rubric is None and self.group_rubric_file is None:
+                raise ValueError(
+                    "scoring: group shows the judge all answers to a prompt at once: set "
+                    "group_rubric (an inline template with {completions}) or group_rubric_file"
+                )
+            own = [str(i) for i, j in enumerate(self.judges) if j.rubric or j.rubric_file]
+            if own:
+                raise ValueError(
+                    f"judges {', '.join(own)} have their own rubric, which scoring: group does "
+                    "not use (every judge is asked the group_rubric): remove it, or use "
+                    "scoring: absolute"
+                )
+        elif self.rubric is None and self.rubric_file is None:
             missing = [
                 str(i)
                 for i, judge in enumerate(self.judges)

@@ -62,12 +62,14 @@ def expected_score(
     parsed = find_score(reply, low, high)
     if parsed is None:
         return None
-    return _weighted(reply, parsed, tokens, low, high)
+    return weighted_score(reply, parsed, tokens, low, high)
 
 
-def _weighted(
+def weighted_score(
     reply: str, parsed: ParsedScore, tokens: Sequence[TokenLogprob], low: float, high: float
 ) -> float:
+    """The probability-weighted value of the score ``parsed`` found in ``reply``, normalised to
+    [0, 1] (the written score where no token covers it)."""
     span = [
         tok
         for tok in tokens

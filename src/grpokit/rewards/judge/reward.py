@@ -17,6 +17,12 @@ Per call it records metrics in ``last_metrics`` (merged into the step's metrics 
   server's ``usage``; cached answers cost none), ``/cost`` for a judge with prices per million
   tokens; ``judge/tokens_in``, ``judge/tokens_out``, ``judge/cost``: their sums.
 
+With ``scoring: group`` (:mod:`grpokit.rewards.judge.group`) the parse failure rate is the share
+of shown answers whose number the judge's group reply gave no score, and two more are logged:
+
+- ``judge/group_parse_failure_rate``: share of group replies that missed at least one answer;
+- ``judge/group_size``: mean number of distinct answers shown per group.
+
 When more than ``max_parse_failure_rate`` of a call's replies held no score, it logs a warning
 with an example reply (once, until a call is back under the limit); ``rewards check`` prints it.
 """
@@ -24,6 +30,7 @@ with an example reply (once, until a call is back under the limit); ``rewards ch
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -40,8 +47,9 @@ from grpokit.rewards._base import Reward
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
 from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
-from grpokit.rewards.judge.expected import expected_score
-from grpokit.rewards.judge.parse import parse_score
+from grpokit.rewards.judge.expected import expected_score, weighted_score
+from grpokit.rewards.judge.group import answers_block, group_order, parse_group_reply
+from grpokit.rewards.judge.parse import normalise, parse_score
 from grpokit.rewards.judge.rubric import Rubric, load_rubric
 from grpokit.rewards.judge.yes_no import parse_yes_no, yes_probability
 from grpokit.rewards.text import completion_text, one_line, user_request
@@ -51,6 +59,8 @@ logger = logging.getLogger(__name__)
 Mode = Literal["number", "expected", "yes_no"]
 """number: the written score; expected: its probability-weighted value from the token
 log-probs; yes_no: the probability of yes to a yes/no question (checklist items)."""
+Scoring = Literal["absolute", "group"]
+"""absolute: each completion judged alone; group: the completions of a prompt in one request."""
 
 
 def wants_logprobs(mode: Mode) -> bool:
@@ -89,7 +99,26 @@ class JudgeOutcome:
     """Expected mode only: scored from the written number because no logprobs came back."""
     usage: tuple[int, int] | None = None
     """(input, output) tokens the request used, as the backend counted them; None when cached
-    or not counted."""
+    or not counted. A group request's usage is on the outcome of its first completion only."""
+    position: int | None = None
+    """Group scoring only: the number (1-based) the completion was shown under."""
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One group request of ``scoring: group``: what was shown, in which order, and the reply."""
+
+    judge: str
+    rows: tuple[int, ...]
+    """The batch rows of the group (the completions of one prompt that reached the judge)."""
+    shown: tuple[tuple[int, ...], ...]
+    """Per number shown (``shown[n - 1]`` for answer n): the rows whose completion it is
+    (several when the policy repeated itself; each distinct text is shown once)."""
+    reply: str | None
+    """The judge's reply; None when the request failed."""
+    missing: tuple[int, ...]
+    """The answer numbers the reply gave no usable score."""
+    cached: bool = False
 
 
 @dataclass
@@ -99,6 +128,8 @@ class JudgedBatch:
     outcomes: list[list[JudgeOutcome]]
     scores: list[float | None]
     metrics: dict[str, float] = field(default_factory=dict)
+    groups: list[GroupRecord] = field(default_factory=list)
+    """Group scoring only: every group request of every judge."""
 
 
 def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
@@ -123,6 +154,60 @@ def _score_text(reply: JudgeReply, mode: Mode, low: float, high: float) -> Judge
         reply=reply.text,
         fallback=mode == "expected",
     )
+
+
+def group_outcomes(
+    reply: JudgeReply, count: int, mode: Mode, low: float, high: float
+) -> list[JudgeOutcome]:
+    """The outcomes of answers 1..count from one group reply (``outcomes[n - 1]`` for answer n);
+    the request's usage goes on answer 1's."""
+    if reply.text is None:
+        error = reply.error or "no reply"
+        return [
+            JudgeOutcome(score=None, reply=None, error=error, position=n)
+            for n in range(1, count + 1)
+        ]
+    found = parse_group_reply(reply.text, count, low, high)
+    outcomes: list[JudgeOutcome] = []
+    for n in range(1, count + 1):
+        parsed = found.get(n)
+        score: float | None = None
+        fallback = False
+        if parsed is not None:
+            if mode == "expected" and reply.tokens is not None:
+                score = weighted_score(reply.text, parsed, reply.tokens, low, high)
+            else:
+                score = normalise(parsed.value, low, high)
+                fallback = mode == "expected"
+        outcomes.append(
+            JudgeOutcome(
+                score=score,
+                reply=reply.text,
+                fallback=fallback,
+                position=n,
+                usage=reply.usage if n == 1 else None,
+            )
+        )
+    return outcomes
+
+
+def row_columns(columns: Mapping[str, Any], row: int, batch: int) -> dict[str, Any]:
+    """The dataset column values of one row of a batch (columns with one value per row)."""
+    return {
+        name: values[row]
+        for name, values in columns.items()
+        if isinstance(values, Sequence)
+        and not isinstance(values, (str, bytes))
+        and len(values) == batch
+    }
+
+
+def render_group(
+    rubric: Rubric, prompt: Any, shown: Sequence[str], columns: Mapping[str, Any]
+) -> str:
+    """The judge prompt of one group: the group rubric with the answers in the order shown."""
+    values = {**columns, "completions": answers_block(shown), "count": len(shown)}
+    return rubric.render(user_request(prompt), "", values)
 
 
 def usage_metrics(
@@ -178,12 +263,18 @@ class JudgeReward(Reward):
         cache: JudgeCache | None = None,
         name: str = "judge",
         max_parse_failure_rate: float = 0.2,
+        scoring: Scoring = "absolute",
+        shuffle_seed: int = 0,
     ) -> None:
         if not judges:
             raise ValueError("a judge reward needs at least one judge")
         super().__init__(name)
         self.judges = judges
         self.mode = mode
+        self.scoring: Scoring = scoring
+        self.shuffle_seed = shuffle_seed
+        self.last_groups: list[GroupRecord] = []
+        """Group scoring: the group requests of the last call (rows, order shown, reply)."""
         self.aggregate = aggregate
         self.cache = cache
         self.max_parse_failure_rate = max_parse_failure_rate
@@ -197,7 +288,7 @@ class JudgeReward(Reward):
         for judge in judges:
             names |= judge.rubric.placeholders
         # Dataset columns the rubrics use (checked against the dataset before training).
-        self.required_columns = frozenset(names - {"prompt", "completion"})
+        self.required_columns = frozenset(names - {"prompt", "completion", "completions", "count"})
 
     def score(
         self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
@@ -205,6 +296,7 @@ class JudgeReward(Reward):
         batch = self.judge_batch(prompts, completions, columns)
         self.last_metrics = batch.metrics
         self.last_outcomes = batch.outcomes
+        self.last_groups = batch.groups
         self.last_warning = self.parse_failure_warning(batch.outcomes)
         # Logged when the share first goes over the limit, not at every step while it stays
         # there (judge/parse_failure_rate in the metrics has every step's value).
@@ -226,7 +318,7 @@ class JudgeReward(Reward):
         if not answered or len(failed) <= self.max_parse_failure_rate * len(answered):
             return None
         judge, example = failed[0]
-        missing, ask = _wanted(self.mode, *judge.score_range)
+        missing, ask = _wanted(self.mode, *judge.score_range, scoring=self.scoring)
         return (
             f"{self.__name__}: {len(failed)} of {len(answered)} judge replies "
             f"({len(failed) / len(answered):.0%}) held {missing} "
@@ -250,17 +342,111 @@ class JudgeReward(Reward):
             )
         rendered: list[str] = []
         for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            row = {
-                name: values[i]
-                for name, values in columns.items()
-                if isinstance(values, Sequence)
-                and not isinstance(values, (str, bytes))
-                and len(values) == len(completions)
-            }
+            row = row_columns(columns, i, len(completions))
             rendered.append(
                 judge.rubric.render(user_request(prompt), completion_text(completion), row)
             )
         return rendered
+
+    def groups(
+        self, judge: Judge, prompts: Sequence[Any], columns: Mapping[str, Any]
+    ) -> list[list[int]]:
+        """The batch rows grouped by prompt (and the columns the group rubric shows), in order
+        of first appearance: the completions of one prompt that reached the judge."""
+        used = sorted(judge.rubric.placeholders - {"prompt", "completions", "count"})
+        by_key: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            row = row_columns(columns, i, len(prompts))
+            key = json.dumps(
+                [user_request(prompt), [str(row.get(name)) for name in used]], ensure_ascii=False
+            )
+            by_key.setdefault(key, []).append(i)
+        return list(by_key.values())
+
+    def judge_groups(
+        self,
+        judge: Judge,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        columns: Mapping[str, Any],
+        *,
+        use_cache: bool = True,
+        salt: int = 0,
+    ) -> tuple[list[JudgeOutcome], list[GroupRecord]]:
+        """Score a batch with one judge, one request per prompt's group (``scoring: group``).
+
+        Each group's distinct answers are shown in the order :func:`group_order` draws from
+        ``shuffle_seed``, ``salt`` and their texts; each answer's score is cached under the
+        group prompt and its number, so a group is answered from the cache only whole.
+        """
+        if len(prompts) != len(completions):
+            raise ValueError(
+                f"judge reward: {len(prompts)} prompts but {len(completions)} completions"
+            )
+        low, high = judge.score_range
+        scoring = "group:" + judge.scoring_key(self.mode)
+        identity, digest = judge.backend.identity, judge.rubric.digest
+        texts = [completion_text(c) for c in completions]
+        plans: list[tuple[list[int], list[str], str, list[str]]] = []
+        for rows in self.groups(judge, prompts, columns):
+            distinct = list(dict.fromkeys(texts[i] for i in rows))
+            shown = [distinct[k] for k in group_order(distinct, self.shuffle_seed, salt)]
+            text = render_group(
+                judge.rubric, prompts[rows[0]], shown, row_columns(columns, rows[0], len(texts))
+            )
+            keys = [
+                cache_key(identity, digest, f"{scoring}:{n}", text)
+                for n in range(1, len(shown) + 1)
+            ]
+            plans.append((rows, shown, text, keys))
+        use = self.cache is not None and use_cache
+        all_keys = [key for plan in plans for key in plan[3]]
+        cached = self.cache.get_many(all_keys) if (self.cache is not None and use) else {}
+        # Groups differ by prompt, so their judge prompts differ: one request per group.
+        todo = [text for _, _, text, keys in plans if not all(k in cached for k in keys)]
+        fresh: dict[str, list[JudgeOutcome]] = {}
+        if todo:
+            replies = judge.backend.complete(todo, logprobs=wants_logprobs(self.mode))
+            to_store: dict[str, CachedScore] = {}
+            for text, reply in zip(todo, replies, strict=True):
+                count = next(len(shown) for _, shown, t, _ in plans if t == text)
+                fresh[text] = group_outcomes(reply, count, self.mode, low, high)
+            for _, _, text, keys in plans:
+                for key, outcome in zip(keys, fresh.get(text, []), strict=False):
+                    if outcome.reply is not None:
+                        to_store[key] = CachedScore(outcome.score, outcome.reply)
+            if self.cache is not None and use:
+                self.cache.put_many(judge.label, to_store)
+        outcomes: list[JudgeOutcome | None] = [None] * len(texts)
+        records: list[GroupRecord] = []
+        for rows, shown, text, keys in plans:
+            from_cache = text not in fresh
+            if from_cache:
+                per_number = [
+                    JudgeOutcome(
+                        score=cached[key].score, reply=cached[key].reply, cached=True, position=n
+                    )
+                    for n, key in enumerate(keys, start=1)
+                ]
+            else:
+                per_number = fresh[text]
+            # The request's usage goes on the group's first row only (answer 1 holds it).
+            usage = per_number[0].usage
+            for k, row in enumerate(rows):
+                outcome = per_number[shown.index(texts[row])]
+                outcomes[row] = dataclasses.replace(outcome, usage=usage if k == 0 else None)
+            records.append(
+                GroupRecord(
+                    judge=judge.label,
+                    rows=tuple(rows),
+                    shown=tuple(tuple(r for r in rows if texts[r] == t) for t in shown),
+                    reply=per_number[0].reply,
+                    missing=tuple(o.position or 0 for o in per_number if o.score is None),
+                    cached=from_cache,
+                )
+            )
+        assert all(o is not None for o in outcomes)
+        return [o for o in outcomes if o is not None], records
 
     def judge_prompts(
         self, judge: Judge, texts: Sequence[str], *, use_cache: bool = True
@@ -306,30 +492,66 @@ class JudgeReward(Reward):
         columns: Mapping[str, Any],
         *,
         use_cache: bool = True,
+        shuffle_salt: int = 0,
     ) -> JudgedBatch:
-        """Score a batch with every judge (judges run in parallel) and aggregate."""
+        """Score a batch with every judge (judges run in parallel) and aggregate.
+
+        ``shuffle_salt``: group scoring draws each group's order from the seed, this salt and
+        the answers; another salt shows the same group in another order (an audit's repeats).
+        """
         started = time.perf_counter()
-        rendered = [self.render(judge, prompts, completions, columns) for judge in self.judges]
-        futures = [
-            self._pool.submit(self.judge_prompts, judge, texts, use_cache=use_cache)
-            for judge, texts in zip(self.judges, rendered, strict=True)
-        ]
-        outcomes = [future.result() for future in futures]
+        records: list[GroupRecord] = []
+        if self.scoring == "group":
+            group_futures = [
+                self._pool.submit(
+                    self.judge_groups,
+                    judge,
+                    prompts,
+                    completions,
+                    columns,
+                    use_cache=use_cache,
+                    salt=shuffle_salt,
+                )
+                for judge in self.judges
+            ]
+            outcomes = []
+            for future in group_futures:
+                judged, judge_records = future.result()
+                outcomes.append(judged)
+                records += judge_records
+        else:
+            rendered = [self.render(judge, prompts, completions, columns) for judge in self.judges]
+            futures = [
+                self._pool.submit(self.judge_prompts, judge, texts, use_cache=use_cache)
+                for judge, texts in zip(self.judges, rendered, strict=True)
+            ]
+            outcomes = [future.result() for future in futures]
         per_item = [
             [outcomes[j][i].score for j in range(len(self.judges))] for i in range(len(completions))
         ]
         scores = [aggregate_scores(values, self.aggregate) for values in per_item]
         metrics = self._metrics(outcomes, per_item, scores)
+        if records:
+            answered_groups = [r for r in records if r.reply is not None]
+            metrics["judge/group_parse_failure_rate"] = (
+                sum(bool(r.missing) for r in answered_groups) / len(answered_groups)
+                if answered_groups
+                else 0.0
+            )
+            metrics["judge/group_size"] = statistics.fmean(len(r.shown) for r in records)
         metrics["judge/seconds"] = time.perf_counter() - started
         failures = [o.error for row in outcomes for o in row if o.error is not None]
+        # Group scoring sends one request per group: count those, not the completions.
+        requests = len(records) if records else sum(len(row) for row in outcomes)
+        failed = sum(r.reply is None for r in records) if records else len(failures)
         if failures:
             logger.warning(
                 "judge: %d of %d requests failed (first: %s); those scores are None",
-                len(failures),
-                sum(len(row) for row in outcomes),
+                failed,
+                requests,
                 failures[0],
             )
-        return JudgedBatch(outcomes=outcomes, scores=scores, metrics=metrics)
+        return JudgedBatch(outcomes=outcomes, scores=scores, metrics=metrics, groups=records)
 
     def _metrics(
         self,
@@ -394,12 +616,21 @@ def default_cache_path(cache_path: str | None, base_dir: Path, run_dir: Path | N
 START_PROMPT = "Name the capital of France."
 START_COMPLETION = "The capital of France is Paris."
 START_COLUMN_VALUE = "Paris"
+START_WRONG_COMPLETION = "The capital of France is Berlin."
+"""The second answer of the start-up group (scoring: group): a wrong one beside the right one."""
 
 
-def _wanted(mode: Mode, low: float, high: float) -> tuple[str, str]:
+def _wanted(
+    mode: Mode, low: float, high: float, *, scoring: Scoring = "absolute"
+) -> tuple[str, str]:
     """What a reply lacks when it holds no score, and what to ask of the rubric."""
     if mode == "yes_no":
         return "no yes or no", "Make the question ask for a yes or no answer"
+    if scoring == "group":
+        return (
+            f"no score on the {low:g}-{high:g} scale for some answers",
+            "Make the group rubric ask for one line `N: score` per answer on that scale",
+        )
     return (
         f"no score on the {low:g}-{high:g} scale",
         "Make the rubric ask for one number on that scale",
@@ -413,8 +644,10 @@ def check_judge_scores(
     *,
     need_score: bool = True,
     require_logprobs: bool = False,
+    scoring: Scoring = "absolute",
 ) -> None:
-    """Score the fixed start-up sample with one real request (no cache).
+    """Score the fixed start-up sample with one real request (no cache); with group scoring,
+    the group of that sample and a wrong answer, which must both get a score.
 
     Raises:
         UserError: naming the judge, its endpoint and model, and the server's answer, when the
@@ -423,10 +656,20 @@ def check_judge_scores(
             log-probabilities, so that every score would be the written answer.
     """
     columns = {name: START_COLUMN_VALUE for name in judge.rubric.placeholders}
-    text = judge.rubric.render(START_PROMPT, START_COMPLETION, columns)
-    reply = judge.backend.complete([text], logprobs=wants_logprobs(mode))[0]
     low, high = judge.score_range
-    outcome = score_reply(reply, mode, low, high)
+    if scoring == "group":
+        shown = [START_COMPLETION, START_WRONG_COMPLETION]
+        text = render_group(judge.rubric, START_PROMPT, shown, columns)
+        reply = judge.backend.complete([text], logprobs=wants_logprobs(mode))[0]
+        pair = group_outcomes(reply, len(shown), mode, low, high)
+        # The outcome that lacks a score, if any, speaks for the pair.
+        outcome = next((o for o in pair if o.score is None), pair[0])
+        sample = f"{START_PROMPT!r} answered {START_COMPLETION!r} and {START_WRONG_COMPLETION!r}"
+    else:
+        text = judge.rubric.render(START_PROMPT, START_COMPLETION, columns)
+        reply = judge.backend.complete([text], logprobs=wants_logprobs(mode))[0]
+        outcome = score_reply(reply, mode, low, high)
+        sample = f"{START_PROMPT!r} answered {START_COMPLETION!r}"
     who = f"{where} (judge {judge.label}: {judge.backend.description})"
     if outcome.reply is None:
         raise UserError(
@@ -435,10 +678,9 @@ def check_judge_scores(
             "check_at_start: false to start anyway."
         )
     if outcome.score is None and need_score:
-        missing, ask = _wanted(mode, low, high)
+        missing, ask = _wanted(mode, low, high, scoring=scoring)
         raise UserError(
-            f"{who}: the reply to a start-up sample ({START_PROMPT!r} answered "
-            f"{START_COMPLETION!r}) holds {missing}: "
+            f"{who}: the reply to a start-up sample ({sample}) holds {missing}: "
             f"{one_line(outcome.reply, 300)!r}. {ask}, "
             "raise max_tokens (an empty reply is often a limit spent before the answer; "
             "reasoning models need max_completion_tokens in the thousands), or set "
@@ -500,7 +742,17 @@ def build_judge_reward(
     """
     rubrics: list[Rubric] = []
     for i, spec in enumerate(params.judges):
-        if spec.rubric is not None or spec.rubric_file is not None:
+        if params.scoring == "group":
+            rubrics.append(
+                load_rubric(
+                    params.group_rubric,
+                    params.group_rubric_file,
+                    base_dir,
+                    f"{where}.group_rubric",
+                    placeholder="completions",
+                )
+            )
+        elif spec.rubric is not None or spec.rubric_file is not None:
             rubrics.append(
                 load_rubric(spec.rubric, spec.rubric_file, base_dir, f"{where}.judges[{i}]")
             )
@@ -527,6 +779,7 @@ def build_judge_reward(
                     f"{where}.judges[{i}]",
                     need_score=start_sample_must_score,
                     require_logprobs=params.require_logprobs and start_sample_must_score,
+                    scoring=params.scoring,
                 )
         cache = (
             JudgeCache(default_cache_path(params.cache_path, base_dir, run_dir))
@@ -544,4 +797,6 @@ def build_judge_reward(
         cache=cache,
         name=name,
         max_parse_failure_rate=params.max_parse_failure_rate,
+        scoring=params.scoring,
+        shuffle_seed=params.shuffle_seed,
     )

@@ -62,10 +62,19 @@ class Rubric:
         return _TOKEN_RE.sub(substitute, self.template)
 
 
-def load_rubric(rubric: str | None, rubric_file: str | None, base_dir: Path, where: str) -> Rubric:
+def load_rubric(
+    rubric: str | None,
+    rubric_file: str | None,
+    base_dir: Path,
+    where: str,
+    *,
+    placeholder: str = "completion",
+) -> Rubric:
     """Read an inline or file rubric and check it before any training starts.
 
-    ``where`` names the config field for error messages (e.g. ``rewards[1].rubric_file``).
+    ``where`` names the config field for error messages (e.g. ``rewards[1].rubric_file``);
+    ``placeholder`` is where the judged text goes, which the template must hold
+    (``completions`` for a group rubric).
     """
     if rubric_file is not None:
         path = Path(rubric_file).expanduser()
@@ -87,9 +96,10 @@ def load_rubric(rubric: str | None, rubric_file: str | None, base_dir: Path, whe
         raise UserError(f"{where}: no rubric given; set rubric or rubric_file.")
     if not result.template.strip():
         raise UserError(f"{result.source}: the rubric is empty.")
-    if "completion" not in result.placeholders:
+    if placeholder not in result.placeholders:
         raise UserError(
-            f"{result.source}: the rubric has no {{completion}} placeholder, so the judge would "
-            "never see the text it scores. Put {completion} where the answer goes."
+            f"{result.source}: the rubric has no {{{placeholder}}} placeholder, so the judge "
+            f"would never see the text it scores. Put {{{placeholder}}} where the answer"
+            f"{'s go' if placeholder == 'completions' else ' goes'}."
         )
     return result
