@@ -195,3 +195,17 @@ def test_tool_task_data_is_deterministic_disjoint_and_shipped(tmp_path: Path) ->
         assert path.read_text() == (RECIPE / f"{name}.jsonl").read_text(), name
     demo = load_demonstrations(RECIPE / "demos.jsonl")[0]
     assert isinstance(demo.completion, list) and demo.completion[1]["role"] == "tool"
+
+
+def test_the_recipe_calculator_does_arithmetic_only(tmp_path: Path) -> None:
+    (tool,) = load_tools([f"{RECIPE / 'calculator.py'}:calculator"], tmp_path)
+    calculator = tool.function
+    assert calculator("347 * 86") == "29842"
+    assert calculator("(1 + 2) / 3") == "1" and calculator("7 / 2") == "3.5"
+    assert calculator(" -4 * 25 ") == "-100"
+    for bad in ["__import__('os')", "2 ** 10", "True + 1", "x * 2", "1 +"]:
+        with pytest.raises(ValueError):
+            calculator(bad)
+    with pytest.raises(ValueError, match="more than 30 digits"):
+        calculator("99999999999999999 * 99999999999999999")
+    assert tool.schema["function"]["parameters"]["required"] == ["expression"]

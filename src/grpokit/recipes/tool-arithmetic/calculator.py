@@ -17,9 +17,10 @@ _MAX_DIGITS = 30
 
 
 def _value(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        number: int | float = node.value
-        return number
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        if isinstance(node.value, bool):  # True and False are ints to Python, not to a calculator
+            raise ValueError("only numbers, + - * / and parentheses are allowed")
+        return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         inner = _value(node.operand)
         return -inner if isinstance(node.op, ast.USub) else inner
