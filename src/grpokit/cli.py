@@ -173,7 +173,7 @@ def train(
     "with_tools",
     is_flag=True,
     help="The tool-arithmetic recipe instead: three-digit by two-digit products with a "
-    "calculator tool, measured with the tool and without it (docs/tools.md).",
+    "calculator tool, measured with the tool and without it (docs/demo.md).",
 )
 @click.option(
     "--long",

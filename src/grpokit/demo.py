@@ -450,7 +450,7 @@ TOOL_RECIPE = "tool-arithmetic"
 
 @dataclass(frozen=True)
 class ToolDemoSettings:
-    """What the tool demo's result depends on (measured in docs/tools.md); the recipe's
+    """What the tool demo's result depends on (measured in docs/demo.md); the recipe's
     config.yaml holds the rest."""
 
     sft_steps: int = 8

@@ -184,7 +184,7 @@ def run_sft_from_config(
         raise UserError(
             "--from-rollouts: the config has tools, and sampled tool conversations cannot be "
             "kept as demonstrations yet; write demonstrations with tool messages and give them "
-            "with --data (docs/tools.md)"
+            "with --data (docs/demo.md)"
         )
     demos = load_demonstrations(data) if data is not None else []
     use_lora = (cfg.model.lora is not None) if lora is None else lora
