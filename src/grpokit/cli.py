@@ -169,6 +169,13 @@ def train(
 @click.option("--steps", type=int, default=None, help="GRPO steps (default: the demo's own).")
 @click.option("--quick", is_flag=True, help="A much shorter run, for smoke tests.")
 @click.option(
+    "--tools",
+    "with_tools",
+    is_flag=True,
+    help="The tool-arithmetic recipe instead: three-digit by two-digit products with a "
+    "calculator tool, measured with the tool and without it (docs/demo.md).",
+)
+@click.option(
     "--long",
     "long_run",
     is_flag=True,
@@ -187,6 +194,7 @@ def demo(
     output_dir: Path,
     steps: int | None,
     quick: bool,
+    with_tools: bool,
     long_run: bool,
     seed: int,
     dtype: Literal["auto", "float32"] | None,
@@ -199,10 +207,18 @@ def demo(
     """
     from dataclasses import replace
 
-    from grpokit.demo import DEMO, LONG, QUICK, run_demo
+    from grpokit.demo import DEMO, LONG, QUICK, TOOL_DEMO, TOOL_QUICK, run_demo, run_tool_demo
 
     if quick and long_run:
         raise UserError("grpokit demo: choose --quick or --long, not both")
+    if with_tools:
+        if long_run or dtype is not None:
+            raise UserError("grpokit demo --tools: --long and --dtype apply to the addition demo")
+        tool_settings = replace(TOOL_QUICK if quick else TOOL_DEMO, seed=seed)
+        if steps is not None:
+            tool_settings = replace(tool_settings, grpo_steps=steps)
+        run_tool_demo(output_dir, tool_settings)
+        return
     settings = replace(QUICK if quick else LONG if long_run else DEMO, seed=seed)
     if steps is not None:
         settings = replace(settings, grpo_steps=steps)

@@ -122,6 +122,25 @@ class ToolMessageTokens:
                 )
         return after[cut + len(eos_text) :]
 
+    def turn_text(self, message: Mapping[str, Any], end_token: int) -> str:
+        """The text the model writes for the assistant ``message`` (its content and its
+        ``tool_calls`` as the chat template writes them), up to its end-of-turn token
+        ``end_token``, which is not included: what a demonstration of that turn trains on.
+
+        Raises:
+            ValueError: the template renders the turn without a generation prompt before it.
+        """
+        before = self._render([_PROBE_USER], generation_prompt=True)
+        full = self._render([_PROBE_USER, dict(message)], generation_prompt=False)
+        if not full.startswith(before):
+            raise ValueError(
+                "the chat template does not render an assistant turn after its generation prompt"
+            )
+        text = full[len(before) :]
+        eos_text = self.tokenizer.decode([end_token])
+        cut = text.find(eos_text) if eos_text else -1
+        return text if cut < 0 else text[:cut]
+
     def suffix_ids(
         self, end_token: int, calls: Sequence[ToolCall], results: Sequence[ToolResult]
     ) -> list[int]:

@@ -64,7 +64,7 @@ class Experience:
         :func:`~grpokit.train.forward.pack` lays the completions out; None without them."""
         if self.sampler_logps is None:
             return None
-        return _right_padded(self.sampler_logps[rows], 0.0)
+        return right_padded(self.sampler_logps[rows], 0.0)
 
     def tool_mask_of(self, rows: slice) -> torch.Tensor | None:
         """(B, C) float: a micro-batch's tool masks, laid out as :func:`~grpokit.train.forward.pack`
@@ -72,7 +72,7 @@ class Experience:
         None without tools."""
         if self.tool_mask is None:
             return None
-        return _right_padded(
+        return right_padded(
             [torch.tensor(m, dtype=torch.float32) for m in self.tool_mask[rows]], 1.0
         )
 
@@ -85,7 +85,7 @@ class Experience:
         return int((lengths * self.loss_mask_rows).sum().item())
 
 
-def _right_padded(rows: list[torch.Tensor], fill: float) -> torch.Tensor:
+def right_padded(rows: list[torch.Tensor], fill: float) -> torch.Tensor:
     """(B, C) float32: B 1-d tensors side by side, right-padded with ``fill`` to the longest
     (at least 1, as :func:`~grpokit.train.forward.pack` makes every completion)."""
     out = torch.full((len(rows), max(1, *(len(x) for x in rows))), fill, dtype=torch.float32)

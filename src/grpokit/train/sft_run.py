@@ -180,6 +180,12 @@ def run_sft_from_config(
         raise UserError(f"--steps must be >= 1, got {steps}")
     if batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    if from_rollouts and (cfg.tools or cfg.environment_factory):
+        raise UserError(
+            "--from-rollouts: the config has tools, and sampled tool conversations cannot be "
+            "kept as demonstrations yet; write demonstrations with tool messages and give them "
+            "with --data (docs/demo.md)"
+        )
     demos = load_demonstrations(data) if data is not None else []
     use_lora = (cfg.model.lora is not None) if lora is None else lora
     if use_lora and cfg.model.lora is None:
@@ -236,6 +242,7 @@ def run_sft_from_config(
         learning_rate=lr,
         max_prompt_length=cfg.training.max_prompt_length,
         chat_template_kwargs=cfg.training.chat_template_kwargs,
+        tools=sampler.tools.schemas if sampler.tools is not None else None,
         seed=seed,
         device=next(policy.model.parameters()).device,
         log=log,
