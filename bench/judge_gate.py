@@ -249,6 +249,14 @@ def _number(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def _scored_mean(metrics: dict[str, Any]) -> float:
+    """A checklist run's reward mean over the completions its gate let through (the items'
+    weighted mean; gated-out ones score 0 in ``rewards/quality/mean``)."""
+    judged = 1.0 - float(metrics.get("rewards/quality/gated_out_frac", 0.0))
+    mean = _number(metrics.get("rewards/quality/mean"))
+    return mean / judged if judged > 0 else math.nan
+
+
 def run_curves(run_dir: Path) -> RunCurves:
     variant, _, seed = run_dir.name.rpartition("-s")
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "rewards/xml_format/mean" in m]
@@ -257,7 +265,10 @@ def run_curves(run_dir: Path) -> RunCurves:
         variant=variant,
         seed=int(seed),
         format_pass=[float(m.get("pass_rate/xml_format", math.nan)) for m in steps],
-        judge=[_number(m.get("judge/0/mean")) for m in steps],
+        judge=[
+            _number(m.get("judge/0/mean")) if "judge/0/mean" in m else _scored_mean(m)
+            for m in steps
+        ],  # fmt: skip
         judged=[1.0 - float(m.get("rewards/quality/gated_out_frac", 0.0)) for m in steps],
         reward=[float(m["reward"]) for m in steps],
         step_seconds=[float(m.get("step_time", math.nan)) for m in steps],

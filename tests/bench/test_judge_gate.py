@@ -183,7 +183,14 @@ def test_summary_paired_table(tmp_path: Path) -> None:
         row("checklist-s0", 1, 1.0, 0.0, 1.0), row("checklist-s0", 1, 0.0, 1.0, 1.0),
     ]  # fmt: skip
     _write_jsonl(tmp_path / "eval" / "completions.jsonl", samples)
+    # a checklist run logs no judge/0/mean: its mean over the gated-in half, 0.2 / 0.5
+    step = _step(1, 0.5, 0.0, 0.5)
+    del step["judge/0/mean"]
+    _write_jsonl(
+        tmp_path / "checklist-s0" / "metrics.jsonl", [{**step, "rewards/quality/mean": 0.2}]
+    )
     text = _run("summary", str(tmp_path))
+    assert "| checklist-s0 | 1 | 0.50 -> 0.50 | 0.400 -> 0.400 | 0.50 |" in text
     assert "| measure | sft | checklist-s0 (minus sft, 95% CI) |" in text
     # format: sft 0.75 (prompt means 0.5, 1.0), trained 0.75 (1.0, 0.5): differences +0.5, -0.5;
     # t(1 df) 12.706 x sd 0.707 / sqrt 2 = 6.35
