@@ -140,6 +140,75 @@ def _audit_configs_command(args: argparse.Namespace) -> None:
     print(f"{len(audit_settings({}))} audit configs in {out}")
 
 
+# ---- the checklist design ----------------------------------------------------------------------
+
+CHANCE_ITEMS = {"customer": "target_named"}
+"""Judge items the item audit (recipe README) found at chance, and the program item that
+replaces each in the checklist design. ``product`` is near chance too but no program can check
+whether a product is clear, so it stays a question."""
+
+INDEPENDENT_PROGRAMS = ("price_stated", "kpi_number")
+"""Program items neither design trains on: independent held-out checks of quality."""
+
+
+def checklist_configs(
+    seed_config: dict[str, Any],
+    questions: dict[str, Any],
+    programs: dict[str, Any],
+    eval_config: dict[str, Any],
+    server_judge: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checklist design's training config and the eval config that scores both designs.
+
+    ``seed_config``: the recipe's config.openai.en.yaml (its sizes and data are kept);
+    ``questions`` / ``programs``: config.checklist.en.yaml / config.checklist.program.en.yaml;
+    ``eval_config``: the seed config with its judge ungated; ``server_judge``: the judge entry
+    for yes/no questions behind the server. The training checklist is the question checklist
+    with each item of :data:`CHANCE_ITEMS` replaced by its program; the eval adds to the seed's
+    rewards one ungated checklist ``items`` holding every question and every program item.
+    """
+    by_name = {i["name"]: i for r in programs["rewards"] if r["type"] == "checklist"
+               for i in r["items"]}  # fmt: skip
+    asked = next(r for r in questions["rewards"] if r["type"] == "checklist")
+    trained_items = [by_name[CHANCE_ITEMS[i["name"]]] if i["name"] in CHANCE_ITEMS else i
+                     for i in asked["items"]]  # fmt: skip
+    train = json.loads(json.dumps(seed_config))  # a deep copy without YAML anchors
+    train["rewards"] = [
+        r if r["type"] != "judge" else
+        {"type": "checklist", "name": r["name"], "gate": r["gate"], "items": trained_items,
+         "judges": [server_judge]}
+        for r in seed_config["rewards"]
+    ]  # fmt: skip
+    scored = json.loads(json.dumps(eval_config))
+    every_item = list(asked["items"]) + [by_name[n] for n in by_name if n not in
+                                         {i["name"] for i in asked["items"]}]  # fmt: skip
+    scored["rewards"].append(
+        {"type": "checklist", "name": "items", "items": every_item, "judges": [server_judge]}
+    )
+    return train, scored
+
+
+def _checklist_configs_command(args: argparse.Namespace) -> None:
+    import yaml
+
+    recipe = Path(args.recipe)
+
+    def load(name: str) -> dict[str, Any]:
+        loaded: dict[str, Any] = yaml.safe_load((recipe / name).read_text())
+        return loaded
+
+    judge = {"backend": "openai", "base_url": args.url, "model": "smollm2", "max_tokens": 2,
+             "max_concurrency": 1}  # fmt: skip
+    train, scored = checklist_configs(
+        load("config.openai.en.yaml"), load("config.checklist.en.yaml"),
+        load("config.checklist.program.en.yaml"), load(args.eval_config), judge,
+    )  # fmt: skip
+    for name, config in (("config.checklist.server.en.yaml", train),
+                         ("eval.checklist.en.yaml", scored)):  # fmt: skip
+        (recipe / name).write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True))
+    print(f"checklist training and eval configs in {recipe}")
+
+
 # ---- summary -------------------------------------------------------------------------------------
 
 
@@ -180,6 +249,14 @@ def _number(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
+def _scored_mean(metrics: dict[str, Any]) -> float:
+    """A checklist run's reward mean over the completions its gate let through (the items'
+    weighted mean; gated-out ones score 0 in ``rewards/quality/mean``)."""
+    judged = 1.0 - float(metrics.get("rewards/quality/gated_out_frac", 0.0))
+    mean = _number(metrics.get("rewards/quality/mean"))
+    return mean / judged if judged > 0 else math.nan
+
+
 def run_curves(run_dir: Path) -> RunCurves:
     variant, _, seed = run_dir.name.rpartition("-s")
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "rewards/xml_format/mean" in m]
@@ -188,7 +265,10 @@ def run_curves(run_dir: Path) -> RunCurves:
         variant=variant,
         seed=int(seed),
         format_pass=[float(m.get("pass_rate/xml_format", math.nan)) for m in steps],
-        judge=[_number(m.get("judge/0/mean")) for m in steps],
+        judge=[
+            _number(m.get("judge/0/mean")) if "judge/0/mean" in m else _scored_mean(m)
+            for m in steps
+        ],  # fmt: skip
         judged=[1.0 - float(m.get("rewards/quality/gated_out_frac", 0.0)) for m in steps],
         reward=[float(m["reward"]) for m in steps],
         step_seconds=[float(m.get("step_time", math.nan)) for m in steps],
@@ -274,7 +354,7 @@ def heldout_table(results: Sequence[HeldOut]) -> str:
 def variant_means(results: Sequence[HeldOut]) -> str:
     """Held-out means per variant over its seeds, with the seeds' spread."""
     lines = []
-    for variant in ("gated", "summed"):
+    for variant in ("gated", "summed", "checklist"):
         group = [r for r in results if r.model.startswith(variant + "-")]
         if not group:
             continue
@@ -286,6 +366,67 @@ def variant_means(results: Sequence[HeldOut]) -> str:
             spread = statistics.stdev(values) if len(values) > 1 else math.nan
             parts.append(f"{label} {_f(statistics.fmean(values), 3)} (sd {_f(spread, 3)})")
         lines.append(f"- {variant}, {len(group)} seeds: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
+def _sample_values(row: dict[str, Any]) -> dict[str, float | None]:
+    """One held-out sample's measures: format pass (0/1), the seed judge's score, and each
+    checklist item's score (0/1 for programs, P(yes) for questions; None: not applicable)."""
+    values: dict[str, float | None] = {
+        "format pass": float(row["rewards"].get("xml_format") == 1.0),
+        "judge score (seed rubric)": row["rewards"].get("quality"),
+    }
+    for part, value in row.get("checklist", {}).items():
+        values[part.removeprefix("checklist/")] = value
+    return values
+
+
+def _measure_label(name: str) -> str:
+    if name in INDEPENDENT_PROGRAMS:
+        return f"{name} (program, trained by neither)"
+    if name in CHANCE_ITEMS.values():
+        return f"{name} (program, trained by checklist)"
+    return name
+
+
+def paired_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Held-out measures per model against the first model (the start of every run), from
+    ``grpokit eval``'s completions.jsonl rows: the rate, and the difference with its paired 95%
+    interval over prompts (:func:`grpokit.core.stats.paired_difference`; per-prompt means are
+    the units, so a handful of prompts gives wide intervals)."""
+    from grpokit.core.stats import paired_difference
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    prompts = sorted({int(r["prompt_index"]) for r in rows})
+    per: dict[tuple[str, str, int], list[float]] = {}
+    measures: dict[str, None] = {}
+    for row in rows:
+        for name, value in _sample_values(row).items():
+            measures[name] = None
+            if value is not None:
+                key = (row["model"], name, int(row["prompt_index"]))
+                per.setdefault(key, []).append(float(value))
+    base = models[0]
+    head = [f"| measure | {base} |", "|---|---|"]
+    for model in models[1:]:
+        head[0] += f" {model} (minus {base}, 95% CI) |"
+        head[1] += "---|"
+    lines = head
+    for name in measures:
+        pooled = [v for (m, n, _), vs in per.items() if m == base and n == name for v in vs]
+        cells = [_measure_label(name), _f(mean_or_nan(pooled))]
+        base_means = {p: statistics.fmean(per[(base, name, p)]) for p in prompts
+                      if (base, name, p) in per}  # fmt: skip
+        for model in models[1:]:
+            mine = [v for (m, n, _), vs in per.items() if m == model and n == name for v in vs]
+            pairs = [(statistics.fmean(per[(model, name, p)]), base_means[p])
+                     for p in base_means if (model, name, p) in per]  # fmt: skip
+            cell = _f(mean_or_nan(mine))
+            if len(pairs) > 1:
+                diff, lo, hi = paired_difference([a for a, _ in pairs], [b for _, b in pairs])
+                cell += f" ({diff:+.2f} [{lo:+.2f}, {hi:+.2f}])"
+            cells.append(cell)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -359,6 +500,9 @@ def _summary_command(args: argparse.Namespace) -> None:
         results = heldout_results(completions)
         sections += ["## Held-out (judge scores every sample)", heldout_table(results)]
         sections.append(variant_means(results))
+        rows = read_jsonl(completions)
+        if all("prompt_index" in r for r in rows):  # grpokit eval writes it
+            sections += ["## Held-out, paired against the start", paired_table(rows)]
     reports = []
     for path in sorted((root / "audit").glob("*.json")):
         reports.append((path.stem, json.loads(path.read_text())))
@@ -387,6 +531,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     configs.add_argument("config", help="the recipe's config.openai.en.yaml")
     configs.add_argument("out", help="directory for the configs")
     configs.set_defaults(func=_audit_configs_command)
+    lists = sub.add_parser("checklist-configs", help="the checklist design's configs")
+    lists.add_argument("recipe", help="the recipe copy (judge_gate.sh's OUT/recipe)")
+    lists.add_argument("url", help="the judge server's base URL")
+    lists.add_argument("--eval-config", default="eval.en.yaml", help="in the recipe copy")
+    lists.set_defaults(func=_checklist_configs_command)
     summary = sub.add_parser("summary", help="tables and figures of a judge_gate.sh directory")
     summary.add_argument("dir")
     summary.set_defaults(func=_summary_command)

@@ -8,7 +8,9 @@
 #   bench/judge_gate.sh [OUT]          # default runs/judge-gate; every stage skips what exists
 #
 # Settings (environment): SEEDS="0 1 2", STEPS=48 (GRPO steps per run), LEN=128 (completion
-# tokens), SFT_STEPS=10, EVAL_SAMPLES=8 (held-out samples per prompt), AUDIT_K=4 (repeats per
+# tokens), DESIGNS="gated summed" (add `checklist`: the gated judge score replaced by the
+# recipe's yes/no checklist, its at-chance `customer` item a program; checklist-configs in
+# bench/judge_gate.py), PREFLIGHT=1 (0 skips the preflight), SFT_STEPS=10, EVAL_SAMPLES=8 (held-out samples per prompt), AUDIT_K=4 (repeats per
 # answer), THREADS=1 (torch and the judge server). The seed's GRPOConfig is kept except the
 # sizes a CPU needs: STEPS instead of 2 epochs, LEN instead of 512 tokens, and the 1 x 4
 # completions of a step in one micro-batch instead of 4 accumulated ones (the same update).
@@ -16,7 +18,8 @@
 # Stages: judge server (scripts/judge_server.sh) -> recipe copy pointed at it -> base model's
 # samples -> format demonstrations from them (bench/judge_gate.py demos) -> short SFT
 # warm-start -> preflight of base and SFT -> GRPO, gated and summed, per seed -> held-out eval
-# of every run (judge ungated, so it scores every sample) -> judge audits -> summary.md and
+# of every run (judge and checklist ungated, so they score every sample, and the program items
+# neither design trains on: independent checks) -> judge audits (AUDIT=0 skips) -> summary.md and
 # curves.png (bench/judge_gate.py summary); the log of each stage is in OUT/logs/. On the
 # 2-core development CPU: the audits 45 min, a 48-step run 25 min when the machine is quiet
 # (45 min at load 30), the eval 12 min; about 2 h with SEEDS=0, 3.5-4 h with three seeds.
@@ -29,6 +32,9 @@ SEEDS=${SEEDS:-"0 1 2"}
 STEPS=${STEPS:-48}
 LEN=${LEN:-128}
 SFT_STEPS=${SFT_STEPS:-10}
+DESIGNS=${DESIGNS:-"gated summed"}
+PREFLIGHT=${PREFLIGHT:-1}
+AUDIT=${AUDIT:-1}
 EVAL_SAMPLES=${EVAL_SAMPLES:-8}
 AUDIT_K=${AUDIT_K:-4}
 THREADS=${THREADS:-1}
@@ -59,6 +65,7 @@ sed -i "s|base_url: http://[^ ]*/v1|base_url: $URL|" "$R/config.openai.en.yaml"
 CFG=$R/config.openai.en.yaml
 sed -e 's|gate: {reward: xml_format, min: 1.0}|gate: {reward: xml_format, min: 0.0}|' \
   -e "s|max_completion_length: 512|max_completion_length: $LEN|" "$CFG" >"$R/eval.en.yaml"
+"$BIN/python" bench/judge_gate.py checklist-configs "$R" "$URL" >/dev/null
 SIZES=(--set "training.max_completion_length=$LEN" --set training.per_device_train_batch_size=4
   --set training.gradient_accumulation_steps=1)
 
@@ -72,6 +79,7 @@ SIZES=(--set "training.max_completion_length=$LEN" --set training.per_device_tra
   run sft.log "$BIN/grpokit" sft "$CFG" --data "$OUT/demos.jsonl" --full --steps "$SFT_STEPS" \
     --output "$OUT/sft" "${SIZES[@]}"
 for stage in base sft; do
+  [ "$PREFLIGHT" = 1 ] || break
   [ -f "$OUT/preflight-$stage.json" ] && continue
   extra=()
   [ "$stage" = sft ] && extra=(--checkpoint "$OUT/sft")
@@ -82,17 +90,19 @@ for stage in base sft; do
     head -n 1)"
 done
 
-# ---- GRPO: the seed's gate, and the same run with format and judge simply summed; the two
-# variants of a seed train side by side (THREADS each), sharing the judge server
+# ---- GRPO: the seed's gate, the same run with format and judge simply summed, and the gated
+# checklist; the variants of a seed train side by side (THREADS each), sharing the judge server
 for seed in $SEEDS; do
   pids=()
-  for variant in gated summed; do
+  for variant in $DESIGNS; do
     dir=$OUT/$variant-s$seed
     [ -d "$dir/checkpoint-$STEPS" ] && continue
     gate=()
     [ "$variant" = summed ] && gate=(--set rewards.1.gate.min=0.0)
+    config=$CFG
+    [ "$variant" = checklist ] && config=$R/config.checklist.server.en.yaml
     rm -rf "$dir"
-    run "$variant-s$seed.log" "$BIN/grpokit" train "$CFG" --output-dir "$dir" --no-progress \
+    run "$variant-s$seed.log" "$BIN/grpokit" train "$config" --output-dir "$dir" --no-progress \
       --set "model.init_from=$OUT/sft" --set "training.seed=$seed" \
       --set "training.max_steps=$STEPS" --set training.report_to=none \
       --set training.num_completions_to_print=4 "${SIZES[@]}" "${gate[@]}" &
@@ -106,7 +116,7 @@ done
 models=(--model "sft=$OUT/sft")
 evaluated=yes
 for seed in $SEEDS; do
-  for variant in gated summed; do
+  for variant in $DESIGNS; do
     models+=(--model "$variant-s$seed=$OUT/$variant-s$seed")
     grep -q "\"model\": \"$variant-s$seed\"" "$OUT/eval/completions.jsonl" 2>/dev/null ||
       evaluated=no
@@ -114,12 +124,13 @@ for seed in $SEEDS; do
 done
 if [ $evaluated = no ] || [ ! -f "$OUT/eval/eval.json" ]; then
   run eval.log "$BIN/grpokit" eval "${models[@]}" --prompts "$R/heldout_en.jsonl" \
-    --samples "$EVAL_SAMPLES" --config "$R/eval.en.yaml" --out "$OUT/eval" --batch-size 8
+    --samples "$EVAL_SAMPLES" --config "$R/eval.checklist.en.yaml" --out "$OUT/eval" --batch-size 8
 fi
 
 # ---- the judge's noise per setting, on good reference answers and planted bad ones
-"$BIN/python" bench/judge_gate.py audit-configs "$CFG" "$OUT/audit"
+[ "$AUDIT" = 1 ] && "$BIN/python" bench/judge_gate.py audit-configs "$CFG" "$OUT/audit"
 for cfg in "$OUT"/audit/*.yaml; do
+  [ -f "$cfg" ] || continue
   name=$(basename "$cfg" .yaml)
   [ -f "$OUT/audit/$name.json" ] && continue
   run "audit-$name.log" "$BIN/grpokit" judge audit "$cfg" --completions "$R/audit_en.jsonl" \

@@ -136,3 +136,71 @@ def test_summary_tables_and_figure(tmp_path: Path) -> None:
     assert "- gated, 1 seeds: format pass 1.000 (sd -); judge mean (all) 0.400 (sd -)" in text
     assert "| 2-number-t0 | 0.300 | 0.050 | 0.010 | 0.150 | 0.75 | 0.25 |" in text
     assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_checklist_configs_load(tmp_path: Path) -> None:
+    from grpokit.config import load_config
+    from grpokit.rewards.builtin.checklist import ChecklistParams
+
+    recipe = tmp_path / "recipe"
+    shutil.copytree(recipe_dir("business-ideas"), recipe)
+    (recipe / "eval.en.yaml").write_text(
+        (recipe / "config.openai.en.yaml").read_text().replace("min: 1.0}", "min: 0.0}")
+    )
+    _run("checklist-configs", str(recipe), "http://127.0.0.1:9/v1")
+    train = load_config(recipe / "config.checklist.server.en.yaml")
+    assert [r.type for r in train.rewards] == ["xml_format", "checklist"]
+    params = train.rewards[1].params
+    assert isinstance(params, ChecklistParams)
+    # the audit's at-chance `customer` question is replaced by the target_named program
+    assert [i.name for i in params.items] == [
+        "revenue_model", "target_named", "product", "kpi", "advantage"
+    ]  # fmt: skip
+    assert params.items[1].function == "checks.py:target_named"
+    assert train.rewards[1].gate is not None and train.rewards[1].gate.min == 1.0
+    assert params.judges[0].base_url == "http://127.0.0.1:9/v1"
+    scored = load_config(recipe / "eval.checklist.en.yaml")
+    assert [r.type for r in scored.rewards] == ["xml_format", "judge", "checklist"]
+    items = scored.rewards[2].params
+    assert isinstance(items, ChecklistParams) and scored.rewards[2].gate is None
+    assert [i.name for i in items.items] == [
+        "revenue_model", "customer", "product", "kpi", "advantage", "price_stated",
+        "target_named", "kpi_number",
+    ]  # fmt: skip
+
+
+def test_summary_paired_table(tmp_path: Path) -> None:
+    # two prompts x two samples; the trained model gains a price on prompt 0 only
+    def row(model: str, prompt: int, fmt: float, price: float, kpi: float | None) -> object:
+        parts = {"checklist/price_stated": price, "checklist/kpi_number": kpi}
+        return {"model": model, "prompt_index": prompt, "checklist": parts,
+                "rewards": {"xml_format": fmt, "quality": 0.2}}  # fmt: skip
+
+    samples = [
+        row("sft", 0, 1.0, 0.0, 0.0), row("sft", 0, 0.7, 0.0, None),
+        row("sft", 1, 1.0, 1.0, 1.0), row("sft", 1, 1.0, 0.0, 1.0),
+        row("checklist-s0", 0, 1.0, 1.0, 0.0), row("checklist-s0", 0, 1.0, 1.0, 0.0),
+        row("checklist-s0", 1, 1.0, 0.0, 1.0), row("checklist-s0", 1, 0.0, 1.0, 1.0),
+    ]  # fmt: skip
+    _write_jsonl(tmp_path / "eval" / "completions.jsonl", samples)
+    # a checklist run logs no judge/0/mean: its mean over the gated-in half, 0.2 / 0.5
+    step = _step(1, 0.5, 0.0, 0.5)
+    del step["judge/0/mean"]
+    _write_jsonl(
+        tmp_path / "checklist-s0" / "metrics.jsonl", [{**step, "rewards/quality/mean": 0.2}]
+    )
+    text = _run("summary", str(tmp_path))
+    assert "| checklist-s0 | 1 | 0.50 -> 0.50 | 0.400 -> 0.400 | 0.50 |" in text
+    assert "| measure | sft | checklist-s0 (minus sft, 95% CI) |" in text
+    # format: sft 0.75 (prompt means 0.5, 1.0), trained 0.75 (1.0, 0.5): differences +0.5, -0.5;
+    # t(1 df) 12.706 x sd 0.707 / sqrt 2 = 6.35
+    assert "| format pass | 0.75 | 0.75 (+0.00 [-6.35, +6.35]) |" in text
+    # price: sft prompt means 0, 0.5; trained 1, 0.5: differences +1, 0 -> +0.5 +- 6.35
+    assert (
+        "| price_stated (program, trained by neither) | 0.25 | 0.75 (+0.50 [-5.85, +6.85]) |"
+        in text
+    )
+    # kpi: sft's None sample is left out (sft 2 of 3; prompt 0 mean 0 from one sample)
+    assert (
+        "| kpi_number (program, trained by neither) | 0.67 | 0.50 (+0.00 [+0.00, +0.00]) |" in text
+    )
