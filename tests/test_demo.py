@@ -22,6 +22,7 @@ from grpokit.demo import (
     TOOL_DEMO,
     TOOL_QUICK,
     TOOL_RECIPE,
+    TOOL_SCORED,
     DemoSettings,
     ToolDemoSettings,
     demo_config,
@@ -70,6 +71,10 @@ def test_tool_demo_settings_make_a_valid_config(settings: ToolDemoSettings) -> N
     assert t.max_completion_length == settings.max_completion_length
     completions = t.per_device_train_batch_size * t.gradient_accumulation_steps
     assert completions == settings.num_generations * settings.prompts_per_step
+    # The demo reports the reward that checks the product, not the gate before it (which a
+    # model answering without the tool passes whenever it writes any integer).
+    scored = [r for r in cfg.rewards if getattr(r, "name", None) == TOOL_SCORED]
+    assert [r.type for r in scored] == ["math_answer"]
 
 
 def test_tool_demo_refuses_the_addition_demo_options() -> None:

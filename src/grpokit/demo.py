@@ -499,6 +499,14 @@ TOOL_QUICK = replace(TOOL_DEMO, grpo_steps=2, n_eval=0)
 products."""
 
 TOOL_COLUMNS = ("with the tool", "without")
+TOOL_SCORED = "answer"
+"""The recipe's reward the tool demo reports: the product is right (``number``, its gate, only
+says an integer stands in the ``<answer>`` tag, which the model writes with or without the tool)."""
+
+
+def _scored(sampled: Sampled) -> int:
+    """The index of :data:`TOOL_SCORED` among the sampled rewards."""
+    return sampled.batches[0].scores.names.index(TOOL_SCORED)
 
 
 def run_tool_demo(
@@ -551,7 +559,7 @@ def run_tool_demo(
             sampled = heldout_pass_rates(replace(sampler, tools=tools), rows, samples=1)
             timed(f"eval {stage}, {column}", t, cpu)
             measured[stage, column] = sampled
-            result = stage_results(sampled)[0]
+            result = stage_results(sampled)[_scored(sampled)]
             console.print(f"  {stage}, {column}: {result.cell()}")
             samples.extend(
                 {"prompt": rows[x.prompt_index].prompt, "tools": tools is not None, **asdict(x)}
@@ -605,7 +613,7 @@ def run_tool_demo(
         table.add_column(column)
     stages: dict[str, dict[str, dict[str, Any]]] = {}
     for (stage, column), sampled in measured.items():
-        stages.setdefault(stage, {})[column] = asdict(stage_results(sampled)[0])
+        stages.setdefault(stage, {})[column] = asdict(stage_results(sampled)[_scored(sampled)])
     for stage, cells in stages.items():
         table.add_row(stage, *[StageResult(**cells[c]).cell() for c in TOOL_COLUMNS])
     console.print(table)
@@ -615,7 +623,10 @@ def run_tool_demo(
         gains["with the tool: after GRPO - after SFT"] = ("after SFT", "with the tool", last)
     summary["gains"] = {}
     for name, (before, column, after) in gains.items():
-        mean, low, high = paired_gain(measured[before, column], measured[after, "with the tool"], 0)
+        scored = _scored(measured[before, column])
+        mean, low, high = paired_gain(
+            measured[before, column], measured[after, "with the tool"], scored
+        )
         summary["gains"][name] = {"mean": mean, "low": low, "high": high}
         console.print(
             f"{name}: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (paired over the {len(rows)} "
