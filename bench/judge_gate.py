@@ -376,7 +376,9 @@ def _sample_values(row: dict[str, Any]) -> dict[str, float | None]:
         "format pass": float(row["rewards"].get("xml_format") == 1.0),
         "judge score (seed rubric)": row["rewards"].get("quality"),
     }
-    for part, value in row.get("checklist", {}).items():
+    # grpokit eval writes the items under "parts"; runs evaluated before 2026-12-02 under
+    # "checklist".
+    for part, value in row.get("parts", row.get("checklist", {})).items():
         values[part.removeprefix("checklist/")] = value
     return values
 
@@ -428,6 +430,25 @@ def paired_table(rows: Sequence[dict[str, Any]]) -> str:
             cells.append(cell)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def pooled_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` and, for each design trained with two seeds or more, its rows again under
+    "DESIGN, seeds A+B": the design's per-prompt mean over its seeds, so that
+    :func:`paired_table` pairs a design, not one run, with the start (every run has the same
+    prompts and samples per prompt)."""
+    seeds: dict[str, list[str]] = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        design, _, seed = str(model).rpartition("-s")
+        if design and seed.isdigit():
+            seeds.setdefault(design, []).append(seed)
+    out = list(rows)
+    for design, found in seeds.items():
+        if len(found) > 1:
+            name = f"{design}, seeds {'+'.join(found)}"
+            out += [{**r, "model": name} for r in rows
+                    if str(r["model"]).rpartition("-s")[0] == design]  # fmt: skip
+    return out
 
 
 def audit_table(reports: Sequence[tuple[str, dict[str, Any]]]) -> str:
@@ -503,6 +524,13 @@ def _summary_command(args: argparse.Namespace) -> None:
         rows = read_jsonl(completions)
         if all("prompt_index" in r for r in rows):  # grpokit eval writes it
             sections += ["## Held-out, paired against the start", paired_table(rows)]
+            pooled = pooled_rows(rows)
+            if len(pooled) > len(rows):
+                designs = [r for r in pooled[len(rows) :]]
+                sections += [
+                    "## Held-out per design (seeds pooled), paired against the start",
+                    paired_table([r for r in rows if r["model"] == rows[0]["model"]] + designs),
+                ]
     reports = []
     for path in sorted((root / "audit").glob("*.json")):
         reports.append((path.stem, json.loads(path.read_text())))

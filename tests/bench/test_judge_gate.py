@@ -173,7 +173,7 @@ def test_summary_paired_table(tmp_path: Path) -> None:
     # two prompts x two samples; the trained model gains a price on prompt 0 only
     def row(model: str, prompt: int, fmt: float, price: float, kpi: float | None) -> object:
         parts = {"checklist/price_stated": price, "checklist/kpi_number": kpi}
-        return {"model": model, "prompt_index": prompt, "checklist": parts,
+        return {"model": model, "prompt_index": prompt, "parts": parts,
                 "rewards": {"xml_format": fmt, "quality": 0.2}}  # fmt: skip
 
     samples = [
@@ -204,3 +204,25 @@ def test_summary_paired_table(tmp_path: Path) -> None:
     assert (
         "| kpi_number (program, trained by neither) | 0.67 | 0.50 (+0.00 [+0.00, +0.00]) |" in text
     )
+
+
+def test_pooled_rows_pair_a_design_over_its_seeds() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        from judge_gate import paired_table, pooled_rows
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def row(model: str, prompt: int, fmt: float) -> dict[str, object]:
+        return {"model": model, "prompt_index": prompt, "rewards": {"xml_format": fmt}}
+
+    rows = [row("sft", 0, 0.0), row("sft", 1, 0.0),
+            row("gated-s0", 0, 1.0), row("gated-s0", 1, 0.0),
+            row("gated-s1", 0, 1.0), row("gated-s1", 1, 1.0),
+            row("checklist-s0", 0, 1.0), row("checklist-s0", 1, 1.0)]  # fmt: skip
+    pooled = pooled_rows(rows)
+    # one seed of checklist: no pooled rows; gated's two seeds: their four rows again
+    assert [r["model"] for r in pooled[len(rows) :]] == ["gated, seeds 0+1"] * 4
+    text = paired_table([r for r in pooled if r["model"] in ("sft", "gated, seeds 0+1")])
+    # prompt means 1.0 and 0.5 against 0 and 0: +0.75, t(1 df) 12.706 x 0.354 / sqrt 2 = 3.18
+    assert "| format pass | 0.00 | 0.75 (+0.75 [-2.43, +3.93]) |" in text
