@@ -524,12 +524,12 @@ def _summary_command(args: argparse.Namespace) -> None:
         rows = read_jsonl(completions)
         if all("prompt_index" in r for r in rows):  # grpokit eval writes it
             sections += ["## Held-out, paired against the start", paired_table(rows)]
-            pooled = pooled_rows(rows)
-            if len(pooled) > len(rows):
-                designs = [r for r in pooled[len(rows) :]]
+            designs = pooled_rows(rows)[len(rows) :]
+            if designs:
+                start = [r for r in rows if r["model"] == rows[0]["model"]]
                 sections += [
                     "## Held-out per design (seeds pooled), paired against the start",
-                    paired_table([r for r in rows if r["model"] == rows[0]["model"]] + designs),
+                    paired_table(start + designs),
                 ]
     reports = []
     for path in sorted((root / "audit").glob("*.json")):
