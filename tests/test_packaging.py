@@ -110,8 +110,16 @@ class WheelEnv:
 
 
 def _pip(*args: str, cwd: Path) -> None:
+    # Without PYTHONPATH: a source tree on it that holds grpokit's metadata (src/grpokit.egg-info
+    # after a setuptools build) makes pip take grpokit as installed and skip the wheel.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+        [sys.executable, "-m", "pip", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
