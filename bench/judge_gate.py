@@ -257,8 +257,14 @@ def _scored_mean(metrics: dict[str, Any]) -> float:
     return mean / judged if judged > 0 else math.nan
 
 
+def design_and_seed(name: str) -> tuple[str, str]:
+    """A run's name as judge_gate.sh writes it, "DESIGN-sSEED", split: ("gated", "0")."""
+    design, _, seed = name.rpartition("-s")
+    return design, seed
+
+
 def run_curves(run_dir: Path) -> RunCurves:
-    variant, _, seed = run_dir.name.rpartition("-s")
+    variant, seed = design_and_seed(run_dir.name)
     steps = [m for m in read_jsonl(run_dir / "metrics.jsonl") if "rewards/xml_format/mean" in m]
     return RunCurves(
         name=run_dir.name,
@@ -438,8 +444,8 @@ def pooled_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     :func:`paired_table` pairs a design, not one run, with the start (every run has the same
     prompts and samples per prompt)."""
     seeds: dict[str, list[str]] = {}
-    for model in dict.fromkeys(r["model"] for r in rows):
-        design, _, seed = str(model).rpartition("-s")
+    for model in dict.fromkeys(str(r["model"]) for r in rows):
+        design, seed = design_and_seed(model)
         if design and seed.isdigit():
             seeds.setdefault(design, []).append(seed)
     out = list(rows)
@@ -447,7 +453,7 @@ def pooled_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(found) > 1:
             name = f"{design}, seeds {'+'.join(found)}"
             out += [{**r, "model": name} for r in rows
-                    if str(r["model"]).rpartition("-s")[0] == design]  # fmt: skip
+                    if design_and_seed(str(r["model"]))[0] == design]  # fmt: skip
     return out
 
 
