@@ -36,6 +36,7 @@ the other.
     python bench/scaling.py --vs-trl --threads 1 --steps 3            # L 256 / 1,024 / 2,048
     python bench/scaling.py --vs-trl --lengths 256 1024 --steps 3     # without 2,048
     python bench/scaling.py --vs-trl --smoke                          # tiny model (the tests)
+    python bench/scaling.py --vs-trl --lengths 1024 --gradient-checkpointing   # both recompute
 
 Padding-free (``--packing``): the update's forward and backward of one micro-batch of 8
 completions (one chat prompt, lengths spread evenly from L/8 to L, as sampled completions
@@ -113,6 +114,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="--memory: vocabulary size")
     ap.add_argument("--width", type=int, default=512, help="--vs-trl: the model's hidden size")
     ap.add_argument("--layers", type=int, default=8, help="--vs-trl: the model's layers")
+    ap.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="--vs-trl: both sides recompute activations (TRL's default)",
+    )
     ap.add_argument("--packing", action="store_true", help="padded against padding-free update")
     ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
     ap.add_argument(
@@ -266,10 +272,11 @@ def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: in
         with safe_open(weights, "pt") as f:
             names = f.keys()
             parameters += sum(math.prod(f.get_slice(k).get_shape()) for k in names)
+    recompute = ", gradient checkpointing" if args.gradient_checkpointing else ""
     print(
         f"random-weight Llama, vocabulary {vocab:,}, {parameters / 1e6:.0f}M "
         f"parameters; 1 prompt x {g} completions of exactly L tokens (greedy, end tokens "
-        f"suppressed); {args.setting}; 1 warm-up + {args.steps} measured steps per point; "
+        f"suppressed); {args.setting}{recompute}; 1 warm-up + {args.steps} measured steps per point; "
         f"{args.threads or 'default'} thread(s); {load_average()}",
         flush=True,
     )
@@ -283,7 +290,7 @@ def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: in
         "--top-k=1",
         "--device=cpu",
         f"--setting={args.setting}",
-    ]
+    ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
     pairs: list[tuple[str, list[float], str]] = []
     rows: list[str] = []
     for length in lengths:
