@@ -85,10 +85,15 @@ def _brevity(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[
 
 
 def grpokit_trainer(
-    args: argparse.Namespace, setting: dict[str, Any], max_steps: int, dtype: str = "auto"
+    args: argparse.Namespace,
+    setting: dict[str, Any],
+    max_steps: int,
+    dtype: str = "auto",
+    training: dict[str, Any] | None = None,
 ) -> Any:
     """grpokit's trainer on the benchmark's config (written to a temporary directory); ``dtype``
-    is model.dtype (with ``--bf16``, training.bf16 sets bfloat16 weights instead)."""
+    is model.dtype (with ``--bf16``, training.bf16 sets bfloat16 weights instead); ``training``:
+    more training fields."""
     import torch
     import yaml
 
@@ -124,6 +129,7 @@ def grpokit_trainer(
             "report_to": ["none"],
             "log_completions": False,
             "output_dir": str(work / "run"),
+            **(training or {}),
         },
     }
     (work / "config.yaml").write_text(yaml.safe_dump(doc))

@@ -108,6 +108,11 @@ def test_scaling_benchmark_against_trl_prints_its_ratios() -> None:
     assert all(v > 0 for v in ratios.values())
 
 
+def test_memory_benchmark_compares_the_memory_settings() -> None:
+    ratios = _run("memory.py")
+    assert set(ratios) == {"L 8: both / default, peak memory"}
+
+
 def test_scaling_benchmark_compares_padded_and_packed() -> None:
     ratios = _run("scaling.py", "--packing")
     assert set(ratios) == {
