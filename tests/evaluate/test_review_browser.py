@@ -31,7 +31,8 @@ def review_server(*args: str) -> Iterator[tuple[str, list[str]]]:
     """``grpokit review ARGS`` in a subprocess: (its URL, its output lines once stopped). Stopped
     with SIGINT, as Ctrl-C does; it must then exit 0."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "grpokit", "review", *args],
+        # faulthandler: a server that does not stop is aborted with every thread's traceback
+        [sys.executable, "-X", "faulthandler", "-m", "grpokit", "review", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -53,7 +54,12 @@ def review_server(*args: str) -> Iterator[tuple[str, list[str]]]:
         yield match.group(0), lines
     finally:
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            out, _ = proc.communicate(timeout=30)
+            pytest.fail("the server did not stop within 60 s of SIGINT:\n" + "".join(lines) + out)
         lines += out.splitlines()
     assert proc.returncode == 0, lines
 
