@@ -296,7 +296,12 @@ def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: in
     for length in lengths:
         results: dict[str, dict[str, Any]] = {}
         for peer in ("grpokit", "trl"):
-            r = run_child(script, [*common, f"--max-completion-length={length}", f"--child={peer}"])
+            # TRL's steps at 2,048 tokens take over 15 minutes each on one thread
+            r = run_child(
+                script,
+                [*common, f"--max-completion-length={length}", f"--child={peer}"],
+                timeout=6 * 3600,
+            )
             results[peer] = r
             print(
                 f"L {length:5d}  {peer:<8} step {spread(r['step_times'])} s "
