@@ -176,14 +176,16 @@ def test_group_prompt_shuffle_and_scores_mapped_back(
     # appearance: Alpha, Bravo, Charlie): number 1 shows Bravo, number 2 Charlie, number 3 Alpha.
     distinct = ["Alpha, worth 0.1", "Bravo, worth 0.9", "Charlie, worth 0.5"]
     assert group_order(distinct, 3) == [1, 2, 0]
-    assert server.requests[0]["messages"][0]["content"] == (
+    # The two requests go out concurrently, so the server's log holds them in either order.
+    sent = sorted(request["messages"][0]["content"] for request in server.requests)
+    assert sent[0] == (
         "Request: Topic one\n\n"
         '<answer id="1">\nBravo, worth 0.9\n</answer>\n\n'
         '<answer id="2">\nCharlie, worth 0.5\n</answer>\n\n'
         '<answer id="3">\nAlpha, worth 0.1\n</answer>\n\n'
         "Score each of the 3 answers from 0 to 1, one line `N: score` per answer."
     )
-    assert server.requests[1]["messages"][0]["content"].count("<answer id=") == 1
+    assert sent[1].startswith("Request: Topic two") and sent[1].count("<answer id=") == 1
     # The order is recorded: per number shown, the rows it stands for.
     first = groups[0]
     assert first.rows == (0, 1, 2, 4)
