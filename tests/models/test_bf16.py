@@ -16,6 +16,7 @@ from grpokit.models.onednn import (
     compute_autocast,
     compute_dtype,
     cpu_bf16_native,
+    frozen_casts_kept,
     onednn_available,
     onednn_linear,
     set_compute_dtype,
@@ -155,3 +156,48 @@ def test_frozen_weights_are_cast_once_per_autocast_region() -> None:
     assert copies[0].data_ptr() == copies[1].data_ptr()  # one copy within a region
     assert x.grad is not None and layer.weight.grad is None
     torch.testing.assert_close(x.grad, 6 * layer.weight.sum(0).expand(3, 16), rtol=1e-2, atol=1e-2)
+
+
+@needs_bf16
+def test_kept_casts_serve_every_region_until_the_weight_changes() -> None:
+    """Inside frozen_casts_kept(model), the model's own frozen weights are cast once for all
+    compute_autocast regions (LoRA's reference, old and policy forwards); a weight changed in
+    place is cast again; another model's frozen weights (a reference copy) still get one cast
+    per region; outside the scope, one per region again."""
+    model = torch.nn.Sequential(OneDNNLinear(16, 8, bias=False))
+    other = OneDNNLinear(16, 8, bias=False)
+    for m in (model, other):
+        m.requires_grad_(False)
+        set_compute_dtype(m, torch.bfloat16)
+    weight = model[0].weight
+    x = torch.randn(3, 16)
+    saved: list[torch.Tensor] = []
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    def casts(module: torch.nn.Module, regions: int) -> list[int]:
+        """The storage each region's product used for the cast weight."""
+        saved.clear()
+        x.requires_grad_(True)
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            for _ in range(regions):
+                with compute_autocast(module):
+                    module(x).float().sum().backward()
+        return [t.data_ptr() for t in saved if t.dtype == torch.bfloat16 and t.shape == (16, 8)]
+
+    with frozen_casts_kept(model):
+        kept = casts(model, 3)
+        assert len(kept) == 3 and len(set(kept)) == 1
+        before = casts(model, 1)[0]
+        with torch.no_grad():
+            weight.add_(1.0)  # as merging an adapter into its base layer does
+        changed = casts(model, 1)
+        assert changed[0] != before
+        assert len(set(casts(other, 2))) == 2  # not the scope's model: cast per region
+        with compute_autocast(model):
+            out = model(x).float()
+        torch.testing.assert_close(out, x @ weight.t(), rtol=2e-2, atol=5e-2)  # the new weight
+    assert len(set(casts(model, 2))) == 2  # the scope is gone
+

@@ -31,6 +31,7 @@ from grpokit.errors import RunFailed, RunStopped, UserError
 from grpokit.files import write_jsonl
 from grpokit.models.loading import Policy
 from grpokit.models.manifest import CheckpointDamaged
+from grpokit.models.onednn import frozen_casts_kept
 from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
 from grpokit.monitor.trackers import ReportBuilder, missing_tracker_packages
@@ -445,18 +446,22 @@ class GRPOTrainer:
             a.per_device_train_batch_size, a.max_tokens_per_micro_batch, packed=a.padding_free
         )
         self.lockstep.plan(len(micro_batches))
-        old_logps, ref_logps = self._fixed_logprobs(exp, micro_batches)
-        # Global counts: each rank's loss is then its share of the global loss (grads are summed).
-        active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
-        counts = StepCounts(max(1, int(active)), max(1, int(num_rows)), a.max_completion_length)
-        self.policy.model.train()
-        records = []
-        for _ in range(a.num_iterations):
-            sums = LossSums(self.device)
-            for rows, old, ref in zip(micro_batches, old_logps, ref_logps, strict=True):
-                self._loss_and_backward(exp, rows, old, ref, counts, sums)
-            self.lockstep.finish(self.policy.model, backward=True)
-            records.append(self._apply_gradients(sums))
+        with frozen_casts_kept(self.policy.model):
+            old_logps, ref_logps = self._fixed_logprobs(exp, micro_batches)
+            # Global counts: each rank's loss is then its share of the global loss (grads are
+            # summed).
+            active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
+            counts = StepCounts(
+                max(1, int(active)), max(1, int(num_rows)), a.max_completion_length
+            )
+            self.policy.model.train()
+            records = []
+            for _ in range(a.num_iterations):
+                sums = LossSums(self.device)
+                for rows, old, ref in zip(micro_batches, old_logps, ref_logps, strict=True):
+                    self._loss_and_backward(exp, rows, old, ref, counts, sums)
+                self.lockstep.finish(self.policy.model, backward=True)
+                records.append(self._apply_gradients(sums))
         self.engine.sync_weights()
         return records
 
