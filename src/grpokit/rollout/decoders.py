@@ -11,9 +11,10 @@
   with transformers' generate and with the bare decode).
 - :class:`HFDecoder`, transformers' own forward with a ``DynamicCache``: every other architecture.
 
-Both are built per rollout, after a LoRA adapter is merged or a sharded model gathered; the static
-decoder also prepacks float32 CPU weights for oneDNN then (grpokit.models.onednn), which more
-than halves a decoding step there.
+Both are built per rollout, after a sharded model is gathered; the static decoder also prepacks
+float32 CPU weights for oneDNN then (grpokit.models.onednn), which more than halves a decoding step
+there, adding a LoRA adapter's delta into the copy it packs (the transformers forward decodes with
+the adapter merged into the weights in place, then restored).
 
 Both decode in a model's compute dtype (grpokit.models.onednn.compute_dtype) as its training
 forward computes under autocast: with bfloat16, the static decoder packs a bfloat16 copy of the
@@ -123,32 +124,56 @@ class HFDecoder:
         self.mask, self.next_position = self.mask[rows], self.next_position[rows]
 
 
-def _base_layer(module: torch.nn.Module) -> torch.nn.Module:
-    """The plain linear layer behind a projection: a peft LoRA layer whose adapter is merged into
-    its base weights (or disabled) computes exactly its base layer, without peft's dispatch."""
+def _merges_out_of_place(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a peft LoRA layer whose active adapters are plain low-rank deltas
+    (``get_delta_weight``; no DoRA or other variant, no adapter bias), which
+    :func:`_projection_weights` can add to a copy of the base weight."""
+    return (
+        callable(getattr(module, "get_delta_weight", None))
+        and not getattr(module, "lora_variant", {})
+        and not any(getattr(module, "lora_bias", {}).values())
+    )
+
+
+def _projection_weights(
+    module: torch.nn.Module,
+) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None, bool]:
+    """(the plain linear layer behind a projection, the weight and bias it computes with, whether
+    that weight is a merged copy).
+
+    A peft LoRA layer whose adapter is in effect computes its base weights plus the adapters'
+    deltas, added here into a new tensor: the policy's own weights are never changed, so the
+    rollout needs neither a saved copy of them nor a copy back afterwards (see
+    grpokit.rollout.torch_engine.lora_merged, which merges in place for the decoders that read
+    the modules). A layer without an adapter in effect computes its base layer as it is.
+    """
     get_base = getattr(module, "get_base_layer", None)
-    if callable(get_base) and not adapter_in_effect(module):
-        base = get_base()
-        if isinstance(base, torch.nn.Module):
-            return base
-    return module
+    base: Any = get_base() if callable(get_base) else module
+    weight: torch.Tensor = base.weight.detach()
+    bias = getattr(base, "bias", None)
+    if not adapter_in_effect(module):
+        return base, weight, bias, False
+    lora: Any = module
+    for name in lora.active_adapters:
+        if name in lora.lora_A:
+            weight = weight + lora.get_delta_weight(name).to(weight.dtype)
+    return base, weight, bias, True
 
 
 def _linear(
     module: torch.nn.Module, pack: bool, dtype: torch.dtype
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A projection's plain linear layer (see :func:`_base_layer`). With ``pack``, a float32 CPU
-    layer becomes a oneDNN-prepacked copy of itself in ``dtype``; without, a layer whose weights
-    are not in ``dtype`` computes with a copy in ``dtype``."""
-    module = _base_layer(module)
-    weight: Any = module.weight
-    bias: Any = getattr(module, "bias", None)
-    if pack and PackedLinear.applies(module):
+    """A projection as one plain product (see :func:`_projection_weights`). With ``pack``, a
+    float32 CPU layer becomes a oneDNN-prepacked copy of itself in ``dtype``; without, a layer
+    whose weights are not in ``dtype`` (or are a merged copy) computes with a copy in ``dtype``."""
+    base, weight, bias, merged = _projection_weights(module)
+    if pack and PackedLinear.applies(base):
         return PackedLinear(weight, bias, dtype=dtype)
-    if weight.dtype != dtype:
+    if weight.dtype != dtype or merged:
         cast = None if bias is None else bias.detach().to(dtype)
-        return partial(torch.nn.functional.linear, weight=weight.detach().to(dtype), bias=cast)
-    return module
+        return partial(torch.nn.functional.linear, weight=weight.to(dtype), bias=cast)
+    result: Callable[[torch.Tensor], torch.Tensor] = base
+    return result
 
 
 class _Projections:
@@ -158,13 +183,13 @@ class _Projections:
     more in dispatch than the bandwidth of the smaller weights)."""
 
     def __init__(self, modules: list[torch.nn.Module], pack: bool, dtype: torch.dtype) -> None:
-        bases: list[Any] = [_base_layer(m) for m in modules]
-        self.sizes = [int(b.weight.shape[0]) for b in bases]
+        parts = [_projection_weights(m) for m in modules]
+        self.sizes = [int(w.shape[0]) for _, w, _, _ in parts]
         self.fused: PackedLinear | None = None
         self.layers: list[Callable[[torch.Tensor], torch.Tensor]] = []
-        if pack and all(PackedLinear.applies(b) for b in bases):
-            weight = torch.cat([b.weight.detach() for b in bases])
-            biases = [b.bias for b in bases]
+        if pack and all(PackedLinear.applies(b) for b, _, _, _ in parts):
+            weight = torch.cat([w for _, w, _, _ in parts])
+            biases = [b for _, _, b, _ in parts]
             bias = None
             if any(b is not None for b in biases):
                 bias = torch.cat(
@@ -201,8 +226,8 @@ def static_decoder_unsupported(model: torch.nn.Module, total_length: int) -> str
     window = getattr(config, "sliding_window", None)
     if window is not None and total_length > int(window):
         return f"sequences of {total_length} tokens exceed the sliding window of {window}"
-    if any(adapter_in_effect(m) for m in inner.modules()):
-        return "a LoRA adapter is active and not merged into the base weights"
+    if any(adapter_in_effect(m) and not _merges_out_of_place(m) for m in inner.modules()):
+        return "an adapter other than plain LoRA is active and not merged into the base weights"
     return None
 
 

@@ -11,7 +11,7 @@ copying the cache every time one sequence ends.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Literal
 
 import torch
@@ -52,7 +52,9 @@ def left_pad(
 
 @contextmanager
 def lora_merged(model: torch.nn.Module) -> Iterator[None]:
-    """Decode with a peft model's LoRA adapter merged into its base weights, then undo the merge.
+    """Decode with a peft model's LoRA adapter merged into its base weights, then undo the merge:
+    for transformers' own forward and for syncing vLLM (the static Llama decoder merges into its
+    own packed copy instead, grpokit.rollout.decoders).
 
     An unmerged adapter adds two small matmuls and their Python dispatch to every adapted linear
     layer at every decoding step; merged, each layer is one plain matmul. Measured with
@@ -145,7 +147,7 @@ class TorchEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with lora_merged(self.model), torch.inference_mode():
+            with torch.inference_mode():
                 tokens, logps, lengths, ended = self._decode(
                     prompt_ids, n, params, generator, device
                 )
@@ -196,8 +198,29 @@ class TorchEngine:
             ended_by_eos (B,) bool, with B = P * n and T = max_completion_length.
         """
         input_ids, mask, positions = left_pad(prompt_ids, self.pad_token_id, device)
+        # The static decoder adds a LoRA adapter into its own copy of the weights; transformers'
+        # forward decodes with it merged in place.
+        decoder = self._decoder(input_ids.shape[1], params.max_completion_length)
+        merged = lora_merged(self.model) if isinstance(decoder, HFDecoder) else nullcontext()
+        with merged:
+            return self._sample(
+                decoder, prompt_ids, (input_ids, mask, positions), n, params, generator
+            )
+
+    def _sample(
+        self,
+        decoder: Decoder,
+        prompt_ids: list[list[int]],
+        padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decoding loop over the prompts, ``padded`` as :func:`left_pad` returns them; see
+        :meth:`_decode`."""
+        input_ids, mask, positions = padded
+        device = input_ids.device
         limit = params.max_completion_length
-        decoder = self._decoder(input_ids.shape[1], limit)
         logits = decoder.prefill(input_ids, mask, positions)
 
         # Share each prompt's encoding across its group: rows i*n .. i*n+n-1 are prompt i.
