@@ -200,4 +200,3 @@ def test_kept_casts_serve_every_region_until_the_weight_changes() -> None:
             out = model(x).float()
         torch.testing.assert_close(out, x @ weight.t(), rtol=2e-2, atol=5e-2)  # the new weight
     assert len(set(casts(model, 2))) == 2  # the scope is gone
-

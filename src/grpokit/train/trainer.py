@@ -451,9 +451,7 @@ class GRPOTrainer:
             # Global counts: each rank's loss is then its share of the global loss (grads are
             # summed).
             active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
-            counts = StepCounts(
-                max(1, int(active)), max(1, int(num_rows)), a.max_completion_length
-            )
+            counts = StepCounts(max(1, int(active)), max(1, int(num_rows)), a.max_completion_length)
             self.policy.model.train()
             records = []
             for _ in range(a.num_iterations):
