@@ -146,6 +146,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=MIN_MEASURED, help="measured repeats")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where installed")
+    ap.add_argument(
+        "--only",
+        nargs="+",
+        metavar="METHOD",
+        help="run only these (grpokit, grpokit-fp32, generate, floor, generate-onednn, "
+        "floor-onednn, vllm, vllm-fp32); the ratios that need the others are left out",
+    )
     args = ap.parse_args()
     if args.smoke:
         args.repeats, args.max_new_tokens = 1, 8
@@ -226,6 +233,8 @@ def main() -> None:
                 del runs["grpokit-fp32"]
             for name, peer in peers.items():
                 runs[name] = partial(engine_generate, peer, prompts, g, n_new, seed)
+            if args.only:
+                runs = {k: v for k, v in runs.items() if k in args.only or k == "grpokit"}
             for name, fn in runs.items():
                 seconds, tokens = timed(fn)
                 rates.setdefault(name, []).append(tokens / seconds)
@@ -239,40 +248,34 @@ def main() -> None:
             + ", ".join(f"{k} {median(v):.1f}" for k, v in rates.items())
         )
         ours = rates["grpokit"]
-        vs_generate = paired_ratios(ours, rates["generate"])
-        pairs.append(
+
+        # (peer, label, what the ratio means or its target); a peer left out by --only is skipped.
+        against: list[tuple[str, str, str | float]] = [
+            ("generate", "grpokit / generate tokens per second", TARGET_VS_GENERATE),
+            ("grpokit-fp32", "grpokit bfloat16 / float32 tokens per second", TARGET_BF16),
             (
-                f"batch {batch}: grpokit / generate tokens per second",
-                vs_generate,
-                verdict(median(vs_generate), TARGET_VS_GENERATE, at_least=True),
-            )
-        )
-        if bf16:
-            gain = paired_ratios(ours, rates["grpokit-fp32"])
-            pairs.append(
-                (
-                    f"batch {batch}: grpokit bfloat16 / float32 tokens per second",
-                    gain,
-                    verdict(median(gain), TARGET_BF16, at_least=True),
-                )
-            )
-        pairs += [
-            (
-                f"batch {batch}: grpokit / generate-onednn",
-                paired_ratios(ours, rates["generate-onednn"]),
+                "generate-onednn",
+                "grpokit / generate-onednn",
                 "the engine's gain over generate on the same oneDNN linears",
             ),
             (
-                f"batch {batch}: grpokit / decode floor (torch default)",
-                paired_ratios(ours, rates["floor"]),
+                "floor",
+                "grpokit / decode floor (torch default)",
                 "1.0 = a bare float32 cached forward per token at this batch",
             ),
             (
-                f"batch {batch}: grpokit / decode floor (oneDNN linears)",
-                paired_ratios(ours, rates["floor-onednn"]),
+                "floor-onednn",
+                "grpokit / decode floor (oneDNN linears)",
                 "the same floor with oneDNN linear layers",
             ),
         ]
+        for other, label, note in against:
+            if other not in rates:
+                continue
+            ratios = paired_ratios(ours, rates[other])
+            if not isinstance(note, str):
+                note = verdict(median(ratios), note, at_least=True)
+            pairs.append((f"batch {batch}: {label}", ratios, note))
         for ours_name, peer_name in (("grpokit", "vllm"), ("grpokit-fp32", "vllm-fp32")):
             if peer_name in rates and ours_name in rates:
                 pairs.append(
