@@ -20,6 +20,7 @@ from grpokit.models.onednn import (
     onednn_available,
     onednn_linear,
     set_compute_dtype,
+    store_frozen_linears_in_compute_dtype,
 )
 
 needs_bf16 = pytest.mark.skipif(
@@ -200,3 +201,19 @@ def test_kept_casts_serve_every_region_until_the_weight_changes() -> None:
             out = model(x).float()
         torch.testing.assert_close(out, x @ weight.t(), rtol=2e-2, atol=5e-2)  # the new weight
     assert len(set(casts(model, 2))) == 2  # the scope is gone
+
+
+@needs_bf16
+def test_frozen_linears_stored_in_the_compute_dtype_compute_the_same_to_the_bit() -> None:
+    model = torch.nn.Sequential(OneDNNLinear(16, 8), torch.nn.LayerNorm(8), OneDNNLinear(8, 4))
+    assert store_frozen_linears_in_compute_dtype(model) == 0  # no compute dtype: unchanged
+    model[2].requires_grad_(False)
+    set_compute_dtype(model, torch.bfloat16)
+    x = torch.randn(5, 16)
+    with compute_autocast(model):
+        before = model(x)
+    assert store_frozen_linears_in_compute_dtype(model) == 1  # the frozen one only
+    assert model[0].weight.dtype == torch.float32 and model[2].weight.dtype == torch.bfloat16
+    assert model[1].weight.dtype == torch.float32 and model[2].bias.dtype == torch.float32
+    with compute_autocast(model):
+        assert torch.equal(model(x), before)

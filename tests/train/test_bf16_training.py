@@ -46,6 +46,12 @@ def test_auto_dtype_trains_in_bf16_without_fake_clipping_or_kl(
     if mu == 2:  # after an update the ratio moves, and the narrow range clips: the metric works
         assert result.history[1]["clip_ratio/region_mean"] > 0.0
     assert {p.dtype for p in trainer.policy.model.parameters()} == {torch.float32}
+    reference = trainer.policy.reference
+    if "lora" not in model:  # the frozen copy keeps its linear weights as they are computed,
+        assert reference is not None  # which is why the KL above is exactly 0
+        linear = {m.weight.dtype for m in reference.modules() if isinstance(m, torch.nn.Linear)}
+        assert linear == {torch.bfloat16}
+        assert reference.get_input_embeddings().weight.dtype == torch.float32  # untied, float32
     states = [s for s in trainer.optimizer.state.values() if s]
     assert states and all(
         t.dtype == torch.float32 for s in states for k, t in s.items() if k != "step"

@@ -132,6 +132,37 @@ def compute_autocast(model: torch.nn.Module) -> Iterator[None]:
         _frozen_casts = outer
 
 
+def store_frozen_linears_in_compute_dtype(model: torch.nn.Module) -> int:
+    """Store a frozen model's float32 linear weights in its compute dtype (see
+    :func:`set_compute_dtype`), which its forwards would cast them to anyway: the same products
+    to the bit, half the memory, and no cast per forward. For a full fine-tuning run's
+    reference copy, which nothing trains and nothing saves.
+
+    Only linear weights change (biases, norms and embeddings keep float32, as autocast computes
+    them); a head tied to the embedding gets its own copy, so the embedding output, the residual
+    stream's start, stays float32. Nothing changes for a model without a compute dtype, or for
+    weights that require grad.
+
+    Returns:
+        How many weights were converted.
+    """
+    dtype = compute_dtype(model)
+    if dtype is None:
+        return 0
+    converted = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (
+            isinstance(module, torch.nn.Linear)
+            and isinstance(weight, torch.nn.Parameter)
+            and not weight.requires_grad
+            and weight.dtype == torch.float32
+        ):
+            module.weight = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+            converted += 1
+    return converted
+
+
 def _frozen_cast(weight: torch.Tensor) -> torch.Tensor:
     """A frozen float32 weight cast to the autocast dtype once per :func:`compute_autocast` region.
 

@@ -23,6 +23,7 @@ from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.files import write_atomic, write_json
 from grpokit.models.loading import Policy, model_context
+from grpokit.models.onednn import store_frozen_linears_in_compute_dtype
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import ReportBuilder, tracker_sinks
 from grpokit.rollout.base import RolloutEngine
@@ -64,6 +65,9 @@ def build_policy(
         device=torch.device("cpu") if sharded else device,
     )
     broadcast_parameters(policy.model, dist)
+    if policy.reference is not None and not sharded:
+        # Under FSDP the reference is sharded like the policy, whose units need one dtype.
+        store_frozen_linears_in_compute_dtype(policy.reference)
     if sharded:
         fc = cfg.training.fsdp_config
         shard_policy(
