@@ -9,6 +9,7 @@ report line carries the load average, since absolute numbers on a shared machine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -153,6 +154,115 @@ def run_child(script: Path, args: list[str], timeout: float = 1800) -> dict[str,
         f"{script.name} {' '.join(args)} failed (exit {proc.returncode}):\n"
         f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
+
+
+LOCKSTEP_ENV = "GRPOKIT_BENCH_LOCKSTEP"
+"""Set in a child that :func:`run_children_in_lockstep` runs: it waits for its turn before each
+step (:func:`wait_turn`) and reports the step's end (:func:`turn_done`)."""
+_DONE = "STEP DONE"
+
+
+def wait_turn() -> None:
+    """In a lockstep child, block until the parent says this child's next step may start."""
+    if os.environ.get(LOCKSTEP_ENV):
+        sys.stdin.readline()
+
+
+def turn_done() -> None:
+    """In a lockstep child, tell the parent that a step has ended."""
+    if os.environ.get(LOCKSTEP_ENV):
+        print(_DONE, flush=True)
+
+
+def run_children_in_lockstep(
+    script: Path, children: dict[str, list[str]], steps: int, timeout: float = 1800
+) -> dict[str, dict[str, Any] | RuntimeError]:
+    """Run one child process per name (``python script args``, each loaded once and alive
+    together) and let them take turns, step by step: step k of every child runs before step
+    k + 1 of any, one child at a time. A machine whose speed drifts over minutes (other jobs, a
+    host shared with other machines) then slows step k of both peers alike, where children run
+    one after the other would each see a different machine. Each child's peak memory is still its
+    own. ``steps``: every step a child takes, warm-up included.
+
+    Returns:
+        Per name, the child's result (see :func:`emit_result`), or the error it failed with (the
+        others go on without it).
+    """
+    with contextlib.ExitStack() as stack:
+        return _lockstep(script, children, steps, timeout, stack)
+
+
+def _lockstep(
+    script: Path,
+    children: dict[str, list[str]],
+    steps: int,
+    timeout: float,
+    stack: contextlib.ExitStack,
+) -> dict[str, dict[str, Any] | RuntimeError]:
+    procs: dict[str, subprocess.Popen[str]] = {}
+    logs: dict[str, Any] = {}
+    env = {**os.environ, LOCKSTEP_ENV: "1"}
+    for name, args in children.items():
+        # Closed by the caller's ExitStack (one file per child, open until they all end).
+        logs[name] = stack.enter_context(tempfile.TemporaryFile("w+"))  # noqa: SIM115
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=logs[name],
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+    out: dict[str, dict[str, Any] | RuntimeError] = {}
+    kept: dict[str, list[str]] = {name: [] for name in children}
+
+    def read_until(name: str, marker: str) -> bool:
+        """Read the child's stdout up to a line starting with ``marker``; False at its end."""
+        stdout = procs[name].stdout
+        assert stdout is not None
+        for line in stdout:
+            kept[name].append(line)
+            if line.startswith(marker):
+                return True
+        return False
+
+    def fail(name: str) -> None:
+        procs[name].kill()
+        procs[name].wait()
+        logs[name].seek(0)
+        err = logs[name].read()[-3000:]
+        out[name] = RuntimeError(
+            f"{script.name} {' '.join(children[name])} failed (exit {procs[name].returncode}):"
+            f"\n{''.join(kept[name])[-3000:]}\n{err}"
+        )
+
+    start = time.monotonic()
+    for _ in range(steps):
+        for name, proc in procs.items():
+            if name in out:
+                continue
+            if time.monotonic() - start > timeout:
+                fail(name)
+                continue
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            except BrokenPipeError:
+                fail(name)
+                continue
+            if not read_until(name, _DONE):
+                fail(name)
+    for name, proc in procs.items():
+        if name in out:
+            continue
+        if read_until(name, "RESULT "):
+            out[name] = json.loads(kept[name][-1][len("RESULT ") :])
+            proc.wait()
+        else:
+            fail(name)
+    return out
 
 
 def print_ratios(title: str, ratios: list[tuple[str, float, str]]) -> None:

@@ -3,8 +3,10 @@
 Same model, prompts, reward, G, batch, max_completion_length, learning rate, sampling and loss
 (dapo), for full fine-tuning and LoRA (r 16, alpha 32, all linear layers), beta 0 and 0.04.
 Gradient checkpointing is off on both sides (TRL's default is on; ``--gradient-checkpointing``
-turns it on for both). Each (peer, setting) runs in a fresh process, so its peak resident memory
-is its own; the peers alternate. A step is rollout + reward + update on both sides.
+turns it on for both). Each (peer, setting) runs in a process of its own, so its peak resident
+memory is its own; the peers' processes live side by side and take turns step by step (step k of
+each peer, then step k + 1), so that a machine whose speed drifts slows both alike. A step is
+rollout + reward + update on both sides.
 
 The peers: "grpokit" with ``model.dtype: auto`` (bfloat16 compute with float32 master weights on a
 CPU with native bf16, float32 elsewhere), "trl" in float32 (as its CPU users run it, the target's
@@ -50,9 +52,11 @@ from _common import (  # noqa: E402
     peak_gpu_mib,
     peak_rss_mib,
     print_paired,
-    run_child,
+    run_children_in_lockstep,
     spread,
+    turn_done,
     verdict,
+    wait_turn,
 )
 
 SETTINGS = {
@@ -140,9 +144,11 @@ def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float]]:
     """Run ``n`` steps of a grpokit trainer: each step's seconds and mean completion length."""
     times, lengths = [], []
     for _ in range(n):
+        wait_turn()
         t0 = time.perf_counter()
         record = trainer.step()[0]
         times.append(time.perf_counter() - t0)
+        turn_done()
         lengths.append(record["completions/mean_length"])
     return times, lengths
 
@@ -208,10 +214,12 @@ def run_trl(
 
     class Timer(TrainerCallback):  # type: ignore[misc]
         def on_step_begin(self, *a: Any, **k: Any) -> None:
+            wait_turn()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, *a: Any, **k: Any) -> None:
             times.append(time.perf_counter() - self.t0)
+            turn_done()
 
     trainer = GRPOTrainer(
         model=model,
@@ -331,13 +339,16 @@ def main() -> None:
     script = Path(__file__).resolve()
     for name in args.settings:
         results: dict[str, dict[str, Any]] = {}
-        for peer in peers:
-            try:
-                r = run_child(script, [*common, f"--child={peer}", f"--setting={name}"])
-            except RuntimeError as exc:
+        runs = run_children_in_lockstep(
+            script,
+            {peer: [*common, f"--child={peer}", f"--setting={name}"] for peer in peers},
+            steps=args.steps + 1,  # the warm-up step too
+        )
+        for peer, r in runs.items():
+            if isinstance(r, RuntimeError):
                 if peer != "trl-bf16":
-                    raise
-                print(f"{name:<14} {peer:<12} did not run: {str(exc).splitlines()[0]}")
+                    raise r
+                print(f"{name:<14} {peer:<12} did not run: {str(r).splitlines()[0]}")
                 continue
             results[peer] = r
             print(
