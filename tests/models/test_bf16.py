@@ -12,6 +12,7 @@ from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import (
     OneDNNLinear,
     PackedLinear,
+    _frozen_cast,
     bf16_compute_applies,
     compute_autocast,
     compute_dtype,
@@ -217,3 +218,26 @@ def test_frozen_linears_stored_in_the_compute_dtype_compute_the_same_to_the_bit(
     assert model[1].weight.dtype == torch.float32 and model[2].bias.dtype == torch.float32
     with compute_autocast(model):
         assert torch.equal(model(x), before)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])
+def test_kept_casts_are_not_kept_under_gradient_checkpointing(
+    tiny_model_dir: Path, checkpointing: bool
+) -> None:
+    """With gradient checkpointing the backward recomputes with casts of its own: keeping the
+    forward's casts for the update would only add a copy of the base model to the peak."""
+    policy = load_policy(
+        str(tiny_model_dir),
+        lora=LoraSettings(r=2, alpha=4.0),
+        need_reference=False,
+        gradient_checkpointing=checkpointing,
+    )
+    model = policy.model  # in train mode, as in the update
+    set_compute_dtype(model, torch.bfloat16)
+    base = next(p for n, p in model.named_parameters() if n.endswith("q_proj.base_layer.weight"))
+    with frozen_casts_kept(model):
+        casts = []
+        for _ in range(2):  # two regions, as the reference and the policy forward
+            with compute_autocast(model):
+                casts.append(_frozen_cast(base))
+    assert (casts[0] is casts[1]) is not checkpointing

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 
 from grpokit.errors import UserError
-from grpokit.models.compat import hf_model
+from grpokit.models.compat import hf_model, is_checkpointing
 
 CpuMatmul = Literal["auto", "onednn", "torch"]
 
@@ -95,15 +95,18 @@ def frozen_casts_kept(model: torch.nn.Module) -> Iterator[None]:
     adapter switched off), the old log-probs, and a forward per micro-batch; each cast reads and
     writes the whole base model (measured: 10% of a LoRA update of the embedded model on a CPU
     with AMX, where the bfloat16 products are fast). The policy's backward keeps one cast alive
-    in any case, so keeping it for the update adds no peak memory. Frozen weights of other
-    models (a separate reference copy) are not kept: their casts would stay alive through the
-    policy's backward. Nothing changes for a model without a compute dtype.
+    in any case, so keeping it for the update adds no peak memory. Not so with gradient
+    checkpointing, whose backward recomputes each layer with casts of its own and keeps nothing
+    from the forward: kept casts would add a bfloat16 copy of the base model to its peak, so
+    nothing is kept then. Frozen weights of other models (a separate reference copy) are not
+    kept either: their casts would stay alive through the policy's backward. Nothing changes for
+    a model without a compute dtype.
     """
     global _kept_casts, _kept_ids
-    outer = _kept_casts, _kept_ids
-    if compute_dtype(model) is None:
+    if compute_dtype(model) is None or is_checkpointing(model):
         yield
         return
+    outer = _kept_casts, _kept_ids
     _kept_casts = {}
     _kept_ids = frozenset(
         id(p) for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32
