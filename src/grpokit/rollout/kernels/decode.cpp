@@ -1,0 +1,336 @@
+// Fused CPU kernels for one decoding step of a Llama-family layer (see grpokit/rollout/fused.py).
+//
+// Each replaces a run of small eager operations that, at the batch sizes of a rollout, cost more
+// in dispatch and in intermediate tensors than in arithmetic. The linear layers stay oneDNN
+// products; what is between them is here. Every kernel rounds where the eager decoder (and the
+// training forward under autocast) rounds, so the compute dtype T (float or bfloat16) is rounded
+// to at the same points; the residual stream, norms, rotary embedding and softmax are float32.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace {
+
+using BF16 = c10::BFloat16;
+
+inline float to_float(float x) { return x; }
+inline float to_float(BF16 x) {
+  // The exact widening of a bfloat16: its bits are the upper half of a float's.
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+template <typename T>
+inline T from_float(float x) {
+  return static_cast<T>(x);  // bfloat16: round to nearest even, as a tensor cast does
+}
+
+template <typename T>
+inline float rounded(float x) {
+  return to_float(from_float<T>(x));
+}
+
+// exp(x) for float, branch-free so that loops over it vectorise (std::exp does not without
+// -ffast-math): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for exactness), exp(r) by
+// Cephes' degree-6 polynomial (about 1 ulp), 2^n by building the exponent bits. Below the
+// smallest normal result it returns 0 (a -inf attention bias gives exactly 0), above the
+// largest finite one +inf.
+#pragma omp declare simd
+inline float fast_exp(float x) {
+  constexpr float lo = -87.33654f, hi = 88.37626f;
+  const float xc = std::min(std::max(x, lo), hi);
+  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  float y = p * scale;
+  y = x < lo ? 0.f : y;
+  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  return y;
+}
+
+// hidden (rows, width) float32, in place: hidden += delta (if given); returns
+// weight * rmsnorm(hidden) in T, as transformers' LlamaRMSNorm computes it in float32.
+template <typename T>
+void add_rms_norm_kernel(float* hidden, const T* delta, const float* weight, T* out, int64_t rows,
+                         int64_t width, double eps) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* h = hidden + r * width;
+      if (delta != nullptr) {
+        const T* d = delta + r * width;
+#pragma omp simd
+        for (int64_t i = 0; i < width; ++i) h[i] += to_float(d[i]);
+      }
+      float squares = 0.f;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t i = 0; i < width; ++i) squares += h[i] * h[i];
+      const float inv = 1.f / std::sqrt(squares / static_cast<float>(width) + static_cast<float>(eps));
+      T* o = out + r * width;
+#pragma omp simd
+      for (int64_t i = 0; i < width; ++i) o[i] = from_float<T>(weight[i] * (h[i] * inv));
+    }
+  });
+}
+
+at::Tensor add_rms_norm(at::Tensor hidden, const std::optional<at::Tensor>& delta,
+                        const at::Tensor& weight, double eps, bool bf16) {
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "hidden must be contiguous float32");
+  const int64_t width = hidden.size(-1);
+  const int64_t rows = hidden.numel() / width;
+  const auto dtype = bf16 ? at::kBFloat16 : at::kFloat;
+  auto out = at::empty(hidden.sizes(), hidden.options().dtype(dtype));
+  auto w = weight.contiguous().to(at::kFloat);
+  std::optional<at::Tensor> d;
+  if (delta.has_value()) {
+    d = delta->contiguous();
+    TORCH_CHECK(d->scalar_type() == dtype && d->numel() == hidden.numel(), "delta mismatch");
+  }
+  if (bf16) {
+    add_rms_norm_kernel<BF16>(hidden.data_ptr<float>(), d ? d->data_ptr<BF16>() : nullptr,
+                              w.data_ptr<float>(), out.data_ptr<BF16>(), rows, width, eps);
+  } else {
+    add_rms_norm_kernel<float>(hidden.data_ptr<float>(), d ? d->data_ptr<float>() : nullptr,
+                               w.data_ptr<float>(), out.data_ptr<float>(), rows, width, eps);
+  }
+  return out;
+}
+
+// One head of d values from T, optionally RMS-normalised per head (Qwen3's q_norm / k_norm:
+// normalised in float32, rounded to T, then scaled by the float32 weight), then rotated:
+// x cos + rotate_half(x) sin, with the sign of rotate_half carried by signed_sin.
+template <typename T>
+inline void head_rotated(const T* x, const float* norm_w, float eps, const float* cos,
+                         const float* signed_sin, int64_t d, float* scratch, float* out) {
+  for (int64_t i = 0; i < d; ++i) scratch[i] = to_float(x[i]);
+  if (norm_w != nullptr) {
+    float squares = 0.f;
+    for (int64_t i = 0; i < d; ++i) squares += scratch[i] * scratch[i];
+    const float inv = 1.f / std::sqrt(squares / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) scratch[i] = norm_w[i] * rounded<T>(scratch[i] * inv);
+  }
+  const int64_t half = d / 2;
+  for (int64_t i = 0; i < d; ++i) {
+    out[i] = scratch[i] * cos[i] + scratch[(i + half) % d] * signed_sin[i];
+  }
+}
+
+// qkv (rows, (heads + 2 kv_heads) d) in T: returns the rotated queries (rows, heads, d) in T and
+// writes the rotated keys to column `column` of keys (rows, kv_heads, d, width) and the values to
+// values (rows, kv_heads, width, d).
+template <typename T>
+void rope_cache_kernel(const T* qkv, const float* cos, const float* sin, T* keys, T* values,
+                       T* q_out, int64_t rows, int64_t heads, int64_t kv_heads, int64_t d,
+                       int64_t width, int64_t column, const float* q_norm, const float* k_norm,
+                       float eps) {
+  const int64_t stride = (heads + 2 * kv_heads) * d;
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(d), rotated(d);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* base = qkv + r * stride;
+      const float* c = cos + r * d;
+      const float* s = sin + r * d;
+      for (int64_t h = 0; h < heads; ++h) {
+        head_rotated<T>(base + h * d, q_norm, eps, c, s, d, scratch.data(), rotated.data());
+        T* q = q_out + (r * heads + h) * d;
+        for (int64_t i = 0; i < d; ++i) q[i] = from_float<T>(rotated[i]);
+      }
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        head_rotated<T>(base + (heads + h) * d, k_norm, eps, c, s, d, scratch.data(),
+                        rotated.data());
+        T* k = keys + (r * kv_heads + h) * d * width + column;
+        for (int64_t i = 0; i < d; ++i) k[i * width] = from_float<T>(rotated[i]);
+        const T* v_in = base + (heads + kv_heads + h) * d;
+        T* v = values + ((r * kv_heads + h) * width + column) * d;
+        std::memcpy(v, v_in, d * sizeof(T));
+      }
+    }
+  });
+}
+
+const float* optional_float(const std::optional<at::Tensor>& t, at::Tensor& keep) {
+  if (!t.has_value()) return nullptr;
+  keep = t->contiguous().to(at::kFloat);
+  return keep.data_ptr<float>();
+}
+
+at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& signed_sin,
+                      at::Tensor keys, at::Tensor values, int64_t column, int64_t heads,
+                      const std::optional<at::Tensor>& q_norm,
+                      const std::optional<at::Tensor>& k_norm, double eps) {
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "the cache must be contiguous");
+  const int64_t rows = keys.size(0), kv_heads = keys.size(1), d = keys.size(2),
+                width = keys.size(3);
+  TORCH_CHECK(column >= 0 && column < width, "column outside the cache");
+  auto x = qkv.contiguous();
+  TORCH_CHECK(x.numel() == rows * (heads + 2 * kv_heads) * d, "qkv does not match the cache");
+  TORCH_CHECK(x.scalar_type() == keys.scalar_type() && values.scalar_type() == keys.scalar_type(),
+              "qkv and the cache must share a dtype");
+  auto c = cos.contiguous().to(at::kFloat);
+  auto s = signed_sin.contiguous().to(at::kFloat);
+  TORCH_CHECK(c.numel() == rows * d && s.numel() == rows * d, "cos / sin must be (rows, d)");
+  at::Tensor qn, kn;
+  const float* qw = optional_float(q_norm, qn);
+  const float* kw = optional_float(k_norm, kn);
+  auto q = at::empty({rows, heads, d}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    rope_cache_kernel<BF16>(x.data_ptr<BF16>(), c.data_ptr<float>(), s.data_ptr<float>(),
+                            keys.data_ptr<BF16>(), values.data_ptr<BF16>(), q.data_ptr<BF16>(),
+                            rows, heads, kv_heads, d, width, column, qw, kw,
+                            static_cast<float>(eps));
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "float32 or bfloat16 only");
+    rope_cache_kernel<float>(x.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(),
+                             keys.data_ptr<float>(), values.data_ptr<float>(),
+                             q.data_ptr<float>(), rows, heads, kv_heads, d, width, column, qw,
+                             kw, static_cast<float>(eps));
+  }
+  return q;
+}
+
+// out (groups, cols) += coef (groups, n) @ matrix (n, cols), the matrix's rows `stride` apart in
+// T: each row of the matrix is read once for all groups, its columns in the vectorised loop.
+template <typename T>
+inline void accumulate_product(const float* coef, const T* matrix, int64_t stride, int64_t n,
+                               int64_t cols, int64_t groups, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = matrix + i * stride;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float c = coef[g * n + i];
+      float* o = out + g * cols;
+#pragma omp simd
+      for (int64_t j = 0; j < cols; ++j) o[j] += c * to_float(row[j]);
+    }
+  }
+}
+
+// One query per row and head against the first `upto` columns of the cache. The heads sharing
+// a key/value head (a group) are computed together, so each cached key and value is read once
+// per group: at long lengths the step is bound by reading the cache.
+template <typename T>
+void attention_kernel(const T* q, const T* keys, const T* values, const float* bias,
+                      int64_t bias_stride, T* out, int64_t rows, int64_t heads, int64_t kv_heads,
+                      int64_t d, int64_t width, int64_t upto, float scale) {
+  const int64_t groups = heads / kv_heads;
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(groups * d), scores(groups * upto), acc(groups * d);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / kv_heads, h = task % kv_heads;
+      const T* qh = q + (r * heads + h * groups) * d;
+      for (int64_t i = 0; i < groups * d; ++i) query[i] = to_float(qh[i]) * scale;
+      std::fill(scores.begin(), scores.end(), 0.f);
+      accumulate_product(query.data(), keys + (r * kv_heads + h) * d * width, width, d, upto,
+                         groups, scores.data());
+      const float* b = bias + r * bias_stride;
+      for (int64_t g = 0; g < groups; ++g) {
+        float* sg = scores.data() + g * upto;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < upto; ++j) {
+          sg[j] += b[j];
+          top = std::max(top, sg[j]);
+        }
+        float total = 0.f;
+#pragma omp simd reduction(+ : total)
+        for (int64_t j = 0; j < upto; ++j) {
+          sg[j] = fast_exp(sg[j] - top);
+          total += sg[j];
+        }
+        const float inv = 1.f / total;
+#pragma omp simd
+        for (int64_t j = 0; j < upto; ++j) sg[j] *= inv;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      accumulate_product(scores.data(), values + (r * kv_heads + h) * width * d, d, upto, d,
+                         groups, acc.data());
+      T* o = out + (r * heads + h * groups) * d;
+      for (int64_t i = 0; i < groups * d; ++i) o[i] = from_float<T>(acc[i]);
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& bias, int64_t upto, double scale) {
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(), "the cache must be contiguous");
+  const int64_t rows = keys.size(0), kv_heads = keys.size(1), d = keys.size(2),
+                width = keys.size(3);
+  auto x = q.contiguous();
+  const int64_t heads = x.numel() / (rows * d);
+  TORCH_CHECK(heads * rows * d == x.numel() && heads % kv_heads == 0, "q does not match");
+  TORCH_CHECK(upto > 0 && upto <= width, "upto outside the cache");
+  auto b = bias.to(at::kFloat);
+  TORCH_CHECK(b.dim() == 2 && b.size(0) == rows && b.size(1) >= upto && b.stride(1) == 1,
+              "bias must be (rows, >= upto) with unit column stride");
+  auto out = at::empty({rows, heads * d}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    attention_kernel<BF16>(x.data_ptr<BF16>(), keys.data_ptr<BF16>(), values.data_ptr<BF16>(),
+                           b.data_ptr<float>(), b.stride(0), out.data_ptr<BF16>(), rows, heads,
+                           kv_heads, d, width, upto, static_cast<float>(scale));
+  } else {
+    attention_kernel<float>(x.data_ptr<float>(), keys.data_ptr<float>(),
+                            values.data_ptr<float>(), b.data_ptr<float>(), b.stride(0),
+                            out.data_ptr<float>(), rows, heads, kv_heads, d, width, upto,
+                            static_cast<float>(scale));
+  }
+  return out;
+}
+
+// gate_up (rows, 2 I) in T -> silu(gate) * up (rows, I), rounded to T after the silu and after
+// the product, as the two eager operations round.
+template <typename T>
+void silu_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) {
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * inner;
+      const T* u = g + inner;
+      T* o = out + r * inner;
+#pragma omp simd
+      for (int64_t i = 0; i < inner; ++i) {
+        const float x = to_float(g[i]);
+        o[i] = from_float<T>(rounded<T>(x / (1.f + fast_exp(-x))) * to_float(u[i]));
+      }
+    }
+  });
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  auto x = gate_up.contiguous();
+  const int64_t inner = x.size(-1) / 2;
+  const int64_t rows = x.numel() / (2 * inner);
+  auto out = at::empty({rows, inner}, x.options());
+  if (x.scalar_type() == at::kBFloat16) {
+    silu_mul_kernel<BF16>(x.data_ptr<BF16>(), out.data_ptr<BF16>(), rows, inner);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kFloat, "float32 or bfloat16 only");
+    silu_mul_kernel<float>(x.data_ptr<float>(), out.data_ptr<float>(), rows, inner);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(grpokit_decode, m) {
+  m.def("add_rms_norm", &add_rms_norm);
+  m.def("rope_cache", &rope_cache);
+  m.def("decode_attention", &decode_attention);
+  m.def("silu_mul", &silu_mul);
+}

@@ -1,0 +1,179 @@
+"""The fused decode kernels compute what the eager operations they replace compute: exactly
+where the arithmetic is the same, and within the rounding of the compute dtype where only the
+order of a float32 sum or the exp implementation differs. The decoders' own tests
+(test_decoders.py) run every architecture through both paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from grpokit.rollout import fused
+from grpokit.rollout.fused import build, decode_kernels
+
+BF16_ULP = 2.0**-7
+"""The largest spacing of bfloat16 numbers relative to their value (8 significant bits): two
+roundings of nearly the same float32 value differ by at most this much of it."""
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def kernels():  # type: ignore[no-untyped-def]
+    ops = decode_kernels()
+    assert ops is not None, "the fused decode kernels did not build (see the log)"
+    return ops
+
+
+def _within_one_rounding(
+    ours: torch.Tensor, want: torch.Tensor, terms: torch.Tensor | None = None, slack: float = 0
+) -> None:
+    """ours is want (float64 or float32) rounded to ours' dtype, give or take one rounding; plus
+    ``slack`` of ``terms``, the size of what was summed into want (a sum that cancels has a
+    float32 error relative to its terms, not to itself)."""
+    rounding = BF16_ULP if ours.dtype == torch.bfloat16 else 2.0**-20
+    err = (ours.double() - want.double()).abs()
+    bound = rounding * want.double().abs() + 1e-30
+    if terms is not None:
+        bound = bound + slack * terms.double()
+    assert bool((err <= bound).all()), f"largest error {float((err - bound).max())} over bound"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm(kernels, dtype: torch.dtype, with_delta: bool) -> None:  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, 96, generator=g) * 3
+    delta = (torch.randn(5, 96, generator=g) * 2).to(dtype) if with_delta else None
+    weight = torch.randn(96, generator=g)
+    want_hidden = hidden + delta if delta is not None else hidden.clone()
+    normed = torch.nn.functional.rms_norm(want_hidden.double(), (96,), eps=1e-5)
+    out = kernels.add_rms_norm(hidden, delta, weight, 1e-5, dtype == torch.bfloat16)
+    assert out.dtype == dtype and out.shape == hidden.shape
+    torch.testing.assert_close(hidden, want_hidden, rtol=0, atol=0)  # the residual add, in place
+    _within_one_rounding(out, weight.double() * normed)
+
+
+def _eager_rope(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: int,
+    kv: int,
+    d: int,
+    norms: tuple[torch.Tensor, torch.Tensor] | None,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The eager decoder's arithmetic (grpokit.rollout.decoders) in float64: per-head norm,
+    rotation; q and k as (float64, size of the rotation's two terms), v as given."""
+    rows = qkv.shape[0]
+    q, k, v = qkv.split([heads * d, kv * d, kv * d], dim=-1)
+    q, k = q.reshape(rows, heads, d).double(), k.reshape(rows, kv, d).double()
+    if norms is not None:
+
+        def head_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            n = torch.nn.functional.rms_norm(x, (d,), eps=1e-6).to(qkv.dtype).double()
+            return w.double() * n
+
+        q, k = head_norm(q, norms[0]), head_norm(k, norms[1])
+
+    def rotate(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = x * cos[:, None].double(), x.roll(d // 2, dims=-1) * sin[:, None].double()
+        return a + b, a.abs() + b.abs()
+
+    return rotate(q), rotate(k), v.reshape(rows, kv, d)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_norms", [False, True], ids=["llama", "qwen3-head-norms"])
+def test_rope_cache(kernels, dtype: torch.dtype, head_norms: bool) -> None:  # type: ignore[no-untyped-def]
+    g = torch.Generator().manual_seed(1)
+    rows, heads, kv, d, width, column = 3, 6, 2, 16, 9, 4
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=g).to(dtype)
+    cos, sin = torch.randn(rows, d, generator=g), torch.randn(rows, d, generator=g)
+    norms = (torch.randn(d, generator=g), torch.randn(d, generator=g)) if head_norms else None
+    keys = torch.randn(rows, kv, d, width, generator=g).to(dtype)
+    values = torch.randn(rows, kv, width, d, generator=g).to(dtype)
+    old_keys, old_values = keys.clone(), values.clone()
+    q = kernels.rope_cache(
+        qkv, cos, sin, keys, values, column, heads, *(norms or (None, None)), 1e-6
+    )
+    want_q, want_k, want_v = _eager_rope(qkv, cos, sin, heads, kv, d, norms)
+    # a per-head norm rounds to the dtype before the rotation, whose sum may cancel
+    slack = BF16_ULP if head_norms and dtype == torch.bfloat16 else 2.0**-20
+    _within_one_rounding(q, *want_q, slack=slack)
+    _within_one_rounding(keys[..., column], *want_k, slack=slack)
+    assert torch.equal(values[:, :, column], want_v)
+    other = [c for c in range(width) if c != column]
+    assert torch.equal(keys[..., other], old_keys[..., other])
+    assert torch.equal(values[:, :, other], old_values[:, :, other])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+    """Against softmax attention in float64 over the first ``upto`` columns; the columns after
+    are NaN, so anything read from them would show, as would a padding column (bias -inf)."""
+    g = torch.Generator().manual_seed(2)
+    rows, heads, kv, d, width, upto, scale = 4, 6, 2, 16, 12, 7, 0.25
+    q = torch.randn(rows, heads, d, generator=g).to(dtype)
+    keys = torch.randn(rows, kv, d, width, generator=g).to(dtype)
+    values = torch.randn(rows, kv, width, d, generator=g).to(dtype)
+    keys[..., upto:], values[:, :, upto:] = float("nan"), float("nan")
+    bias = torch.zeros(rows, width)
+    bias[0, :2] = bias[2, :5] = float("-inf")  # left padding of two rows
+    out = kernels.decode_attention(q, keys, values, bias, upto, scale)
+    groups = heads // kv
+    k64 = keys[..., :upto].double().repeat_interleave(groups, dim=1)  # (rows, heads, d, upto)
+    v64 = values[:, :, :upto].double().repeat_interleave(groups, dim=1)
+    scores = torch.einsum("rhd,rhdj->rhj", q.double(), k64) * scale + bias[:, None, :upto]
+    want = torch.einsum("rhj,rhjd->rhd", scores.softmax(-1), v64).reshape(rows, heads * d)
+    assert out.dtype == dtype and not out.isnan().any()
+    # float32 sums of `upto` products: a few ulps of the largest term, not of the result
+    err = (out.double() - want).abs()
+    slack = BF16_ULP * want.abs() if dtype == torch.bfloat16 else 0
+    assert bool((err <= slack + 1e-5 * float(v64.abs().max())).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+    """Over the whole range, the extremes included (where exp over- or underflows)."""
+    x = torch.cat([torch.linspace(-120, 120, 4801), torch.tensor([-1e4, 1e4, 0.0])])
+    up = torch.linspace(-3, 3, x.numel())
+    out = kernels.silu_mul(torch.cat([x, up])[None].to(dtype))[0]
+    assert out.dtype == dtype and out.isfinite().all()
+    if dtype == torch.float32:
+        want = torch.nn.functional.silu(x.double()) * up.double()
+        err = (out.double() - want).abs()
+        assert bool((err <= 1e-6 * want.abs() + 1e-30).all())
+    else:  # rounded after the silu and after the product, as the eager pair rounds
+        want = torch.nn.functional.silu(x.to(dtype)) * up.to(dtype)
+        _within_one_rounding(out, want.float())
+
+
+def test_build_is_cached_and_keyed(tmp_path: Path) -> None:
+    first = build(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert build(tmp_path) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left
+
+
+def test_a_failed_build_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    with pytest.raises(RuntimeError, match="false failed"):
+        build(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    assert fused.main.__doc__  # the set-up's entry point exists
+
+
+def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GRPOKIT_FUSED_DECODE", "0")
+    decode_kernels.cache_clear()
+    try:
+        assert decode_kernels() is None
+    finally:
+        monkeypatch.delenv("GRPOKIT_FUSED_DECODE")
+        decode_kernels.cache_clear()
+    assert decode_kernels() is not None
+    assert os.environ.get("GRPOKIT_FUSED_DECODE") is None
