@@ -150,8 +150,9 @@ def main() -> None:
         "--only",
         nargs="+",
         metavar="METHOD",
-        help="run only these (grpokit, grpokit-fp32, generate, floor, generate-onednn, "
-        "floor-onednn, vllm, vllm-fp32); the ratios that need the others are left out",
+        help="run only these besides grpokit, which always runs (grpokit-fp32, grpokit-eager, "
+        "generate, floor, generate-onednn, floor-onednn, vllm, vllm-fp32); the ratios that need "
+        "the others are left out",
     )
     args = ap.parse_args()
     if args.smoke:
@@ -171,6 +172,9 @@ def main() -> None:
     auto = torch.bfloat16 if bf16 else torch.float32
     engine = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=auto)
     engine32 = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=torch.float32)
+    eager = TorchEngine(
+        model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=auto, fused_kernels=False
+    )
     onednn_model = copy.deepcopy(model)
     use_onednn_linears(onednn_model, "onednn")
     g = args.num_generations
@@ -206,7 +210,7 @@ def main() -> None:
 
     # One untimed pass of each so lazy initialisation is not measured.
     warm = chat_prompts(tokenizer, 1)
-    for warm_engine in (engine, engine32, *peers.values()):
+    for warm_engine in (engine, engine32, eager, *peers.values()):
         engine_generate(warm_engine, warm, 2, 4, 0)
     hf_generate(model, warm, 2, 4, eos, pad, 0)
 
@@ -222,6 +226,7 @@ def main() -> None:
             runs = {
                 "grpokit": partial(engine_generate, engine, prompts, g, n_new, seed),
                 "grpokit-fp32": partial(engine_generate, engine32, prompts, g, n_new, seed),
+                "grpokit-eager": partial(engine_generate, eager, prompts, g, n_new, seed),
                 "generate": partial(hf_generate, model, prompts, g, n_new, eos, pad, seed),
                 "floor": partial(decode_floor, model, prompts, g, n_new, pad),
                 "generate-onednn": partial(
@@ -253,6 +258,11 @@ def main() -> None:
         against: list[tuple[str, str, str | float]] = [
             ("generate", "grpokit / generate tokens per second", TARGET_VS_GENERATE),
             ("grpokit-fp32", "grpokit bfloat16 / float32 tokens per second", TARGET_BF16),
+            (
+                "grpokit-eager",
+                "grpokit / its eager step",
+                "the fused decode kernels' gain (the same engine with them off)",
+            ),
             (
                 "generate-onednn",
                 "grpokit / generate-onednn",

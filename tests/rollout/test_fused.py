@@ -112,11 +112,13 @@ def test_rope_cache(kernels, dtype: torch.dtype, head_norms: bool) -> None:  # t
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_decode_attention(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("heads, kv", [(6, 2), (4, 4), (20, 2)], ids=["gqa3", "mha", "gqa10"])
+def test_decode_attention(kernels, dtype: torch.dtype, heads: int, kv: int) -> None:  # type: ignore[no-untyped-def]
     """Against softmax attention in float64 over the first ``upto`` columns; the columns after
-    are NaN, so anything read from them would show, as would a padding column (bias -inf)."""
+    are NaN, so anything read from them would show, as would a padding column (bias -inf).
+    Groups of 3, 1 and 10 query heads per key/value head (the kernel blocks them by 8)."""
     g = torch.Generator().manual_seed(2)
-    rows, heads, kv, d, width, upto, scale = 4, 6, 2, 16, 12, 7, 0.25
+    rows, d, width, upto, scale = 4, 16, 12, 7, 0.25
     q = torch.randn(rows, heads, d, generator=g).to(dtype)
     keys = torch.randn(rows, kv, d, width, generator=g).to(dtype)
     values = torch.randn(rows, kv, width, d, generator=g).to(dtype)
@@ -177,3 +179,20 @@ def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
         decode_kernels.cache_clear()
     assert decode_kernels() is not None
     assert os.environ.get("GRPOKIT_FUSED_DECODE") is None
+
+
+def test_bfloat16_rounding_is_torchs(kernels) -> None:  # type: ignore[no-untyped-def]
+    """The kernels' own float32 -> bfloat16 rounding gives torch's cast bit for bit: nearest
+    even, over the whole range, infinities included (the norm's weight carries them); a NaN
+    stays a NaN (torch's own cast gives different NaN bits on different CPUs)."""
+    g = torch.Generator().manual_seed(3)
+    width = 20_000
+    weight = torch.logspace(-40, 38, width) * torch.randn(width, generator=g).sign()
+    weight[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    hidden = torch.randn(2, width, generator=g)
+    out32 = kernels.add_rms_norm(hidden, None, weight, 1e-6, False)
+    out16 = kernels.add_rms_norm(hidden, None, weight, 1e-6, True)
+    want = out32.to(torch.bfloat16)
+    assert torch.equal(out16.isnan(), want.isnan()) and int(want.isnan().sum()) == 2
+    ours, theirs = out16.view(torch.int16), want.view(torch.int16)
+    assert torch.equal(ours[~want.isnan()], theirs[~want.isnan()])

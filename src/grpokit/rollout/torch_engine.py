@@ -106,6 +106,9 @@ class TorchEngine:
             policy loaded with ``model.dtype: auto`` on a CPU that has it, see
             grpokit.models.onednn.compute_dtype), else its weights' dtype. Sampling and the
             returned log-probs are float32 either way.
+        fused_kernels: let the static decoder's step use the fused CPU kernels of
+            grpokit.rollout.fused where they build; False keeps its eager operations (the
+            benchmark's comparison; ``GRPOKIT_FUSED_DECODE=0`` does the same process-wide).
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class TorchEngine:
         decoder: Literal["auto", "static", "hf"] = "auto",
         cpu_matmul: CpuMatmul = "auto",
         compute_dtype: torch.dtype | None = None,
+        fused_kernels: bool = True,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("TorchEngine needs at least one EOS token id")
@@ -124,6 +128,7 @@ class TorchEngine:
         self.decoder = decoder
         self.cpu_matmul = cpu_matmul
         self.compute_dtype = compute_dtype
+        self.fused_kernels = fused_kernels
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
 
@@ -178,7 +183,9 @@ class TorchEngine:
             why = static_decoder_unsupported(self.model, prompt_width + max_new_tokens)
             if why is None:
                 pack = self.cpu_matmul != "torch"
-                return StaticLlamaDecoder(self.model, max_new_tokens, pack=pack, dtype=dtype)
+                return StaticLlamaDecoder(
+                    self.model, max_new_tokens, pack=pack, dtype=dtype, fused=self.fused_kernels
+                )
             if self.decoder == "static":
                 raise ValueError(f"decoder 'static' cannot run this model: {why}")
         return HFDecoder(self.model, dtype=dtype)

@@ -10,6 +10,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,18 +23,35 @@ namespace {
 
 using BF16 = c10::BFloat16;
 
+// The kernels see bfloat16 as its raw bits (uint16_t): loads and stores of c10's BFloat16 struct
+// keep gcc from vectorising some loops.
 inline float to_float(float x) { return x; }
-inline float to_float(BF16 x) {
+inline float to_float(uint16_t x) {
   // The exact widening of a bfloat16: its bits are the upper half of a float's.
-  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof(out));
-  return out;
+  return std::bit_cast<float>(static_cast<uint32_t>(x) << 16);
 }
 
 template <typename T>
-inline T from_float(float x) {
-  return static_cast<T>(x);  // bfloat16: round to nearest even, as a tensor cast does
+inline T from_float(float x);
+
+inline uint16_t* bf16_data(const at::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<BF16>());
+}
+
+template <>
+inline float from_float<float>(float x) {
+  return x;
+}
+
+// Round to nearest even, as a tensor cast does; a NaN stays a NaN of the same sign, made quiet.
+// Branch-free, unlike c10's conversion, so that the loops it is in vectorise.
+template <>
+inline uint16_t from_float<uint16_t>(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded_bits = bits + 0x7fffu + ((bits >> 16) & 1u);
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  const uint32_t out = nan ? (bits >> 16) | 0x40u : rounded_bits >> 16;
+  return static_cast<uint16_t>(out);
 }
 
 template <typename T>
@@ -45,11 +64,13 @@ inline float rounded(float x) {
 // Cephes' degree-6 polynomial (about 1 ulp), 2^n by building the exponent bits. Below the
 // smallest normal result it returns 0 (a -inf attention bias gives exactly 0), above the
 // largest finite one +inf.
-#pragma omp declare simd
 inline float fast_exp(float x) {
   constexpr float lo = -87.33654f, hi = 88.37626f;
   const float xc = std::min(std::max(x, lo), hi);
-  const float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  // n = round(x / ln2), by the float adder's own rounding (1.5 * 2^23 leaves no fraction bits):
+  // floorf does not vectorise in loops that also hold 16-bit data.
+  constexpr float round_shift = 12582912.f;
+  const float n = (xc * 1.44269504088896341f + round_shift) - round_shift;
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -59,10 +80,7 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  float y = p * scale;
+  float y = p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
   y = x < lo ? 0.f : y;
   y = x > hi ? std::numeric_limits<float>::infinity() : y;
   return y;
@@ -107,8 +125,8 @@ at::Tensor add_rms_norm(at::Tensor hidden, const std::optional<at::Tensor>& delt
     TORCH_CHECK(d->scalar_type() == dtype && d->numel() == hidden.numel(), "delta mismatch");
   }
   if (bf16) {
-    add_rms_norm_kernel<BF16>(hidden.data_ptr<float>(), d ? d->data_ptr<BF16>() : nullptr,
-                              w.data_ptr<float>(), out.data_ptr<BF16>(), rows, width, eps);
+    add_rms_norm_kernel<uint16_t>(hidden.data_ptr<float>(), d ? bf16_data(*d) : nullptr,
+                              w.data_ptr<float>(), bf16_data(out), rows, width, eps);
   } else {
     add_rms_norm_kernel<float>(hidden.data_ptr<float>(), d ? d->data_ptr<float>() : nullptr,
                                w.data_ptr<float>(), out.data_ptr<float>(), rows, width, eps);
@@ -129,10 +147,9 @@ inline void head_rotated(const T* x, const float* norm_w, float eps, const float
     const float inv = 1.f / std::sqrt(squares / static_cast<float>(d) + eps);
     for (int64_t i = 0; i < d; ++i) scratch[i] = norm_w[i] * rounded<T>(scratch[i] * inv);
   }
-  const int64_t half = d / 2;
-  for (int64_t i = 0; i < d; ++i) {
-    out[i] = scratch[i] * cos[i] + scratch[(i + half) % d] * signed_sin[i];
-  }
+  const int64_t half = d / 2;  // rotate_half: the halves swapped, in two loops (no modulo)
+  for (int64_t i = 0; i < half; ++i) out[i] = scratch[i] * cos[i] + scratch[i + half] * signed_sin[i];
+  for (int64_t i = half; i < d; ++i) out[i] = scratch[i] * cos[i] + scratch[i - half] * signed_sin[i];
 }
 
 // qkv (rows, (heads + 2 kv_heads) d) in T: returns the rotated queries (rows, heads, d) in T and
@@ -194,8 +211,8 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   const float* kw = optional_float(k_norm, kn);
   auto q = at::empty({rows, heads, d}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
-    rope_cache_kernel<BF16>(x.data_ptr<BF16>(), c.data_ptr<float>(), s.data_ptr<float>(),
-                            keys.data_ptr<BF16>(), values.data_ptr<BF16>(), q.data_ptr<BF16>(),
+    rope_cache_kernel<uint16_t>(bf16_data(x), c.data_ptr<float>(), s.data_ptr<float>(),
+                            bf16_data(keys), bf16_data(values), bf16_data(q),
                             rows, heads, kv_heads, d, width, column, qw, kw,
                             static_cast<float>(eps));
   } else {
@@ -208,20 +225,78 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   return q;
 }
 
-// out (groups, cols) += coef (groups, n) @ matrix (n, cols), the matrix's rows `stride` apart in
-// T: each row of the matrix is read once for all groups, its columns in the vectorised loop.
-template <typename T>
-inline void accumulate_product(const float* coef, const T* matrix, int64_t stride, int64_t n,
-                               int64_t cols, int64_t groups, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const T* row = matrix + i * stride;
-    for (int64_t g = 0; g < groups; ++g) {
-      const float c = coef[g * n + i];
-      float* o = out + g * cols;
+// out (G, cols) += coef (G, n) @ matrix (n, cols), the matrix's rows `stride` apart in T. Each
+// element of the matrix is read and widened once for all G groups, two rows at a time (half the
+// loads and stores of `out`); the columns are the vectorised loop. G is a template argument so
+// that the loop over groups unrolls into registers.
+template <typename T, int G>
+void accumulate_product(const float* coef, const T* matrix, int64_t stride, int64_t n,
+                        int64_t cols, float* out) {
+  int64_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    const T* r0 = matrix + i * stride;
+    const T* r1 = r0 + stride;
+    float c0[G], c1[G];
+    for (int g = 0; g < G; ++g) {
+      c0[g] = coef[g * n + i];
+      c1[g] = coef[g * n + i + 1];
+    }
 #pragma omp simd
-      for (int64_t j = 0; j < cols; ++j) o[j] += c * to_float(row[j]);
+    for (int64_t j = 0; j < cols; ++j) {
+      const float k0 = to_float(r0[j]), k1 = to_float(r1[j]);
+      for (int g = 0; g < G; ++g) out[g * cols + j] += c0[g] * k0 + c1[g] * k1;
     }
   }
+  if (i < n) {
+    const T* r0 = matrix + i * stride;
+    float c0[G];
+    for (int g = 0; g < G; ++g) c0[g] = coef[g * n + i];
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) {
+      const float k0 = to_float(r0[j]);
+      for (int g = 0; g < G; ++g) out[g * cols + j] += c0[g] * k0;
+    }
+  }
+}
+
+// The same for any number of groups, in blocks of at most 8 (the largest share of query heads
+// per key/value head in common models: Llama 3 has 4, Qwen2.5-7B 7, SmolLM2 3).
+template <typename T>
+void accumulate_product(const float* coef, const T* matrix, int64_t stride, int64_t n,
+                        int64_t cols, int64_t groups, float* out) {
+  for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+    const float* c = coef + g0 * n;
+    float* o = out + g0 * cols;
+    switch (std::min<int64_t>(groups - g0, 8)) {
+      case 1: accumulate_product<T, 1>(c, matrix, stride, n, cols, o); break;
+      case 2: accumulate_product<T, 2>(c, matrix, stride, n, cols, o); break;
+      case 3: accumulate_product<T, 3>(c, matrix, stride, n, cols, o); break;
+      case 4: accumulate_product<T, 4>(c, matrix, stride, n, cols, o); break;
+      case 5: accumulate_product<T, 5>(c, matrix, stride, n, cols, o); break;
+      case 6: accumulate_product<T, 6>(c, matrix, stride, n, cols, o); break;
+      case 7: accumulate_product<T, 7>(c, matrix, stride, n, cols, o); break;
+      default: accumulate_product<T, 8>(c, matrix, stride, n, cols, o); break;
+    }
+  }
+}
+
+// scores (n) <- softmax(scores + bias), in place. A function of its own, outside the parallel
+// region's closure, so that gcc vectorises its loops.
+inline void softmax(float* scores, const float* bias, int64_t n) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] += bias[j];
+    top = std::max(top, scores[j]);
+  }
+  float total = 0.f;
+#pragma omp simd reduction(+ : total)
+  for (int64_t j = 0; j < n; ++j) {
+    scores[j] = fast_exp(scores[j] - top);
+    total += scores[j];
+  }
+  const float inv = 1.f / total;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) scores[j] *= inv;
 }
 
 // One query per row and head against the first `upto` columns of the cache. The heads sharing
@@ -242,23 +317,7 @@ void attention_kernel(const T* q, const T* keys, const T* values, const float* b
       accumulate_product(query.data(), keys + (r * kv_heads + h) * d * width, width, d, upto,
                          groups, scores.data());
       const float* b = bias + r * bias_stride;
-      for (int64_t g = 0; g < groups; ++g) {
-        float* sg = scores.data() + g * upto;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < upto; ++j) {
-          sg[j] += b[j];
-          top = std::max(top, sg[j]);
-        }
-        float total = 0.f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t j = 0; j < upto; ++j) {
-          sg[j] = fast_exp(sg[j] - top);
-          total += sg[j];
-        }
-        const float inv = 1.f / total;
-#pragma omp simd
-        for (int64_t j = 0; j < upto; ++j) sg[j] *= inv;
-      }
+      for (int64_t g = 0; g < groups; ++g) softmax(scores.data() + g * upto, b, upto);
       std::fill(acc.begin(), acc.end(), 0.f);
       accumulate_product(scores.data(), values + (r * kv_heads + h) * width * d, d, upto, d,
                          groups, acc.data());
@@ -282,8 +341,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
               "bias must be (rows, >= upto) with unit column stride");
   auto out = at::empty({rows, heads * d}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
-    attention_kernel<BF16>(x.data_ptr<BF16>(), keys.data_ptr<BF16>(), values.data_ptr<BF16>(),
-                           b.data_ptr<float>(), b.stride(0), out.data_ptr<BF16>(), rows, heads,
+    attention_kernel<uint16_t>(bf16_data(x), bf16_data(keys), bf16_data(values),
+                           b.data_ptr<float>(), b.stride(0), bf16_data(out), rows, heads,
                            kv_heads, d, width, upto, static_cast<float>(scale));
   } else {
     attention_kernel<float>(x.data_ptr<float>(), keys.data_ptr<float>(),
@@ -294,6 +353,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   return out;
 }
 
+template <typename T>
+inline void silu_mul_row(const T* gate, const T* up, T* out, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = to_float(gate[i]);
+    out[i] = from_float<T>(rounded<T>(x / (1.f + fast_exp(-x))) * to_float(up[i]));
+  }
+}
+
 // gate_up (rows, 2 I) in T -> silu(gate) * up (rows, I), rounded to T after the silu and after
 // the product, as the two eager operations round.
 template <typename T>
@@ -302,12 +370,7 @@ void silu_mul_kernel(const T* gate_up, T* out, int64_t rows, int64_t inner) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inner;
       const T* u = g + inner;
-      T* o = out + r * inner;
-#pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) {
-        const float x = to_float(g[i]);
-        o[i] = from_float<T>(rounded<T>(x / (1.f + fast_exp(-x))) * to_float(u[i]));
-      }
+      silu_mul_row(g, u, out + r * inner, inner);
     }
   });
 }
@@ -318,7 +381,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   const int64_t rows = x.numel() / (2 * inner);
   auto out = at::empty({rows, inner}, x.options());
   if (x.scalar_type() == at::kBFloat16) {
-    silu_mul_kernel<BF16>(x.data_ptr<BF16>(), out.data_ptr<BF16>(), rows, inner);
+    silu_mul_kernel<uint16_t>(bf16_data(x), bf16_data(out), rows, inner);
   } else {
     TORCH_CHECK(x.scalar_type() == at::kFloat, "float32 or bfloat16 only");
     silu_mul_kernel<float>(x.data_ptr<float>(), out.data_ptr<float>(), rows, inner);
