@@ -176,14 +176,16 @@ def test_wheel_installs_alone_and_its_command_runs(wheel_env: WheelEnv, tmp_path
     where = wheel_env.run(
         "python",
         "-c",
-        "import json, grpokit, grpokit.recipes as r; "
-        "print(json.dumps([grpokit.__file__, str(r.RECIPES_DIR)]))",
+        "import json, grpokit, grpokit.recipes as r, grpokit.rollout.fused as f; "
+        "print(json.dumps([grpokit.__file__, str(r.RECIPES_DIR), str(f.SOURCE)]))",
         cwd=tmp_path,
     )
     assert where.returncode == 0, where.stderr
-    module, recipes = map(Path, json.loads(where.stdout))
+    module, recipes, kernels = map(Path, json.loads(where.stdout))
     assert module.is_relative_to(wheel_env.venv) and recipes.is_relative_to(wheel_env.venv)
     assert not module.is_relative_to(REPO)
+    # the fused decode kernels' source ships too: they are compiled on the user's machine
+    assert kernels.is_relative_to(wheel_env.venv) and kernels.is_file()
 
     # Every runtime dependency the wheel declares is met by what the environment holds (pip
     # check speaks of every installed package; only grpokit's lines matter here).

@@ -47,6 +47,7 @@ def test_rollout_benchmark_prints_its_ratios() -> None:
         "batch 8: grpokit / generate-onednn",
         "batch 8: grpokit / decode floor (torch default)",
         "batch 8: grpokit / decode floor (oneDNN linears)",
+        "batch 8: grpokit / its eager step",  # the fused decode kernels off
     }
     bf16 = bf16_compute_applies(torch.device("cpu"))
     if bf16:  # bfloat16 against the float32 engine
