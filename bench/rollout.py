@@ -70,9 +70,17 @@ TARGET_BF16 = 1.6
 
 
 def hf_generate(
-    model: Any, prompts: list[list[int]], g: int, max_new: int, eos: list[int], pad: int, seed: int
+    model: Any,
+    prompts: list[list[int]],
+    g: int,
+    max_new: int,
+    eos: list[int],
+    pad: int,
+    seed: int,
+    fixed: bool = False,
 ) -> int:
-    """Completion tokens sampled by ``generate`` (G per prompt, up to and including EOS)."""
+    """Completion tokens sampled by ``generate`` (G per prompt, up to and including EOS; all
+    ``max_new`` with ``fixed``)."""
     ids, mask, _ = left_pad(prompts, pad, torch.device("cpu"))
     torch.manual_seed(seed)
     with torch.inference_mode():
@@ -84,6 +92,7 @@ def hf_generate(
             top_k=0,
             top_p=1.0,
             max_new_tokens=max_new,
+            min_new_tokens=max_new if fixed else 0,
             num_return_sequences=g,
             eos_token_id=eos,
             pad_token_id=pad,
@@ -96,9 +105,14 @@ def hf_generate(
 
 
 def engine_generate(
-    engine: RolloutEngine, prompts: list[list[int]], g: int, max_new: int, seed: int
+    engine: RolloutEngine,
+    prompts: list[list[int]],
+    g: int,
+    max_new: int,
+    seed: int,
+    fixed: bool = False,
 ) -> int:
-    params = SamplingParams(max_completion_length=max_new, temperature=1.0)
+    params = SamplingParams(max_completion_length=max_new, temperature=1.0, ignore_eos=fixed)
     batch = engine.generate(prompts, g, params, generator=torch.Generator().manual_seed(seed))
     return sum(batch.completion_lengths)
 
@@ -147,6 +161,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where installed")
     ap.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="every completion runs to --max-new-tokens (EOS ignored), so engines are compared "
+        "on the same work instead of on where their samples happened to end",
+    )
+    ap.add_argument(
         "--only",
         nargs="+",
         metavar="METHOD",
@@ -179,7 +199,8 @@ def main() -> None:
     use_onednn_linears(onednn_model, "onednn")
     g = args.num_generations
     print(
-        f"model {path}; G = {g}; max_new_tokens {args.max_new_tokens}; grpokit decodes in "
+        f"model {path}; G = {g}; max_new_tokens {args.max_new_tokens}"
+        f"{' (fixed: EOS ignored)' if args.fixed_length else ''}; grpokit decodes in "
         f"{str(auto).removeprefix('torch.')}; {args.repeats} measured repeats; "
         f"{torch.get_num_threads()} threads; {load_average()}"
     )
@@ -222,22 +243,22 @@ def main() -> None:
         rates: dict[str, list[float]] = {}
         for rep in range(args.repeats):  # interleaved: a load spike hits every method alike
             seed = 1000 * batch + rep
-            n_new = args.max_new_tokens
+            n_new, fixed = args.max_new_tokens, args.fixed_length
             runs = {
-                "grpokit": partial(engine_generate, engine, prompts, g, n_new, seed),
-                "grpokit-fp32": partial(engine_generate, engine32, prompts, g, n_new, seed),
-                "grpokit-eager": partial(engine_generate, eager, prompts, g, n_new, seed),
-                "generate": partial(hf_generate, model, prompts, g, n_new, eos, pad, seed),
+                "grpokit": partial(engine_generate, engine, prompts, g, n_new, seed, fixed),
+                "grpokit-fp32": partial(engine_generate, engine32, prompts, g, n_new, seed, fixed),
+                "grpokit-eager": partial(engine_generate, eager, prompts, g, n_new, seed, fixed),
+                "generate": partial(hf_generate, model, prompts, g, n_new, eos, pad, seed, fixed),
                 "floor": partial(decode_floor, model, prompts, g, n_new, pad),
                 "generate-onednn": partial(
-                    hf_generate, onednn_model, prompts, g, n_new, eos, pad, seed
+                    hf_generate, onednn_model, prompts, g, n_new, eos, pad, seed, fixed
                 ),
                 "floor-onednn": partial(decode_floor, onednn_model, prompts, g, n_new, pad),
             }
             if not bf16:  # the two grpokit runs would be the same
                 del runs["grpokit-fp32"]
             for name, peer in peers.items():
-                runs[name] = partial(engine_generate, peer, prompts, g, n_new, seed)
+                runs[name] = partial(engine_generate, peer, prompts, g, n_new, seed, fixed)
             if args.only:
                 runs = {k: v for k, v in runs.items() if k in args.only or k == "grpokit"}
             for name, fn in runs.items():

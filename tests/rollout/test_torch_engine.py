@@ -147,6 +147,22 @@ def test_group_layout_and_eos(model: PreTrainedModel, engine_for: EngineFor) -> 
         torch.testing.assert_close(batch.logprobs[row], want, rtol=0, atol=1e-4)
 
 
+def test_ignore_eos_samples_the_full_length(model: PreTrainedModel, engine_for: EngineFor) -> None:
+    """With every 25th token an EOS, a 12-token completion often ends early; under ignore_eos
+    every completion runs to the limit ("length"), EOS tokens inside included, each log-prob
+    still the model's."""
+    eos = list(range(0, 49152, 25))
+    params = SamplingParams(max_completion_length=12, ignore_eos=True)
+    gen = torch.Generator().manual_seed(0)
+    batch = engine_for(model, eos).generate(PROMPTS, 3, params, generator=gen)
+    assert batch.completion_lengths == [12] * len(batch)
+    assert set(batch.finish_reason) == {"length"}
+    assert any(tok in set(eos) for c in batch.completion_ids for tok in c[:-1])
+    row = len(batch) - 1
+    want = recomputed_logprobs(model, PROMPTS[-1], batch.completion_ids[row], 1.0)
+    torch.testing.assert_close(batch.logprobs[row], want, rtol=0, atol=1e-4)
+
+
 def test_seeding_is_deterministic(model: PreTrainedModel, engine_for: EngineFor) -> None:
     engine = engine_for(model, list(range(0, 49152, 30)))
     params = SamplingParams(max_completion_length=10, temperature=1.0, top_p=0.95)

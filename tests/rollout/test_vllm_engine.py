@@ -160,6 +160,13 @@ def test_colocated_generation_and_weight_sync(vllm_tiny_model_dir: Path) -> None
     sampled = engine.generate(prompts, 4, SamplingParams(max_completion_length=12))
     assert len({tuple(c) for c in sampled.completion_ids[:4]}) > 1, "samples of a group differ"
 
+    # With every third token an end token, completions end early, unless ignore_eos.
+    engine.eos_token_ids = list(range(0, model.config.vocab_size, 3))
+    ended = engine.generate(prompts, 4, SamplingParams(max_completion_length=12))
+    assert min(ended.completion_lengths) < 12 and "eos" in ended.finish_reason
+    full = engine.generate(prompts, 4, SamplingParams(max_completion_length=12, ignore_eos=True))
+    assert full.completion_lengths == [12] * 8 and set(full.finish_reason) == {"length"}
+
 
 @pytest.mark.parametrize("decoder", ["static", "hf"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

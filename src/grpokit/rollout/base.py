@@ -18,6 +18,9 @@ class SamplingParams:
     distribution (T = 1), since a zero temperature has no distribution to score under.
     ``top_k`` 0, ``top_p`` 1.0, ``min_p`` 0 and ``repetition_penalty`` 1.0 turn those off.
     The reported log-probs are the model's, before the penalty and the filters.
+    ``ignore_eos`` (vLLM's name) samples ``max_completion_length`` tokens whatever comes: for
+    benchmarks that compare engines at one length, where completions that end at different
+    points would make tokens per second a measure of where they ended.
     """
 
     max_completion_length: int
@@ -26,6 +29,7 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.max_completion_length < 1:

@@ -239,7 +239,8 @@ class TorchEngine:
         logps = torch.zeros((batch, limit), dtype=torch.float32, device=device)
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
-        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        stop = [] if params.ignore_eos else self.eos_token_ids
+        eos = torch.tensor(stop, dtype=torch.long, device=device)
         live = torch.arange(batch, device=device)  # the decoder's rows, as batch rows
         going = torch.ones(batch, dtype=torch.bool, device=device)  # per decoder row
 

@@ -605,13 +605,14 @@ class VLLMEngine:
                     "min_p": params.min_p,
                     "repetition_penalty": params.repetition_penalty,
                     "max_tokens": params.max_completion_length,
-                    "stop_token_ids": self.eos_token_ids,
+                    "stop_token_ids": self._stop_ids(params),
+                    "ignore_eos": params.ignore_eos,
                 },
                 copies,
             )
         else:
             completions, logprobs = self._generate_server(prompt_ids, n, params, temperature)
-        eos = set(self.eos_token_ids)
+        eos = set(self._stop_ids(params))  # under ignore_eos every completion ends by length
         return RolloutBatch(
             prompt_ids=[list(p) for p in prompt_ids],
             completion_ids=completions,
@@ -619,6 +620,10 @@ class VLLMEngine:
             finish_reason=[finish_reason(c, eos) for c in completions],
             group_size=n,
         )
+
+    def _stop_ids(self, params: SamplingParams) -> list[int]:
+        """The tokens that end a completion: none under ``ignore_eos``."""
+        return [] if params.ignore_eos else self.eos_token_ids
 
     def _generate_local(
         self, prompt_ids: list[list[int]], n: int, params: SamplingParams, temperature: float
@@ -634,7 +639,8 @@ class VLLMEngine:
             min_p=params.min_p,
             repetition_penalty=params.repetition_penalty,
             max_tokens=params.max_completion_length,
-            stop_token_ids=self.eos_token_ids,
+            stop_token_ids=self._stop_ids(params),
+            ignore_eos=params.ignore_eos,
             logprobs=0,
             detokenize=False,
         )
@@ -671,7 +677,10 @@ class VLLMEngine:
             repetition_penalty=params.repetition_penalty,
             max_tokens=params.max_completion_length,
             logprobs=0,
-            generation_kwargs={"stop_token_ids": self.eos_token_ids},
+            generation_kwargs={
+                "stop_token_ids": self._stop_ids(params),
+                "ignore_eos": params.ignore_eos,
+            },
         )
         completions = [list(c) for c in reply["completion_ids"]]
         raw = reply.get("logprobs") or [[] for _ in completions]
