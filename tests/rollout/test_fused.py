@@ -118,7 +118,8 @@ def test_decode_attention(kernels, dtype: torch.dtype, heads: int, kv: int) -> N
     are NaN, so anything read from them would show, as would a padding column (bias -inf).
     Groups of 3, 1 and 10 query heads per key/value head (the kernel blocks them by 8)."""
     g = torch.Generator().manual_seed(2)
-    rows, d, width, upto, scale = 4, 16, 12, 7, 0.25
+    # 23 cached columns and d = 24: a full block of 16 and a narrower one in both products
+    rows, d, width, upto, scale = 4, 24, 40, 23, 0.25
     q = torch.randn(rows, heads, d, generator=g).to(dtype)
     keys = torch.randn(rows, kv, d, width, generator=g).to(dtype)
     values = torch.randn(rows, kv, width, d, generator=g).to(dtype)

@@ -225,36 +225,38 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   return q;
 }
 
-// out (G, cols) += coef (G, n) @ matrix (n, cols), the matrix's rows `stride` apart in T. Each
-// element of the matrix is read and widened once for all G groups, two rows at a time (half the
-// loads and stores of `out`); the columns are the vectorised loop. G is a template argument so
-// that the loop over groups unrolls into registers.
+// out (G, cols) += coef (G, n) @ matrix (n, cols), the matrix's rows `stride` apart in T. The
+// columns go in blocks of 16 whose G partial sums stay in registers through all n rows, so each
+// element of the matrix is read and widened once for all G groups and `out` is written once.
+// G is a template argument so that the loops over groups and lanes unroll.
 template <typename T, int G>
 void accumulate_product(const float* coef, const T* matrix, int64_t stride, int64_t n,
                         int64_t cols, float* out) {
-  int64_t i = 0;
-  for (; i + 1 < n; i += 2) {
-    const T* r0 = matrix + i * stride;
-    const T* r1 = r0 + stride;
-    float c0[G], c1[G];
+  constexpr int64_t B = 16;
+  for (int64_t j0 = 0; j0 < cols; j0 += B) {
+    const int64_t w = std::min(B, cols - j0);
+    float acc[G][B] = {};
+    if (w == B) {
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = matrix + i * stride + j0;
+        float k[B];
+        for (int64_t b = 0; b < B; ++b) k[b] = to_float(row[b]);
+        for (int g = 0; g < G; ++g) {
+          const float c = coef[g * n + i];
+          for (int64_t b = 0; b < B; ++b) acc[g][b] += c * k[b];
+        }
+      }
+    } else {  // the last, narrower block
+      for (int64_t i = 0; i < n; ++i) {
+        const T* row = matrix + i * stride + j0;
+        for (int g = 0; g < G; ++g) {
+          const float c = coef[g * n + i];
+          for (int64_t b = 0; b < w; ++b) acc[g][b] += c * to_float(row[b]);
+        }
+      }
+    }
     for (int g = 0; g < G; ++g) {
-      c0[g] = coef[g * n + i];
-      c1[g] = coef[g * n + i + 1];
-    }
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) {
-      const float k0 = to_float(r0[j]), k1 = to_float(r1[j]);
-      for (int g = 0; g < G; ++g) out[g * cols + j] += c0[g] * k0 + c1[g] * k1;
-    }
-  }
-  if (i < n) {
-    const T* r0 = matrix + i * stride;
-    float c0[G];
-    for (int g = 0; g < G; ++g) c0[g] = coef[g * n + i];
-#pragma omp simd
-    for (int64_t j = 0; j < cols; ++j) {
-      const float k0 = to_float(r0[j]);
-      for (int g = 0; g < G; ++g) out[g * cols + j] += c0[g] * k0;
+      for (int64_t b = 0; b < w; ++b) out[g * cols + j0 + b] += acc[g][b];
     }
   }
 }
