@@ -334,6 +334,15 @@ class StaticLlamaDecoder:
         out: torch.Tensor = norm.weight * normed.to(x.dtype)
         return out.to(self.dtype)
 
+    def _rotary(
+        self, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of ``positions`` (rows, S) -> (rows, S, d), float32, the sin signed as
+        rotate_half needs it: its first half negated (see :meth:`_rotate`)."""
+        cos, sin = self.rotary(hidden, positions)
+        half = self.head_dim // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """The rotary embedding, x cos + rotate_half(x) sin: rotate_half(x) is x with its halves
@@ -350,9 +359,7 @@ class StaticLlamaDecoder:
         keys and values go to columns ``self.column .. self.column + S``; ``attend(i, q)`` maps
         queries (rows, heads, S, d) of layer i to its attention output of the same shape."""
         rows, s, _ = hidden.shape
-        cos, sin = self.rotary(hidden, positions)  # (rows, S, d)
-        half = self.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        cos, sin = self._rotary(hidden, positions)  # (rows, S, d)
         # Rotated in float32 (the residual stream's dtype), as transformers does under autocast:
         # rotating in bfloat16 rounds three times where this rounds once, and measured on the
         # embedded model doubled the largest log-prob difference to the training forward.
@@ -453,9 +460,7 @@ class StaticLlamaDecoder:
         kernels: Any = self.kernels
         bf16 = self.dtype == torch.bfloat16
         hidden = self.embed(token)  # (rows, H) float32, updated in place by add_rms_norm
-        cos, sin = self.rotary(hidden, self.next_position[:, None])  # (rows, 1, d)
-        half = self.head_dim // 2
-        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+        cos, sin = self._rotary(hidden, self.next_position[:, None])  # (rows, 1, d)
         upto = self.column + 1
         pending: torch.Tensor | None = None  # the last layer's output, added before its norm
         for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, _) in enumerate(self.layers):

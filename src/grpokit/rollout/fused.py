@@ -124,7 +124,7 @@ def main() -> int:
     """Build the kernels ahead of time; exit 1 (with the reason) where they cannot be built."""
     try:
         print(build())
-    except RuntimeError as error:
+    except (RuntimeError, OSError) as error:  # OSError: $CXX names no program
         print(f"grpokit: fused decode kernels not built ({error}); decoding uses eager ops")
         return 1
     return 0

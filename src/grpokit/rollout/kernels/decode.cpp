@@ -102,7 +102,8 @@ void add_rms_norm_kernel(float* hidden, const T* delta, const float* weight, T* 
       float squares = 0.f;
 #pragma omp simd reduction(+ : squares)
       for (int64_t i = 0; i < width; ++i) squares += h[i] * h[i];
-      const float inv = 1.f / std::sqrt(squares / static_cast<float>(width) + static_cast<float>(eps));
+      const float mean = squares / static_cast<float>(width);
+      const float inv = 1.f / std::sqrt(mean + static_cast<float>(eps));
       T* o = out + r * width;
 #pragma omp simd
       for (int64_t i = 0; i < width; ++i) o[i] = from_float<T>(weight[i] * (h[i] * inv));
@@ -148,8 +149,12 @@ inline void head_rotated(const T* x, const float* norm_w, float eps, const float
     for (int64_t i = 0; i < d; ++i) scratch[i] = norm_w[i] * rounded<T>(scratch[i] * inv);
   }
   const int64_t half = d / 2;  // rotate_half: the halves swapped, in two loops (no modulo)
-  for (int64_t i = 0; i < half; ++i) out[i] = scratch[i] * cos[i] + scratch[i + half] * signed_sin[i];
-  for (int64_t i = half; i < d; ++i) out[i] = scratch[i] * cos[i] + scratch[i - half] * signed_sin[i];
+  for (int64_t i = 0; i < half; ++i) {
+    out[i] = scratch[i] * cos[i] + scratch[i + half] * signed_sin[i];
+  }
+  for (int64_t i = half; i < d; ++i) {
+    out[i] = scratch[i] * cos[i] + scratch[i - half] * signed_sin[i];
+  }
 }
 
 // qkv (rows, (heads + 2 kv_heads) d) in T: returns the rotated queries (rows, heads, d) in T and
@@ -225,12 +230,14 @@ at::Tensor rope_cache(const at::Tensor& qkv, const at::Tensor& cos, const at::Te
   return q;
 }
 
+// How far ahead of a block accumulate_product prefetches each row, in elements (64 bytes of
+// bfloat16, one cache line).
+constexpr int64_t PREFETCH_AHEAD = 32;
+
 // out (G, cols) += coef (G, n) @ matrix (n, cols), the matrix's rows `stride` apart in T. The
 // columns go in blocks of 16 whose G partial sums stay in registers through all n rows, so each
 // element of the matrix is read and widened once for all G groups and `out` is written once.
 // G is a template argument so that the loops over groups and lanes unroll.
-constexpr int64_t PREFETCH_AHEAD = 32;  // elements: 64 bytes of bfloat16, one cache line
-
 template <typename T, int G>
 void accumulate_product(const float* coef, const T* matrix, int64_t stride, int64_t n,
                         int64_t cols, float* out) {
