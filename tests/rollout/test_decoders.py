@@ -15,6 +15,7 @@ from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import onednn_available
 from grpokit.rollout.decoders import (
     HFDecoder,
+    PackCache,
     StaticLlamaDecoder,
     static_decoder_unsupported,
 )
@@ -87,7 +88,8 @@ FUSED = pytest.mark.parametrize("fused", [True, False], ids=["fused", "eager"])
 
 
 def static(model: torch.nn.Module, steps: int, fused: bool, **kwargs: Any) -> StaticLlamaDecoder:
-    decoder = StaticLlamaDecoder(model, steps, fused=fused, **kwargs)
+    with torch.inference_mode():  # as the engine builds it
+        decoder = StaticLlamaDecoder(model, steps, fused=fused, **kwargs)
     assert (decoder.kernels is not None) == fused  # the fused kernels build on every test machine
     return decoder
 
@@ -128,6 +130,70 @@ def test_select_keeps_rows_and_matches_hf_decoder() -> None:
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-4)
     assert results[0][-1].shape[0] == len(keep)
+
+
+def with_lora(model: torch.nn.Module) -> torch.nn.Module:
+    """``model`` with a plain LoRA adapter on every linear layer but the head (ranks 2 and 4,
+    scaling 1.5 and 3) whose B is random, so that the adapter changes every output."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=4, lora_alpha=6, rank_pattern={"q_proj": 2}, target_modules="all-linear")
+    peft_model = get_peft_model(model, config)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+    return peft_model.eval()
+
+
+@FUSED
+@pytest.mark.parametrize("merge", [False, True], ids=["unmerged", "merged"])
+@pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_lora_decodes_as_peft_computes(
+    pack: bool, fused: bool, dtype: torch.dtype, merge: bool
+) -> None:
+    """A LoRA policy decodes with its adapter computed beside the base products, or merged into a
+    copy of the weights: in float32 what peft's forward computes; in bfloat16 within the
+    tolerance of the autocast test below. The policy's weights are untouched, and a second
+    decoder built from the same pack cache reads the adapter afresh and, unmerged, reuses the
+    frozen base's packed copies."""
+    if (pack or dtype == torch.bfloat16) and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU has no oneDNN bfloat16 kernels")
+    model = with_lora(build("qwen2"))  # biased q/k/v: the bias stays in the base product
+    n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45]]
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    cache = PackCache()
+    options = {"pack": pack, "dtype": dtype, "pack_cache": cache, "merge_lora": merge}
+    first = static(model, len(forced), fused, **options)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(-1)  # a trained adapter: the next rollout must see it
+    second = static(model, len(forced), fused, **options)
+    got = decode(second, forced, n)
+    if pack:  # unmerged, the frozen base's packed copy is kept
+        assert (second.layers[0][1].fused is first.layers[0][1].fused) == (not merge)
+    assert second.layers[0][1].lora.empty == merge
+    unchanged = [torch.equal(v, model.state_dict()[k]) for k, v in weights.items() if "B" not in k]
+    assert all(unchanged)
+    for row in range(len(PROMPTS) * n):
+        prompt = PROMPTS[row // n]
+        tokens = prompt + [forced[t][row] for t in range(len(forced))]
+        if dtype == torch.float32:
+            want = full_forward_logits(model, tokens)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                want = full_forward_logits(model, tokens)
+        for t, logits in enumerate(got):
+            at = len(prompt) - 1 + t
+            if dtype == torch.float32:
+                torch.testing.assert_close(logits[row], want[at], rtol=1e-4, atol=1e-4)
+            else:
+                assert _total_variation(logits[row], want[at]) < 0.08
 
 
 def test_unsupported_models_are_named(tiny_model_dir: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from grpokit.rollout import fused
+from grpokit.rollout.decoders import blocked_bt
 from grpokit.rollout.fused import build, decode_kernels
 
 BF16_ULP = 2.0**-7
@@ -152,6 +153,50 @@ def test_silu_mul(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyp
     else:  # rounded after the silu and after the product, as the eager pair rounds
         want = torch.nn.functional.silu(x.to(dtype)) * up.to(dtype)
         _within_one_rounding(out, want.float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lora_add(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyped-def]
+    """out += B(A x) * scale per part, in order, rounded where peft's forward rounds under
+    autocast (after A, after B, after the scaling, after the sum); checked against float64 with
+    the same roundings. Parts of different ranks, over one and two blocks of outputs; two
+    adapters on the first 70 outputs."""
+    g = torch.Generator().manual_seed(5)
+    rows, width, inner = 3, 110, 64
+    # (output offset, outputs, rank, scale): q-like, k-like of another rank, a second adapter
+    spec = [(0, 70, 4, 2.0), (70, 40, 2, 0.75), (0, 70, 3, 1.5)]  # in blocks of 64 outputs
+    ranks = sum(r for _, _, r, _ in spec)
+    x = torch.randn(rows, inner, generator=g).to(dtype)
+    a = (torch.randn(ranks, inner, generator=g) / 4).to(dtype)
+    bs = [torch.randn(n, r, generator=g).to(dtype) for _, n, r, _ in spec]
+    out = (torch.randn(rows, width, generator=g) * 4).to(dtype)
+    parts, first, flat = [], 0, 0
+    for (offset, n, r, _), b in zip(spec, bs, strict=True):
+        parts.append([offset, n, first, r, flat])
+        first, flat = first + r, flat + blocked_bt(b.t()).numel()
+    bt = torch.cat([blocked_bt(b.t()).view(-1) for b in bs])
+    scales = torch.tensor([s for *_, s in spec], dtype=torch.float64)
+    want, terms = out.double(), out.double().abs()
+    t = (x.double() @ a.double().t()).to(dtype).double()
+    for (offset, n, first, r, _), b, (*_, s) in zip(parts, bs, spec, strict=True):
+        share = t[:, first : first + r] @ b.double().t()
+        share = (share.to(dtype).double() * s).to(dtype).double()
+        want = want.clone()
+        want[:, offset : offset + n] = (want[:, offset : offset + n] + share).to(dtype).double()
+        t_terms = t[:, first : first + r].abs() @ b.double().abs().t()
+        terms = terms.clone()
+        terms[:, offset : offset + n] += s * t_terms + share.abs()
+    ours = out.clone()
+    # The kernel takes A^T, its ranks padded to a multiple of 16 by zero columns.
+    a_t = torch.cat([a.t(), a.new_zeros(inner, 16 - ranks)], dim=1).contiguous()
+    kernels.lora_add(ours, x, a_t, bt, torch.tensor(parts), scales)
+    assert ours.dtype == dtype
+    # A sum rounded differently can round t, B's product or the scaling the other way: at most
+    # one rounding of each term of the result.
+    rounding = BF16_ULP if dtype == torch.bfloat16 else 2.0**-20
+    _within_one_rounding(ours, want, terms, slack=3 * rounding)
+    with pytest.raises(RuntimeError, match="outside"):
+        kernels.lora_add(ours, x, a_t, bt, torch.tensor([[50, 70, 0, 4, 0]]), scales[:1])
 
 
 def test_build_is_cached(tmp_path: Path) -> None:

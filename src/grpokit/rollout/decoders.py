@@ -15,8 +15,9 @@
 
 Both are built per rollout, after a sharded model is gathered; the static decoder also prepacks
 float32 CPU weights for oneDNN then (grpokit.models.onednn), which more than halves a decoding step
-there, adding a LoRA adapter's delta into the copy it packs (the transformers forward decodes with
-the adapter merged into the weights in place, then restored).
+there (frozen weights, LoRA's base, are packed once and kept: :class:`PackCache`). It computes a
+LoRA adapter beside the base product, unmerged, as peft's forward does (the transformers forward
+decodes with the adapter merged into the weights in place, then restored).
 
 Both decode in a model's compute dtype (grpokit.models.onednn.compute_dtype) as its training
 forward computes under autocast: with bfloat16, the static decoder packs a bfloat16 copy of the
@@ -129,8 +130,8 @@ class HFDecoder:
 
 def _merges_out_of_place(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a peft LoRA layer whose active adapters are plain low-rank deltas
-    (``get_delta_weight``; no DoRA or other variant, no adapter bias), which
-    :func:`_projection_weights` can add to a copy of the base weight."""
+    (``get_delta_weight``; no DoRA or other variant, no adapter bias), which :class:`_LoraDelta`
+    computes beside the base product."""
     return (
         callable(getattr(module, "get_delta_weight", None))
         and not getattr(module, "lora_variant", {})
@@ -138,84 +139,242 @@ def _merges_out_of_place(module: torch.nn.Module) -> bool:
     )
 
 
-def _projection_weights(
-    module: torch.nn.Module,
-) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor | None, bool]:
-    """(the plain linear layer behind a projection, the weight and bias it computes with, whether
-    that weight is a merged copy).
-
-    A peft LoRA layer whose adapter is in effect computes its base weights plus the adapters'
-    deltas, added here into a new tensor: the policy's own weights are never changed, so the
-    rollout needs neither a saved copy of them nor a copy back afterwards (see
-    grpokit.rollout.torch_engine.lora_merged, which merges in place for the decoders that read
-    the modules). A layer without an adapter in effect computes its base layer as it is.
-    """
+def _base_layer(module: torch.nn.Module) -> Any:
+    """The plain linear layer behind a projection (a peft layer's base layer, else itself)."""
     get_base = getattr(module, "get_base_layer", None)
-    base: Any = get_base() if callable(get_base) else module
+    return get_base() if callable(get_base) else module
+
+
+def _merged_weight(module: torch.nn.Module) -> torch.Tensor:
+    """A projection's base weight plus its active plain LoRA adapters' deltas, in a new tensor:
+    the policy's own weights are never changed, so the rollout needs neither a saved copy of
+    them nor a copy back afterwards."""
+    base = _base_layer(module)
     weight: torch.Tensor = base.weight.detach()
-    bias = getattr(base, "bias", None)
     if not adapter_in_effect(module):
-        return base, weight, bias, False
+        return weight
     lora: Any = module
     for name in lora.active_adapters:
         if name in lora.lora_A:
             weight = weight + lora.get_delta_weight(name).to(weight.dtype)
-    return base, weight, bias, True
+    return weight
 
 
 def _linear(
-    module: torch.nn.Module, pack: bool, dtype: torch.dtype
+    base: Any, weight: torch.Tensor, pack: bool, dtype: torch.dtype, cache: PackCache | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """A projection as one plain product (see :func:`_projection_weights`). With ``pack``, a
-    float32 CPU layer becomes a oneDNN-prepacked copy of itself in ``dtype``; without, a layer
-    whose weights are not in ``dtype`` (or are a merged copy) computes with a copy in ``dtype``."""
-    base, weight, bias, merged = _projection_weights(module)
+    """A base linear layer computing with ``weight`` (its own, or a merged copy) as one product.
+    With ``pack``, a float32 CPU layer becomes a oneDNN-prepacked copy in ``dtype`` (from
+    ``cache`` where the weight is frozen); without, a weight not in ``dtype`` (or a merged copy)
+    computes as a copy in ``dtype``."""
+    bias = getattr(base, "bias", None)
     if pack and PackedLinear.applies(base):
-        return PackedLinear(weight, bias, dtype=dtype)
-    if weight.dtype != dtype or merged:
+        return (
+            _packed([weight], [bias], dtype)
+            if cache is None
+            else cache.packed([weight], [bias], dtype)
+        )
+    if weight.dtype != dtype or weight is not base.weight:
         cast = None if bias is None else bias.detach().to(dtype)
-        return partial(torch.nn.functional.linear, weight=weight.to(dtype), bias=cast)
+        return partial(torch.nn.functional.linear, weight=weight.detach().to(dtype), bias=cast)
     result: Callable[[torch.Tensor], torch.Tensor] = base
     return result
 
 
+def unmerged_lora_pays(max_new_tokens: int, rows: int) -> bool:
+    """Whether decoding ``rows`` rows of up to ``max_new_tokens`` tokens is faster with a LoRA
+    adapter computed beside its frozen base (packed once for the run; a cost per step that grows
+    with the rows) than merged into a freshly packed copy of the weights (a cost per rollout).
+
+    Measured on the embedded model (r 16 on every linear layer, bfloat16, 1 thread, Intel AMX):
+    merging and packing take 0.3 s a rollout; the adapter unmerged adds 4.1 ms to a step of 4
+    rows and 8.8 ms to one of 32 (break-even at 73 and 33 tokens). This rule picks unmerged up to
+    64 tokens at 4 rows, 48 at 8 and 19 at 32: on the safe side of both measurements.
+    """
+    return max_new_tokens * (1 + rows / 8) <= 96
+
+
+class PackCache:
+    """oneDNN-packed copies of frozen weights, kept from one rollout's decoder to the next.
+
+    Under LoRA the base weights never change, yet each rollout would pack them again (measured
+    on the embedded model, with the adapter merged into the copy as the decoder did before: 0.38
+    s of a 1.2 s rollout). Weights that require grad (full fine-tuning) are packed afresh each
+    time. An entry is reused while its weights are the same tensors at the same version (an
+    in-place change, such as a checkpoint loaded into them, bumps it); entries a decoder did not
+    use are dropped when :meth:`finish` is called, so at most one packed copy of a model is
+    kept. The cost: that copy (half the float32 base model's bytes in bfloat16) stays in memory
+    between rollouts instead of only during them.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], tuple[list[torch.Tensor], PackedLinear]] = {}
+        self._used: dict[tuple[Any, ...], tuple[list[torch.Tensor], PackedLinear]] = {}
+
+    def packed(
+        self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype
+    ) -> PackedLinear:
+        """The weights (out_i, in) stacked on the output axis, with their biases (zeros where
+        None, no bias where all are), packed in ``dtype``."""
+        tensors = [t for t in (*weights, *biases) if t is not None]
+        # Trained weights change every step; an inference tensor has no version to check.
+        if any(t.requires_grad or t.is_inference() for t in tensors):
+            return _packed(weights, biases, dtype)
+        key = (tuple(id(t) for t in tensors), tuple(t._version for t in tensors), dtype)
+        entry = self._entries.get(key) or self._used.get(key)
+        if entry is None or any(a is not b for a, b in zip(entry[0], tensors, strict=True)):
+            entry = (tensors, _packed(weights, biases, dtype))
+        self._used[key] = entry
+        return entry[1]
+
+    def finish(self) -> None:
+        """Keep only the entries used since the last call."""
+        self._entries, self._used = self._used, {}
+
+
+def _packed(
+    weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype
+) -> PackedLinear:
+    weight = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat(
+            [
+                b.detach() if b is not None else weight.new_zeros(int(w.shape[0]))
+                for b, w in zip(biases, weights, strict=True)
+            ]
+        )
+    return PackedLinear(weight.detach(), bias, dtype=dtype)
+
+
+def blocked_bt(bt: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """B^T (r, n) -> (ceil(n / block), r, block): each block of outputs' columns contiguous,
+    zero columns after the last output (the fused LoRA kernel's layout)."""
+    r, n = bt.shape
+    padded = torch.nn.functional.pad(bt, (0, -n % block))
+    return padded.view(r, -1, block).transpose(0, 1).contiguous()
+
+
+class _LoraDelta:
+    """The plain LoRA adapters of projections that read the same input, computed beside the base
+    product instead of merged into a copy of its weights: out += B(A x) * scaling per adapter, as
+    peft's forward computes it (under autocast: rounded to the compute dtype after A, after B,
+    after the scaling and after the sum, which merging into bfloat16 weights would not be).
+
+    All adapters' A are one (R, in) matrix, so a step makes one product with them; each part's
+    B^T (r, n) is stored flat. ``kernels``: the fused CPU kernels (one call per projection) or
+    None (eager operations). The adapter is read once, at construction (the decoder is built per
+    rollout).
+    """
+
+    def __init__(
+        self,
+        modules: list[torch.nn.Module],
+        sizes: list[int],
+        dtype: torch.dtype,
+        kernels: Any | None,
+    ) -> None:
+        a_parts: list[torch.Tensor] = []
+        bt_parts: list[torch.Tensor] = []
+        parts: list[list[int]] = []
+        scales: list[float] = []
+        offset = rank = flat = 0
+        for module, size in zip(modules, sizes, strict=True):
+            lora: Any = module
+            if adapter_in_effect(module):
+                for name in lora.active_adapters:
+                    if name not in lora.lora_A:
+                        continue
+                    a = lora.lora_A[name].weight.detach()
+                    b = lora.lora_B[name].weight.detach()  # (size, r)
+                    r = int(a.shape[0])
+                    a_parts.append(a.to(dtype))
+                    bt_parts.append(b.t().to(dtype).contiguous())
+                    parts.append([offset, size, rank, r, flat])
+                    scales.append(float(lora.scaling[name]))
+                    rank, flat = rank + r, flat + int(blocked_bt(bt_parts[-1]).numel())
+            offset += size
+        self.empty = not parts
+        self.kernels = kernels
+        if self.empty:
+            return
+        self.a = torch.cat(a_parts)
+        self.parts = torch.tensor(parts, dtype=torch.long)
+        self.scales = torch.tensor(scales, dtype=torch.float64)
+        self._eager = [
+            (o, n, k, r, bt, s)
+            for (o, n, k, r, _), bt, s in zip(parts, bt_parts, scales, strict=True)
+        ]
+        # The kernel's layouts (see kernels/decode.cpp): A^T with its ranks padded to a multiple
+        # of 16 by zero columns; each B^T in contiguous blocks of 64 outputs.
+        ranks = -(-int(self.a.shape[0]) // 16) * 16
+        self.kernel_a_t = torch.cat(
+            [self.a.t(), self.a.new_zeros(self.a.shape[1], ranks - int(self.a.shape[0]))], dim=1
+        ).contiguous()
+        self.kernel_bt = torch.cat([blocked_bt(bt).view(-1) for bt in bt_parts])
+
+    def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """out (..., N) += the adapters' outputs for input x (..., in), in place; returns out."""
+        if self.kernels is not None and out.device.type == "cpu":
+            self.kernels.lora_add(
+                out, x.contiguous(), self.kernel_a_t, self.kernel_bt, self.parts, self.scales
+            )
+            return out
+        t = torch.nn.functional.linear(x, self.a)
+        for o, n, k, r, bt, s in self._eager:
+            out[..., o : o + n] += torch.matmul(t[..., k : k + r], bt) * s
+        return out
+
+
 class _Projections:
-    """Linear layers that read the same input (q, k, v; gate, up), as one product where they are
-    packed: one call instead of several per decoding step, the outputs being views of its result
-    (90 oneDNN calls fewer per step on the embedded model's 30 layers; at batch 8 a call costs
-    more in dispatch than the bandwidth of the smaller weights)."""
+    """Linear layers that read the same input (q, k, v; gate, up; or one layer alone), as one
+    product where they are packed: one call instead of several per decoding step (90 oneDNN
+    calls fewer per step on the embedded model's 30 layers; at batch 8 a call costs more in
+    dispatch than the bandwidth of the smaller weights). Plain LoRA adapters add their share
+    after the base product (:class:`_LoraDelta`), or with ``merge_lora`` are merged into a copy
+    of the weights (see :func:`unmerged_lora_pays`)."""
 
-    def __init__(self, modules: list[torch.nn.Module], pack: bool, dtype: torch.dtype) -> None:
-        parts = [_projection_weights(m) for m in modules]
-        self.sizes = [int(w.shape[0]) for _, w, _, _ in parts]
-        self.fused: PackedLinear | None = None
+    def __init__(
+        self,
+        modules: list[torch.nn.Module],
+        pack: bool,
+        dtype: torch.dtype,
+        cache: PackCache | None = None,
+        merge_lora: bool = False,
+    ) -> None:
+        bases = [_base_layer(m) for m in modules]
+        self.sizes = [int(b.weight.shape[0]) for b in bases]
+        merge = merge_lora and any(adapter_in_effect(m) for m in modules)
+        # A merged copy is new every rollout: nothing to keep.
+        cache = None if merge else cache
+        weights = [
+            _merged_weight(m) if merge else b.weight for m, b in zip(modules, bases, strict=True)
+        ]
+        self.fused: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.layers: list[Callable[[torch.Tensor], torch.Tensor]] = []
-        if pack and all(PackedLinear.applies(b) for b, _, _, _ in parts):
-            weight = torch.cat([w for _, w, _, _ in parts])
-            biases = [b for _, _, b, _ in parts]
-            bias = None
-            if any(b is not None for b in biases):
-                bias = torch.cat(
-                    [
-                        b.detach() if b is not None else weight.new_zeros(n)
-                        for b, n in zip(biases, self.sizes, strict=True)
-                    ]
-                )
-            self.fused = PackedLinear(weight, bias, dtype=dtype)
+        if len(bases) == 1:
+            self.fused = _linear(bases[0], weights[0], pack, dtype, cache)
+        elif pack and all(PackedLinear.applies(b) for b in bases):
+            biases = [getattr(b, "bias", None) for b in bases]
+            packer = _packed if cache is None else cache.packed
+            self.fused = packer(weights, biases, dtype)
         else:
-            self.layers = [_linear(m, pack, dtype) for m in modules]
+            self.layers = [
+                _linear(b, w, pack, dtype, cache) for b, w in zip(bases, weights, strict=True)
+            ]
+        self.lora = _LoraDelta([] if merge else modules, [] if merge else self.sizes, dtype, None)
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """x (..., in) -> one (..., out_i) per layer."""
-        if self.fused is None:
-            return [layer(x) for layer in self.layers]
-        return list(torch.split(self.fused(x), self.sizes, dim=-1))
-
-    def joined(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> the layers' outputs side by side, (..., sum of out_i)."""
-        if self.fused is None:
-            return torch.cat([layer(x) for layer in self.layers], dim=-1)
-        return self.fused(x)
+        if self.fused is not None:
+            out = self.fused(x)
+        else:
+            out = torch.cat([layer(x) for layer in self.layers], dim=-1)
+        return out if self.lora.empty else self.lora.add_to(out, x)
+
+    def split(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x (..., in) -> one (..., out_i) per layer (views of one result)."""
+        return list(torch.split(self(x), self.sizes, dim=-1))
 
 
 def static_decoder_unsupported(model: torch.nn.Module, total_length: int) -> str | None:
@@ -260,7 +419,11 @@ class StaticLlamaDecoder:
             with float32 weights computes as the training forward does under CPU autocast.
         fused: compute a step's operations between the linear layers with the fused CPU kernels
             of grpokit.rollout.fused where they apply (see :meth:`fusable`); False keeps the
-            eager operations. The prefill is eager either way.
+            eager operations. The prefill is eager either way (LoRA's shares aside).
+        pack_cache: where packed copies of frozen weights are kept between decoders (the
+            engine's own); None packs everything afresh.
+        merge_lora: merge a plain LoRA adapter into a copy of the weights it packs, instead of
+            computing it beside the base products (see :func:`unmerged_lora_pays`).
     """
 
     def __init__(
@@ -271,6 +434,8 @@ class StaticLlamaDecoder:
         pack: bool,
         dtype: torch.dtype | None = None,
         fused: bool = True,
+        pack_cache: PackCache | None = None,
+        merge_lora: bool = False,
     ) -> None:
         inner: Any = hf_model(model)
         self.config: Any = inner.config
@@ -279,26 +444,26 @@ class StaticLlamaDecoder:
         self.rotary = body.rotary_emb
         self.final_norm = body.norm
         self.dtype: torch.dtype = dtype or self.embed.weight.dtype
-        linear = partial(_linear, pack=pack, dtype=self.dtype)
-        self.lm_head = linear(inner.lm_head)
+        projections = partial(
+            _Projections, pack=pack, dtype=self.dtype, cache=pack_cache, merge_lora=merge_lora
+        )
+        self.lm_head = projections([inner.lm_head])
         self.layers: list[tuple[Any, ...]] = [
             (
                 layer.input_layernorm,
-                _Projections(
-                    [getattr(layer.self_attn, f"{p}_proj") for p in ("q", "k", "v")],
-                    pack,
-                    self.dtype,
-                ),
-                linear(layer.self_attn.o_proj),
+                projections([getattr(layer.self_attn, f"{p}_proj") for p in ("q", "k", "v")]),
+                projections([layer.self_attn.o_proj]),
                 getattr(layer.self_attn, "q_norm", None),
                 getattr(layer.self_attn, "k_norm", None),
                 layer.post_attention_layernorm,
-                _Projections([layer.mlp.gate_proj, layer.mlp.up_proj], pack, self.dtype),
-                linear(layer.mlp.down_proj),
+                projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                projections([layer.mlp.down_proj]),
                 layer.mlp.act_fn,
             )
             for layer in body.layers
         ]
+        if pack_cache is not None:
+            pack_cache.finish()
         attn = body.layers[0].self_attn
         self.head_dim = int(attn.head_dim)
         self.scaling = float(attn.scaling)
@@ -311,6 +476,10 @@ class StaticLlamaDecoder:
         self.next_position = torch.zeros(0, dtype=torch.long)
         self.column = 0
         self.kernels = decode_kernels() if fused and self.fusable() else None
+        # The LoRA shares follow the step's choice: one kernel call each, or eager operations.
+        for part in (self.lm_head, *(part for layer in self.layers for part in layer)):
+            if isinstance(part, _Projections):
+                part.lora.kernels = self.kernels
 
     def fusable(self) -> bool:
         """Whether the fused kernels compute this model's step: on CPU, with a float32 residual
@@ -368,7 +537,7 @@ class StaticLlamaDecoder:
         for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, act) in enumerate(
             self.layers
         ):
-            q, k, v = qkv(self._rms_norm(norm1, hidden))
+            q, k, v = qkv.split(self._rms_norm(norm1, hidden))
             q = q.view(rows, s, self.n_heads, self.head_dim)
             k = k.view(rows, s, self.n_kv, self.head_dim)
             if q_norm is not None:  # Qwen3 normalises each head's query and key
@@ -381,7 +550,7 @@ class StaticLlamaDecoder:
             ).transpose(1, 2)
             out = attend(i, q).transpose(1, 2).reshape(rows, s, self.n_heads * self.head_dim)
             hidden = hidden + o_p(out)
-            gate, up = gate_up(self._rms_norm(norm2, hidden))
+            gate, up = gate_up.split(self._rms_norm(norm2, hidden))
             hidden = hidden + down(act(gate) * up)
         self.column = end
         return hidden
@@ -466,7 +635,7 @@ class StaticLlamaDecoder:
         for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, _) in enumerate(self.layers):
             x = kernels.add_rms_norm(hidden, pending, norm1.weight, norm1.variance_epsilon, bf16)
             q = kernels.rope_cache(
-                qkv.joined(x),
+                qkv(x),
                 cos,
                 sin,
                 self.keys[i],
@@ -483,7 +652,7 @@ class StaticLlamaDecoder:
             x = kernels.add_rms_norm(
                 hidden, o_p(attended), norm2.weight, norm2.variance_epsilon, bf16
             )
-            pending = down(kernels.silu_mul(gate_up.joined(x)))
+            pending = down(kernels.silu_mul(gate_up(x)))
         self.column = upto
         self.next_position = self.next_position + 1
         norm = self.final_norm

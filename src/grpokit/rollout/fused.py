@@ -3,8 +3,10 @@
 A decoding step at the batch sizes of a rollout is, besides the linear layers, about 40 small
 eager operations per layer (norms, rotary embedding, cache writes, attention over the cache, the
 gated activation): on the embedded model at batch 8 they took half of a step, mostly in dispatch
-and intermediate tensors (bench/README.md). The four kernels here do the same arithmetic in
-four calls per layer, rounding to the compute dtype where the eager code rounds.
+and intermediate tensors (bench/README.md). Four kernels here do the same arithmetic in four
+calls per layer, rounding to the compute dtype where the eager code rounds; a fifth adds a LoRA
+adapter's share to a projection (one call where the eager code makes two products per adapter,
+a scaling and a sum).
 
 They are compiled with the machine's C++ compiler against the installed torch on first use
 (about 15 s) and cached under ``$GRPOKIT_CACHE/kernels`` (default ``~/.cache/grpokit``), keyed
@@ -108,7 +110,8 @@ def build(directory: Path | None = None) -> Path:
 
 @functools.cache
 def decode_kernels() -> Any | None:
-    """``torch.ops.grpokit_decode`` (add_rms_norm, rope_cache, decode_attention, silu_mul), built
+    """``torch.ops.grpokit_decode`` (add_rms_norm, rope_cache, decode_attention, silu_mul,
+    lora_add), built
     and loaded on first call; None where they cannot be (logged once) or are switched off."""
     if os.environ.get("GRPOKIT_FUSED_DECODE", "1") == "0":
         return None

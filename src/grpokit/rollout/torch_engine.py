@@ -21,8 +21,10 @@ from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 from grpokit.rollout.decoders import (
     Decoder,
     HFDecoder,
+    PackCache,
     StaticLlamaDecoder,
     static_decoder_unsupported,
+    unmerged_lora_pays,
 )
 from grpokit.rollout.sampling import sample_next_tokens
 
@@ -129,6 +131,7 @@ class TorchEngine:
         self.cpu_matmul = cpu_matmul
         self.compute_dtype = compute_dtype
         self.fused_kernels = fused_kernels
+        self.pack_cache = PackCache()
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
 
@@ -175,7 +178,7 @@ class TorchEngine:
             group_size=n,
         )
 
-    def _decoder(self, prompt_width: int, max_new_tokens: int) -> Decoder:
+    def _decoder(self, prompt_width: int, max_new_tokens: int, rows: int) -> Decoder:
         """The static Llama-family decoder where it applies (and is not switched off), else
         transformers' own forward."""
         dtype = self.compute_dtype or compute_dtype(self.model)
@@ -184,7 +187,13 @@ class TorchEngine:
             if why is None:
                 pack = self.cpu_matmul != "torch"
                 return StaticLlamaDecoder(
-                    self.model, max_new_tokens, pack=pack, dtype=dtype, fused=self.fused_kernels
+                    self.model,
+                    max_new_tokens,
+                    pack=pack,
+                    dtype=dtype,
+                    fused=self.fused_kernels,
+                    pack_cache=self.pack_cache,
+                    merge_lora=not unmerged_lora_pays(max_new_tokens, rows),
                 )
             if self.decoder == "static":
                 raise ValueError(f"decoder 'static' cannot run this model: {why}")
@@ -205,9 +214,10 @@ class TorchEngine:
             ended_by_eos (B,) bool, with B = P * n and T = max_completion_length.
         """
         input_ids, mask, positions = left_pad(prompt_ids, self.pad_token_id, device)
-        # The static decoder adds a LoRA adapter into its own copy of the weights; transformers'
-        # forward decodes with it merged in place.
-        decoder = self._decoder(input_ids.shape[1], params.max_completion_length)
+        # The static decoder computes a LoRA adapter beside the base or merges it into its own
+        # copy of the weights; transformers' forward decodes with it merged in place.
+        rows = len(prompt_ids) * n
+        decoder = self._decoder(input_ids.shape[1], params.max_completion_length, rows)
         merged = lora_merged(self.model) if isinstance(decoder, HFDecoder) else nullcontext()
         with merged:
             return self._sample(

@@ -403,6 +403,114 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+// A plain LoRA adapter's share of a projection, unmerged, added in place as peft computes it
+// under autocast: out (rows, N) += round(round(t_p B_p^T) * scale_p) for each part p in order,
+// with t = round(x A^T) (rows, R) the products with every part's A at once, rounded to T after
+// each of those steps. A^T (in, R) comes with R a multiple of 16 (zero columns pad it); part p
+// covers outputs [o_p, o_p + n_p) and ranks [k_p, k_p + r_p), its B^T (r_p, n_p) starting at
+// bt + b_p in blocks of 64 outputs, each block's (r_p, 64) contiguous (zero columns pad the
+// last): a decoding step reads every layer's adapter from memory, and a block read as r_p rows
+// of B^T far apart would be r_p streams, more than the hardware prefetcher follows. Parts of
+// several adapters may cover the same outputs. The adapter stays in T: float32 copies would
+// double what a step reads.
+template <typename T>
+void lora_add_kernel(T* out, const T* x, const T* a_t, const T* bt, const int64_t* parts,
+                     const double* scales, int64_t n_parts, int64_t rows, int64_t width,
+                     int64_t in, int64_t ranks) {
+  // t, four rows and 16 ranks at a time: 4 independent sums in registers (a single dot
+  // product's sum waits on its own latency at every step), each row of A^T widened once.
+  constexpr int64_t kRows = 4, kLanes = 16;
+  const int64_t padded_rows = (rows + kRows - 1) / kRows * kRows;
+  std::vector<float> xf(padded_rows * in, 0.f), t(padded_rows * ranks);
+  for (int64_t i = 0; i < rows * in; ++i) xf[i] = to_float(x[i]);
+  for (int64_t r0 = 0; r0 < padded_rows; r0 += kRows) {
+    for (int64_t c = 0; c < ranks; c += kLanes) {
+      float acc[kRows][kLanes] = {};
+      for (int64_t i = 0; i < in; ++i) {
+        const T* a_row = a_t + i * ranks + c;
+        float a_wide[kLanes];
+#pragma omp simd
+        for (int64_t l = 0; l < kLanes; ++l) a_wide[l] = to_float(a_row[l]);
+        for (int64_t rr = 0; rr < kRows; ++rr) {
+          const float xv = xf[(r0 + rr) * in + i];
+#pragma omp simd
+          for (int64_t l = 0; l < kLanes; ++l) acc[rr][l] += xv * a_wide[l];
+        }
+      }
+      for (int64_t rr = 0; rr < kRows; ++rr) {
+        for (int64_t l = 0; l < kLanes; ++l) t[(r0 + rr) * ranks + c + l] = rounded<T>(acc[rr][l]);
+      }
+    }
+  }
+  // Each part's outputs in blocks of 64: the block's B^T widened once into a buffer that stays
+  // in L1 for every row, each row's products for the block in registers.
+  constexpr int64_t block = 64;
+  for (int64_t p = 0; p < n_parts; ++p) {
+    const int64_t* part = parts + 5 * p;
+    const int64_t offset = part[0], n = part[1], first = part[2], rank = part[3];
+    const T* b = bt + part[4];
+    const float scale = static_cast<float>(scales[p]);
+    const int64_t blocks = (n + block - 1) / block;
+    at::parallel_for(0, blocks, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> wide(rank * block);
+      for (int64_t blk = begin; blk < end; ++blk) {
+        const int64_t i0 = blk * block, w = std::min(block, n - i0);
+        const T* b_block = b + blk * rank * block;
+#pragma omp simd
+        for (int64_t i = 0; i < rank * block; ++i) wide[i] = to_float(b_block[i]);
+        for (int64_t r = 0; r < rows; ++r) {
+          float acc[block] = {};
+          const float* tr = t.data() + r * ranks + first;
+          for (int64_t j = 0; j < rank; ++j) {
+            const float tj = tr[j];
+            const float* bj = wide.data() + j * block;
+#pragma omp simd
+            for (int64_t i = 0; i < block; ++i) acc[i] += tj * bj[i];
+          }
+          T* o = out + r * width + offset + i0;
+#pragma omp simd
+          for (int64_t i = 0; i < w; ++i) {
+            o[i] = from_float<T>(to_float(o[i]) + rounded<T>(rounded<T>(acc[i]) * scale));
+          }
+        }
+      }
+    });
+  }
+}
+
+void lora_add(at::Tensor out, const at::Tensor& x, const at::Tensor& a_t, const at::Tensor& bt,
+              const at::Tensor& parts, const at::Tensor& scales) {
+  TORCH_CHECK(out.is_contiguous() && x.is_contiguous() && a_t.is_contiguous() &&
+                  bt.is_contiguous(),
+              "lora_add takes contiguous tensors");
+  TORCH_CHECK(parts.scalar_type() == at::kLong && scales.scalar_type() == at::kDouble &&
+                  parts.is_contiguous() && parts.size(-1) == 5 && parts.size(0) == scales.numel(),
+              "parts must be (P, 5) int64 and scales (P,) float64");
+  const auto dtype = out.scalar_type();
+  TORCH_CHECK(x.scalar_type() == dtype && a_t.scalar_type() == dtype && bt.scalar_type() == dtype,
+              "out, x, A^T and B^T must share a dtype");
+  const int64_t width = out.size(-1), in = x.size(-1), ranks = a_t.size(1);
+  const int64_t rows = out.numel() / width;
+  TORCH_CHECK(a_t.size(0) == in && x.numel() == rows * in && ranks % 16 == 0, "shape mismatch");
+  const int64_t* p = parts.data_ptr<int64_t>();
+  for (int64_t i = 0; i < parts.size(0); ++i) {
+    const int64_t* part = p + 5 * i;
+    TORCH_CHECK(part[0] >= 0 && part[1] >= 0 && part[0] + part[1] <= width && part[2] >= 0 &&
+                    part[3] >= 0 && part[2] + part[3] <= ranks && part[4] >= 0 &&
+                    part[4] + (part[1] + 63) / 64 * 64 * part[3] <= bt.numel(),
+                "a LoRA part lies outside its tensors");
+  }
+  if (dtype == at::kBFloat16) {
+    lora_add_kernel<uint16_t>(bf16_data(out), bf16_data(x), bf16_data(a_t), bf16_data(bt), p,
+                              scales.data_ptr<double>(), parts.size(0), rows, width, in, ranks);
+  } else {
+    TORCH_CHECK(dtype == at::kFloat, "float32 or bfloat16 only");
+    lora_add_kernel<float>(out.data_ptr<float>(), x.data_ptr<float>(), a_t.data_ptr<float>(),
+                           bt.data_ptr<float>(), p, scales.data_ptr<double>(), parts.size(0),
+                           rows, width, in, ranks);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(grpokit_decode, m) {
@@ -410,4 +518,5 @@ TORCH_LIBRARY(grpokit_decode, m) {
   m.def("rope_cache", &rope_cache);
   m.def("decode_attention", &decode_attention);
   m.def("silu_mul", &silu_mul);
+  m.def("lora_add", &lora_add);
 }
