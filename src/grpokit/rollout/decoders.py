@@ -235,7 +235,13 @@ class PackCache:
 def _packed(
     weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype
 ) -> PackedLinear:
-    weight = torch.cat([w.detach() for w in weights]) if len(weights) > 1 else weights[0]
+    if len(weights) == 1:
+        weight = weights[0]
+    else:  # cast while stacking: one pass over the float32 weights (a cat, then a cast, is two)
+        rows = sum(int(w.shape[0]) for w in weights)
+        weight = weights[0].new_empty((rows, *weights[0].shape[1:]), dtype=dtype)
+        for part, w in zip(weight.split([int(w.shape[0]) for w in weights]), weights, strict=True):
+            part.copy_(w.detach())
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat(
