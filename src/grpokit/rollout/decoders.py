@@ -240,8 +240,10 @@ def _packed(
     else:  # cast while stacking: one pass over the float32 weights (a cat, then a cast, is two)
         rows = sum(int(w.shape[0]) for w in weights)
         weight = weights[0].new_empty((rows, *weights[0].shape[1:]), dtype=dtype)
-        for part, w in zip(weight.split([int(w.shape[0]) for w in weights]), weights, strict=True):
-            part.copy_(w.detach())
+        start = 0
+        for w in weights:
+            weight[start : start + int(w.shape[0])].copy_(w.detach())
+            start += int(w.shape[0])
     bias = None
     if any(b is not None for b in biases):
         bias = torch.cat(
