@@ -15,9 +15,11 @@
 
 Both are built per rollout, after a sharded model is gathered; the static decoder also prepacks
 float32 CPU weights for oneDNN then (grpokit.models.onednn), which more than halves a decoding step
-there (frozen weights, LoRA's base, are packed once and kept: :class:`PackCache`). It computes a
-LoRA adapter beside the base product, unmerged, as peft's forward does (the transformers forward
-decodes with the adapter merged into the weights in place, then restored).
+there (frozen weights, LoRA's base, are packed once and kept: :class:`PackCache`). For a short
+rollout it computes a LoRA adapter beside the base product, unmerged, as peft's forward does; for
+a long one it merges the adapter into a copy of the weights it packs (:func:`unmerged_lora_pays`;
+the transformers forward decodes with the adapter merged into the weights in place, then
+restored).
 
 Both decode in a model's compute dtype (grpokit.models.onednn.compute_dtype) as its training
 forward computes under autocast: with bfloat16, the static decoder packs a bfloat16 copy of the
