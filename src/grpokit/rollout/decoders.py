@@ -272,20 +272,18 @@ class _LoraDelta:
     after the scaling and after the sum, which merging into bfloat16 weights would not be).
 
     All adapters' A are one (R, in) matrix, so a step makes one product with them; each part's
-    B^T (r, n) is stored flat. ``kernels``: the fused CPU kernels (one call per projection) or
-    None (eager operations). The adapter is read once, at construction (the decoder is built per
-    rollout).
+    B^T (r, n) is stored flat. :attr:`kernels`: the fused CPU kernels (one call per projection,
+    set by the decoder where its step uses them) or None (eager operations). The adapter is read
+    once, at construction (the decoder is built per rollout).
     """
 
     def __init__(
-        self,
-        modules: list[torch.nn.Module],
-        sizes: list[int],
-        dtype: torch.dtype,
-        kernels: Any | None,
+        self, modules: list[torch.nn.Module], sizes: list[int], dtype: torch.dtype
     ) -> None:
+        self.kernels: Any | None = None
         a_parts: list[torch.Tensor] = []
         bt_parts: list[torch.Tensor] = []
+        blocked: list[torch.Tensor] = []
         parts: list[list[int]] = []
         scales: list[float] = []
         offset = rank = flat = 0
@@ -300,12 +298,12 @@ class _LoraDelta:
                     r = int(a.shape[0])
                     a_parts.append(a.to(dtype))
                     bt_parts.append(b.t().to(dtype).contiguous())
+                    blocked.append(blocked_bt(bt_parts[-1]).view(-1))
                     parts.append([offset, size, rank, r, flat])
                     scales.append(float(lora.scaling[name]))
-                    rank, flat = rank + r, flat + int(blocked_bt(bt_parts[-1]).numel())
+                    rank, flat = rank + r, flat + int(blocked[-1].numel())
             offset += size
         self.empty = not parts
-        self.kernels = kernels
         if self.empty:
             return
         self.a = torch.cat(a_parts)
@@ -321,11 +319,11 @@ class _LoraDelta:
         self.kernel_a_t = torch.cat(
             [self.a.t(), self.a.new_zeros(self.a.shape[1], ranks - int(self.a.shape[0]))], dim=1
         ).contiguous()
-        self.kernel_bt = torch.cat([blocked_bt(bt).view(-1) for bt in bt_parts])
+        self.kernel_bt = torch.cat(blocked)
 
     def add_to(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """out (..., N) += the adapters' outputs for input x (..., in), in place; returns out."""
-        if self.kernels is not None and out.device.type == "cpu":
+        if self.kernels is not None:  # set only for a CPU model (StaticLlamaDecoder.fusable)
             self.kernels.lora_add(
                 out, x.contiguous(), self.kernel_a_t, self.kernel_bt, self.parts, self.scales
             )
@@ -372,7 +370,7 @@ class _Projections:
             self.layers = [
                 _linear(b, w, pack, dtype, cache) for b, w in zip(bases, weights, strict=True)
             ]
-        self.lora = _LoraDelta([] if merge else modules, [] if merge else self.sizes, dtype, None)
+        self.lora = _LoraDelta([] if merge else modules, [] if merge else self.sizes, dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> the layers' outputs side by side, (..., sum of out_i)."""

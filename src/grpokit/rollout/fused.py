@@ -111,8 +111,8 @@ def build(directory: Path | None = None) -> Path:
 @functools.cache
 def decode_kernels() -> Any | None:
     """``torch.ops.grpokit_decode`` (add_rms_norm, rope_cache, decode_attention, silu_mul,
-    lora_add), built
-    and loaded on first call; None where they cannot be (logged once) or are switched off."""
+    lora_add), built and loaded on first call; None where they cannot be (logged once) or are
+    switched off."""
     if os.environ.get("GRPOKIT_FUSED_DECODE", "1") == "0":
         return None
     try:
