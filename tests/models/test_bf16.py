@@ -165,7 +165,8 @@ def test_kept_casts_serve_every_region_until_the_weight_changes() -> None:
     """Inside frozen_casts_kept(model), the model's own frozen weights are cast once for all
     compute_autocast regions (LoRA's reference, old and policy forwards); a weight changed in
     place is cast again; another model's frozen weights (a reference copy) still get one cast
-    per region; outside the scope, one per region again."""
+    per region; outside the scope, one per region again; the next scope reuses the casts (LoRA's
+    base is cast once per run)."""
     model = torch.nn.Sequential(OneDNNLinear(16, 8, bias=False))
     other = OneDNNLinear(16, 8, bias=False)
     for m in (model, other):
@@ -202,6 +203,9 @@ def test_kept_casts_serve_every_region_until_the_weight_changes() -> None:
             out = model(x).float()
         torch.testing.assert_close(out, x @ weight.t(), rtol=2e-2, atol=5e-2)  # the new weight
     assert len(set(casts(model, 2))) == 2  # the scope is gone
+    with frozen_casts_kept(model):
+        again = casts(model, 2)
+    assert again == changed * 2  # the next scope starts with the last one's casts
 
 
 @needs_bf16

@@ -10,6 +10,7 @@ import torch
 from grpokit.errors import UserError
 from grpokit.model_files.embedded import EMBEDDED_MODEL
 from grpokit.model_files.resolve import load_tokenizer, resolve_model_path
+from grpokit.models.compat import hf_model, is_checkpointing
 from grpokit.models.loading import POLICY_FILE, LoraSettings, Policy, load_policy
 
 PROMPT = torch.tensor([[1, 520, 3012, 314, 1875, 42, 7, 99]])
@@ -130,10 +131,29 @@ def test_lora_reference_is_adapter_disabled(tiny_model_dir: Path) -> None:
     assert len(policy.trainable_parameters()) == len(names)
     perturb_lora(policy, seed=2)
     assert not torch.allclose(logits_of(policy.model), base, atol=1e-3)
-    with policy.reference_model() as ref:
-        torch.testing.assert_close(logits_of(ref), base, rtol=1e-5, atol=1e-5)
-    # the adapter is back on after the context
-    assert not torch.allclose(logits_of(policy.model), base, atol=1e-3)
+    for _ in range(2):  # the second use runs on the layers found by the first
+        with policy.reference_model() as ref:
+            torch.testing.assert_close(logits_of(ref), base, rtol=1e-5, atol=1e-5)
+            # as peft's disable_adapter() leaves it: every layer off, the adapter frozen
+            assert policy.model.get_model_status().enabled is False
+            assert not policy.model.has_active_enabled_adapter
+            assert not any(p.requires_grad for p in policy.model.parameters())
+        # the adapter is back on after the context, trainable again
+        assert policy.model.get_model_status().enabled is True
+        assert policy.model.has_active_enabled_adapter
+        assert [n for n, p in policy.model.named_parameters() if p.requires_grad] == names
+        assert not torch.allclose(logits_of(policy.model), base, atol=1e-3)
+
+
+def test_lora_reference_leaves_a_layer_switched_off_before_it_off(tiny_model_dir: Path) -> None:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    policy = load_policy(str(tiny_model_dir), lora=LORA, need_reference=True)
+    layers = [m for m in policy.model.modules() if isinstance(m, BaseTunerLayer)]
+    layers[0].enable_adapters(False)
+    with policy.reference_model():
+        assert policy.model.get_model_status().enabled is False
+    assert layers[0].disable_adapters and not layers[1].disable_adapters
 
 
 def test_lora_target_modules_list(tiny_model_dir: Path) -> None:
@@ -155,6 +175,25 @@ def test_gradient_checkpointing_trains(tiny_model_dir: Path) -> None:
         grads = [p.grad for p in policy.trainable_parameters()]
         assert all(g is not None for g in grads)
         assert any(float(g.abs().sum()) > 0 for g in grads if g is not None)
+
+
+@pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])
+def test_is_checkpointing_agrees_with_transformers(
+    tiny_model_dir: Path, lora: LoraSettings | None
+) -> None:
+    for every_n_layers in (1, 2):
+        policy = load_policy(str(tiny_model_dir), lora=lora, need_reference=False)
+        inner = hf_model(policy.model)
+        assert not is_checkpointing(policy.model) and not inner.is_activation_checkpointing
+        inner.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every_n_layers
+        )
+        assert inner.is_activation_checkpointing and is_checkpointing(policy.model)
+        policy.model.eval()  # checkpointing does nothing outside training
+        assert not is_checkpointing(policy.model)
+        policy.model.train()
+        inner.activation_checkpointing_disable()
+        assert not inner.is_activation_checkpointing and not is_checkpointing(policy.model)
 
 
 def test_quantised_model_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:

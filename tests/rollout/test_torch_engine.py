@@ -245,6 +245,10 @@ def test_mode_restored_and_gradient_checkpointing(
     )
     policy = load_policy(str(peaked_model_dir), gradient_checkpointing=True, need_reference=False)
     assert policy.model.training
+    for layer in policy.model.model.layers:
+        # Active in train mode only: decoding must apply none (transformers' forward in eval
+        # mode, the static decoder by construction).
+        layer.self_attn.attention_dropout = 0.9
     got = engine_for(policy.model).generate(
         PROMPTS, 1, SamplingParams(max_completion_length=10, temperature=0)
     )

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -158,6 +159,44 @@ def _apply_init_from(
     )
 
 
+_adapter_layers: weakref.WeakKeyDictionary[torch.nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+"""Each peft model's adapter layers, found once (see :func:`adapters_disabled`)."""
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """What peft's ``model.disable_adapter()`` does for LoRA: every adapter layer (and
+    modules-to-save wrapper) switched off inside, the enabled ones switched on again after.
+
+    peft's own context manager walks all modules three times per use (a status check, then off,
+    then on); the layers are found once here. Measured: 80 ms of a 2.3 s LoRA step of the
+    embedded model, where the reference forward needs it once a step.
+    """
+    layers = _adapter_layers.get(model)
+    if layers is None:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+        from peft.utils.other import AuxiliaryTrainingWrapper
+
+        # The modules peft's own disable_adapter() switches.
+        switched = (BaseTunerLayer, AuxiliaryTrainingWrapper)
+        layers = [m for m in model.modules() if isinstance(m, switched)]
+        _adapter_layers[model] = layers
+    enabled = [m for m in layers if not m.disable_adapters]
+    # The model's own mark, which peft's has_active_enabled_adapter reads, as peft sets it.
+    was_disabled = getattr(model, "_adapters_disabled", None)
+    for m in enabled:
+        m.enable_adapters(False)
+    if was_disabled is not None:
+        model._adapters_disabled = True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for m in enabled:
+            m.enable_adapters(True)
+        if was_disabled is not None:
+            model._adapters_disabled = was_disabled
+
+
 @dataclass
 class Policy:
     """The model being trained, its tokenizer and its reference.
@@ -178,11 +217,12 @@ class Policy:
     @contextlib.contextmanager
     def reference_model(self) -> Iterator[torch.nn.Module]:
         """The module to run for reference log-probs: the frozen copy, or under LoRA the same
-        network inside peft's ``disable_adapter()``. Raises if there is no reference."""
+        network with its adapter layers off (:func:`adapters_disabled`). Raises if there is no
+        reference."""
         if self.reference is not None:
             yield self.reference
         elif self.uses_adapter:
-            with self.model.disable_adapter():  # type: ignore[operator]
+            with adapters_disabled(self.model):
                 yield self.model
         else:
             raise RuntimeError(

@@ -28,6 +28,7 @@ the bytes a decoding step reads.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
@@ -83,6 +84,10 @@ _frozen_casts: dict[int, tuple[torch.Tensor, int, torch.Tensor]] | None = None
 _kept_casts: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
 """Inside :func:`frozen_casts_kept`: the same, for the weights whose casts outlive a region."""
 _kept_ids: frozenset[int] = frozenset()
+_casts_between_scopes: weakref.WeakKeyDictionary[
+    torch.nn.Module, dict[int, tuple[torch.Tensor, int, torch.Tensor]]
+] = weakref.WeakKeyDictionary()
+"""The kept casts of each model's last :func:`frozen_casts_kept` scope, for its next one."""
 
 
 @contextmanager
@@ -101,16 +106,27 @@ def frozen_casts_kept(model: torch.nn.Module) -> Iterator[None]:
     nothing is kept then. Frozen weights of other models (a separate reference copy) are not
     kept either: their casts would stay alive through the policy's backward. Nothing changes for
     a model without a compute dtype.
+
+    The casts also outlive the scope: the next scope for the same model starts with them (a
+    cast still serves while its weight is the same tensor at the same version). LoRA's base
+    never changes, so it is cast once per run instead of once per update (measured: 110 ms of a
+    2.3 s LoRA step of the embedded model). The copy then stays alive through the rollout too,
+    which does not raise the peak where the update is the larger phase (it holds the copy and
+    the activations at once); outside any scope, casts are made per region as before.
     """
     global _kept_casts, _kept_ids
     if compute_dtype(model) is None or is_checkpointing(model):
         yield
         return
     outer = _kept_casts, _kept_ids
-    _kept_casts = {}
     _kept_ids = frozenset(
         id(p) for p in model.parameters() if not p.requires_grad and p.dtype == torch.float32
     )
+    # Keyed weakly by the model, not stored on it: a deep copy of the model (a merged save)
+    # must not copy the casts.
+    previous = _casts_between_scopes.get(model, {})
+    _kept_casts = {key: hit for key, hit in previous.items() if key in _kept_ids}
+    _casts_between_scopes[model] = _kept_casts
     try:
         yield
     finally:

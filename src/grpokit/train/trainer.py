@@ -452,7 +452,8 @@ class GRPOTrainer:
             # summed).
             active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
             counts = StepCounts(max(1, int(active)), max(1, int(num_rows)), a.max_completion_length)
-            self.policy.model.train()
+            if not self.policy.model.training:  # the switch walks every module, even a no-op
+                self.policy.model.train()
             records = []
             for _ in range(a.num_iterations):
                 sums = LossSums(self.device)
@@ -493,7 +494,8 @@ class GRPOTrainer:
     def _apply_gradients(self, sums: LossSums) -> dict[str, float]:
         """Reduce, clip and apply the summed gradients, unless the loss or the norm is not finite
         (the step is then skipped and counted); advance the schedule either way."""
-        parameters = self.policy.trainable_parameters()
+        # The optimizer's own list: walking the model for it takes longer than the clipping.
+        parameters = [p for group in self.optimizer.param_groups for p in group["params"]]
         grad_norm = self.lockstep.clip_gradients(parameters, self.args.max_grad_norm)
         metrics, tokens = sums.to_host(grad_norm)  # the step's one wait on the device
         # A NaN or infinite loss or norm would poison the weights and Adam's moments: skip the
