@@ -26,6 +26,7 @@ from transformers import PreTrainedTokenizerBase
 from grpokit.errors import UserError
 from grpokit.model_files.embedded import EMBEDDED_MODEL
 from grpokit.model_files.resolve import hub_error, load_tokenizer, pad_token_id, resolve_model_path
+from grpokit.models.attention import use_float32_attention_backward
 from grpokit.models.manifest import CheckpointDamaged, check_model
 from grpokit.models.onednn import (
     CpuMatmul,
@@ -390,6 +391,7 @@ def load_policy(
         if module is not None:
             use_onednn_linears(module, cpu_matmul)
             set_compute_dtype(module, torch.bfloat16 if bf16 else None)
+    use_float32_attention_backward(model)
     model.train()
     return Policy(
         model=model,
