@@ -23,6 +23,7 @@ import math
 from typing import Any
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from grpokit.models.compat import hf_model
 from grpokit.models.onednn import compute_dtype
@@ -45,8 +46,6 @@ def _attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' SDPA attention (query (B, H, Sq, D), key and value (B, Hkv, Sk, D));
     returns ((B, Sq, H, D), None) as it does, with a float32 backward where that is faster."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if _float32_backward_applies(query, key, value, attention_mask, kwargs):
         out: torch.Tensor = _Float32Backward.apply(  # type: ignore[no-untyped-call]
             query, key, value, attention_mask, module, kwargs
@@ -93,8 +92,6 @@ class _Float32Backward(torch.autograd.Function):
         module: torch.nn.Module,
         kwargs: dict[str, Any],
     ) -> torch.Tensor:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
         out, _ = sdpa_attention_forward(module, query, key, value, mask, **kwargs)
         # transformers' rule: causal (upper-left aligned, as flash attention's is_causal) when
         # there is no mask, more than one query and a causal module.

@@ -1,9 +1,12 @@
 """What grpokit needs to know about a transformers model that differs across versions and
-wrappers: the model inside a peft wrapper, the forward's keyword names, activation checkpointing."""
+wrappers: the model inside a peft wrapper, the forward's keyword names, activation checkpointing,
+its train / eval mode."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -62,3 +65,15 @@ def adapter_in_effect(module: torch.nn.Module) -> bool:
     if not callable(getattr(module, "get_base_layer", None)):
         return False
     return not (getattr(module, "merged", False) or getattr(module, "disable_adapters", False))
+
+
+@contextmanager
+def eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside (no dropout), in its own mode again after. Switching walks
+    every module, so a hot path switches only where a module's forward runs."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

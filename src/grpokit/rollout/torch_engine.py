@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 
+from grpokit.models.compat import eval_mode
 from grpokit.models.onednn import CpuMatmul, compute_dtype
 from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
 from grpokit.rollout.decoders import (
@@ -50,17 +51,6 @@ def left_pad(
         mask[row, width - len(ids) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids.to(device), mask.to(device), positions.to(device)
-
-
-@contextmanager
-def eval_mode(model: torch.nn.Module) -> Iterator[None]:
-    """``model`` in eval mode inside, in its own mode again after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 @contextmanager

@@ -48,6 +48,7 @@ from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_
 from grpokit.errors import UserError
 from grpokit.models.compat import (
     cache_kwarg,
+    eval_mode,
     hf_model,
     is_checkpointing,
     logits_to_keep_kwarg,
@@ -419,21 +420,17 @@ def check_packing(model: torch.nn.Module) -> None:
     a, other, b = torch.randint(vocab, (3, _PROBE_TOKENS), generator=gen).to(device)
     positions = torch.arange(_PROBE_TOKENS, device=device).repeat(2)[None]
     keep = torch.arange(_PROBE_TOKENS, 2 * _PROBE_TOKENS, device=device)
-    training = model.training
-    model.eval()  # dropout would make the two rows differ for another reason
-    try:
-        with torch.no_grad():
-            logits = [
-                model(
-                    input_ids=torch.cat([first, b])[None],
-                    position_ids=positions,
-                    logits_to_keep=keep,
-                    use_cache=False,
-                ).logits.float()
-                for first in (a, other)
-            ]
-    finally:
-        model.train(training)
+    # eval mode: dropout would make the two rows differ for another reason
+    with eval_mode(model), torch.no_grad():
+        logits = [
+            model(
+                input_ids=torch.cat([first, b])[None],
+                position_ids=positions,
+                logits_to_keep=keep,
+                use_cache=False,
+            ).logits.float()
+            for first in (a, other)
+        ]
     scale = max(1.0, float(logits[0].abs().max()))
     if float((logits[0] - logits[1]).abs().max()) > 1e-5 * scale:
         raise UserError(
