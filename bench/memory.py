@@ -7,7 +7,9 @@ fine-tuning, beta 0.04, ``model.dtype: auto``), once per memory setting, each in
 - ``default``: grpokit's defaults (``logprob_chunk_size`` 1,024, no gradient checkpointing);
 - ``chunk256``: ``training.logprob_chunk_size: 256``;
 - ``checkpointing``: ``model.gradient_checkpointing: true``;
-- ``both``: the two together.
+- ``both``: the two together;
+- ``lean``: both, and ``model.return_freed_memory`` (freed blocks of 1 MiB and more go back to
+  the system at once).
 
 A thread samples the process's resident memory every 20 ms and keeps the peak of each phase of
 the step: the rollout, the reference model's log-probs, the policy's forward, the backward pass
@@ -48,6 +50,7 @@ MEMORY_SETTINGS: dict[str, dict[str, Any]] = {
     "chunk256": {"checkpointing": False, "training": {"logprob_chunk_size": 256}},
     "checkpointing": {"checkpointing": True, "training": {}},
     "both": {"checkpointing": True, "training": {"logprob_chunk_size": 256}},
+    "lean": {"checkpointing": True, "training": {}, "lean_memory": True},
 }
 PHASES = ("rollout", "reference log-probs", "policy forward", "backward", "optimizer step")
 GIB = 2**30
@@ -77,7 +80,7 @@ def main() -> None:
     shape = VOCAB_SHAPE
     if args.smoke:
         shape, args.lengths, args.steps = {"vocab_size": 65_536}, [8], 1
-        args.settings = ["default", "both"]
+        args.settings = ["default", "lean"]
     root = Path(tempfile.mkdtemp(prefix="grpokit-bench-memory-"))
     try:
         path = build_model("vocab", shape, embedded_model_dir(), root)
@@ -145,6 +148,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         bf16=False,
         device="cpu",
         gradient_checkpointing=setting["checkpointing"],
+        lean_memory=setting.get("lean_memory", False),
     )
     trainer = grpokit_trainer(
         ns, SETTINGS["full-beta0.04"], max_steps=args.steps, training=setting["training"]

@@ -119,6 +119,11 @@ def main() -> None:
         action="store_true",
         help="--vs-trl: both sides recompute activations (TRL's default)",
     )
+    ap.add_argument(
+        "--lean-memory",
+        action="store_true",
+        help="--vs-trl: grpokit with logprob_chunk_size 256 and model.return_freed_memory",
+    )
     ap.add_argument("--packing", action="store_true", help="padded against padding-free update")
     ap.add_argument("--rows", type=int, default=4, help="--memory: completions per micro-batch")
     ap.add_argument(
@@ -273,6 +278,7 @@ def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: in
             names = f.keys()
             parameters += sum(math.prod(f.get_slice(k).get_shape()) for k in names)
     recompute = ", gradient checkpointing" if args.gradient_checkpointing else ""
+    recompute += "; grpokit with its lean-memory settings" if args.lean_memory else ""
     print(
         f"random-weight Llama, vocabulary {vocab:,}, {parameters / 1e6:.0f}M "
         f"parameters; 1 prompt x {g} completions of exactly L tokens (greedy, end tokens "
@@ -291,6 +297,7 @@ def _against_trl(args: argparse.Namespace, path: Path, lengths: list[int], g: in
         "--device=cpu",
         f"--setting={args.setting}",
     ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
+    common += ["--lean-memory"] if args.lean_memory else []
     pairs: list[tuple[str, list[float], str]] = []
     rows: list[str] = []
     for length in lengths:

@@ -67,6 +67,8 @@ SETTINGS = {
 }
 LORA = {"r": 16, "alpha": 32}
 TARGET_TIME = 0.35
+LEAN_CHUNK = 256
+"""``--lean-memory``: grpokit's log-prob chunk (positions), with ``model.return_freed_memory``."""
 PEERS = ["grpokit", "trl", "grpokit-fp32", "trl-bf16"]
 """In the order they run, per setting; the last two only where grpokit computes in bfloat16."""
 
@@ -97,7 +99,7 @@ def grpokit_trainer(
 ) -> Any:
     """grpokit's trainer on the benchmark's config (written to a temporary directory); ``dtype``
     is model.dtype (with ``--bf16``, training.bf16 sets bfloat16 weights instead); ``training``:
-    more training fields."""
+    more training fields; ``args.lean_memory``: the memory settings (:data:`LEAN_CHUNK`)."""
     import torch
     import yaml
 
@@ -105,6 +107,7 @@ def grpokit_trainer(
     from grpokit.train.trainer import GRPOTrainer
 
     torch.set_num_threads(args.threads) if args.threads else None
+    lean = getattr(args, "lean_memory", False)
     work = Path(tempfile.mkdtemp(prefix="grpokit-bench-"))
     (work / "reward.py").write_text(REWARD_SOURCE)
     (work / "train.jsonl").write_text(
@@ -117,6 +120,7 @@ def grpokit_trainer(
             "lora": LORA if setting["lora"] else None,
             "gradient_checkpointing": args.gradient_checkpointing,
             "device": args.device,
+            **({"return_freed_memory": True} if lean else {}),
         },
         "data": {"train": "train.jsonl", "shuffle": False},
         "rewards": [{"type": "python", "name": "brevity", "function": "reward.py:brevity"}],
@@ -133,6 +137,7 @@ def grpokit_trainer(
             "report_to": ["none"],
             "log_completions": False,
             "output_dir": str(work / "run"),
+            **({"logprob_chunk_size": LEAN_CHUNK} if lean else {}),
             **(training or {}),
         },
     }
@@ -294,6 +299,11 @@ def main() -> None:
     ap.add_argument("--max-completion-length", type=int, default=64)
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument(
+        "--lean-memory",
+        action="store_true",
+        help="grpokit: logprob_chunk_size 256 and model.return_freed_memory",
+    )
+    ap.add_argument(
         "--top-k", type=int, default=1, help="1: greedy, equal work on both sides; 0: sampling"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -328,6 +338,7 @@ def main() -> None:
         f"--top-k={args.top_k}",
         f"--device={args.device}",
     ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
+    common += ["--lean-memory"] if args.lean_memory else []
     common += ["--bf16"] if args.bf16 else []
     print(
         f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "

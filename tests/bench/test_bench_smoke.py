@@ -111,7 +111,7 @@ def test_scaling_benchmark_against_trl_prints_its_ratios() -> None:
 
 def test_memory_benchmark_compares_the_memory_settings() -> None:
     ratios = _run("memory.py")
-    assert set(ratios) == {"L 8: both / default, peak memory"}
+    assert set(ratios) == {"L 8: lean / default, peak memory"}
 
 
 def test_scaling_benchmark_compares_padded_and_packed() -> None:

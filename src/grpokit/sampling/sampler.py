@@ -22,6 +22,7 @@ from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.model_files.resolve import load_tokenizer
 from grpokit.models.checkpoints import ModelSpec, model_dir
+from grpokit.models.host_memory import FREED_BLOCKS_RETURNED_FROM, return_freed_blocks
 from grpokit.models.loading import (
     LoraSettings,
     Policy,
@@ -96,6 +97,9 @@ def load_model_policy(
     elif init_from:
         init_from = str(_resolve(base_dir, init_from))
     lora = settings.lora if (trainable and model is None) else None
+    device = device if device is not None else resolve_device(settings.device)
+    if settings.return_freed_memory and device.type == "cpu":
+        return_freed_blocks(FREED_BLOCKS_RETURNED_FROM)
     policy = load_policy(
         name_or_path,
         dtype=settings.dtype,
@@ -103,7 +107,7 @@ def load_model_policy(
         gradient_checkpointing=settings.gradient_checkpointing and trainable,
         need_reference=need_reference,
         init_from=init_from,
-        device=device if device is not None else resolve_device(settings.device),
+        device=device,
         cpu_matmul=settings.cpu_matmul,
     )
     apply_template_setting(policy.tokenizer, settings.chat_template, base_dir)

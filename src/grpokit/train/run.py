@@ -58,6 +58,7 @@ RESUMABLE = (
     "model.gradient_checkpointing",
     "model.device",
     "model.cpu_matmul",
+    "model.return_freed_memory",
     "data.heldout",
     "monitors",
 )
