@@ -260,13 +260,16 @@ void accumulate_product(const float* coef, const T* matrix, int64_t stride, int6
     float acc[G][B] = {};
     if (w == B) {
 #if defined(__AVX512F__)
-      // In registers, written out: left to itself gcc widened the bfloat16 row element by
-      // element (AMD EPYC), or through the stack with a store-forwarding stall each row.
+      // Written out in intrinsics: left to itself gcc widened a bfloat16 row element by element
+      // (seen on AMD EPYC), or, under `omp simd`, through the stack with a store-forwarding
+      // stall on every row. The G sums stay in registers.
       __m512 sums[G];
       for (int g = 0; g < G; ++g) sums[g] = _mm512_setzero_ps();
       for (int64_t i = 0; i < n; ++i) {
         const T* row = matrix + i * stride + j0;
-        __builtin_prefetch(row + PREFETCH_AHEAD);  // see below
+        // The n rows are n strided streams, more than the hardware prefetcher follows: fetch
+        // this row's part of a later block while this one is computed.
+        __builtin_prefetch(row + PREFETCH_AHEAD);
         const __m512 k = load16(row);
         for (int g = 0; g < G; ++g) {
           sums[g] = _mm512_fmadd_ps(_mm512_set1_ps(coef[g * n + i]), k, sums[g]);
@@ -280,9 +283,7 @@ void accumulate_product(const float* coef, const T* matrix, int64_t stride, int6
 #else
       for (int64_t i = 0; i < n; ++i) {
         const T* row = matrix + i * stride + j0;
-        // The n rows are n strided streams, more than the hardware prefetcher follows: fetch
-        // this row's part of a later block while this one is computed.
-        __builtin_prefetch(row + PREFETCH_AHEAD);
+        __builtin_prefetch(row + PREFETCH_AHEAD);  // as above
         float k[B];
 #pragma omp simd
         for (int64_t b = 0; b < B; ++b) k[b] = to_float(row[b]);
