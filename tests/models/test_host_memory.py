@@ -16,32 +16,44 @@ glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
 )
 
-# In a process of its own (the setting is process-wide): free a 16 MiB tensor, which raises
-# glibc's default threshold to its size, then allocate 64 tensors of 2 MiB and one more above
-# them (it holds the heap's top, so glibc cannot trim what lies below), and free the 64. Prints
-# the resident memory those 64 left behind, in MiB.
+# In a process of its own (the setting is process-wide), through glibc's malloc as torch's CPU
+# tensors are: free a 16 MiB block, which raises glibc's default threshold to its size, then
+# allocate and touch 64 blocks of 2 MiB and one more above them (it holds the heap's top, so glibc
+# cannot trim what lies below), and free the 64. Prints the resident memory those 64 left behind,
+# in MiB. "config" loads a model with the config field first (grpokit's import of torch and the
+# model's tensors come before the blocks, as in a run).
 RETAINED = """
+import ctypes
 import sys
 from pathlib import Path
-import torch
-from grpokit.config import ModelConfig
+
 from grpokit.models.host_memory import return_freed_blocks
-from grpokit.sampling import load_model_policy
 
 if sys.argv[1] == "fixed":
     assert return_freed_blocks(1 << 20)
-if sys.argv[1] == "config":  # the config field, through the loading of a model for training
+if sys.argv[1] == "config":
+    from grpokit.config import ModelConfig
+    from grpokit.sampling import load_model_policy
+
     model = ModelConfig(name_or_path=sys.argv[2], device="cpu", return_freed_memory=True)
     load_model_policy(model, base_dir=Path("."), trainable=True)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+def touched(size):
+    block = libc.malloc(size)
+    libc.memset(block, 1, size)
+    return block
 def resident():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
-big = torch.ones(4 << 20)
-del big
+libc.free(touched(16 << 20))
 before = resident()
-blocks = [torch.ones(1 << 19) for _ in range(64)]
-top = torch.ones(1 << 19)
-del blocks
+blocks = [touched(2 << 20) for _ in range(64)]
+top = touched(2 << 20)
+for block in blocks:
+    libc.free(block)
 print((resident() - before) / 2**20)
 """
 
