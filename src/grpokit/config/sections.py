@@ -88,9 +88,10 @@ class ModelConfig(_Strict):
             "at once (malloc's mmap threshold fixed at 1 MiB) instead of keeping them for reuse, "
             "so that the resident memory follows what a step holds. Measured at 8 completions "
             "of 1,024 tokens with a 128k vocabulary, gradient checkpointing and "
-            "logprob_chunk_size 256: peak 4.48 -> 3.48 GiB (bench/memory.py). The price is page faults on every new large tensor: "
-            "on the embedded model's short steps LoRA ran at the same speed, full fine-tuning "
-            "about 1.1-1.3x slower. Process-wide; left alone when MALLOC_MMAP_THRESHOLD_ is set."
+            "logprob_chunk_size 256: peak 4.48 -> 3.48 GiB (bench/memory.py). The price is page "
+            "faults on every new large tensor: on the embedded model's short steps LoRA ran at "
+            "the same speed, full fine-tuning, which allocates its gradients afresh each step, "
+            "1.16-1.28x slower (two runs). Process-wide; left alone when MALLOC_MMAP_THRESHOLD_ is set."
         ),
     )
     chat_template: str | None = Field(
