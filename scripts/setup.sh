@@ -79,10 +79,11 @@ install_browser() {
   fi
 }
 
-# The static decoder's fused CPU kernels (grpokit/rollout/fused.py), compiled for this CPU and
-# torch into grpokit's cache. Without a compiler the rollout decodes with eager ops instead.
+# grpokit's C++ kernels (grpokit/native.py: the decoder's step, the loss's log-softmax),
+# compiled for this CPU and torch into grpokit's cache. Without a compiler torch operations are
+# used instead.
 build_kernels() {
-  "$VENV/bin/python" -c "from grpokit.rollout.fused import main; raise SystemExit(main())" || true
+  "$VENV/bin/python" -c "from grpokit.native import main; raise SystemExit(main())" || true
 }
 
 setup_demo() {

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit.rollout import fused
+from grpokit import native
+from grpokit.native import build
 from grpokit.rollout.decoders import blocked_bt
-from grpokit.rollout.fused import build, decode_kernels
+from grpokit.rollout.fused import decode_kernels
 
 BF16_ULP = 2.0**-7
 """The largest spacing of bfloat16 numbers relative to their value (8 significant bits): two
@@ -200,9 +201,9 @@ def test_lora_add(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyp
 
 
 def test_build_is_cached(tmp_path: Path) -> None:
-    first = build(tmp_path)
+    first = build("decode", tmp_path)
     stamp = first.stat().st_mtime_ns
-    assert build(tmp_path) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
+    assert build("decode", tmp_path) == first and first.stat().st_mtime_ns == stamp  # not rebuilt
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary left
 
 
@@ -211,14 +212,14 @@ def test_a_failed_build_says_why(
 ) -> None:
     monkeypatch.setenv("CXX", "false")  # a compiler that fails
     with pytest.raises(RuntimeError, match="false failed"):
-        build(tmp_path)
+        build("decode", tmp_path)
     assert list(tmp_path.iterdir()) == []
     # the set-up's entry point says so and exits 1 instead of failing the set-up
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path))
-    assert fused.main() == 1
-    assert "fused decode kernels not built" in capsys.readouterr().out
+    assert native.main() == 1
+    assert "decode kernels not built" in capsys.readouterr().out
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    assert fused.main() == 1
+    assert native.main() == 1
 
 
 def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
