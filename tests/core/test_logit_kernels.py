@@ -95,6 +95,24 @@ def test_forward_backward_and_entropy_against_float64(
     assert (error <= bound).all(), (error / bound).max()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_gradient_written_over_the_logits_is_the_same_gradient(
+    path: str, dtype: torch.dtype
+) -> None:
+    gen = torch.Generator().manual_seed(5)
+    hidden = torch.randn(6, 8, generator=gen).requires_grad_(True)
+    weight = torch.randn(70, 8, generator=gen).to(dtype)
+    ids = torch.randint(0, 70, (6,), generator=gen)
+    ids[1] = ids[0]  # a repeated id
+    grads = []
+    for overwrite in (False, True):
+        logits = hidden.to(dtype) @ weight.T  # the logits are this computation's own
+        logp = selective_log_softmax(logits, ids, chunk_size=4, overwrite_logits=overwrite)
+        (grad,) = torch.autograd.grad(logp.sum(), hidden)
+        grads.append(grad)
+    assert torch.equal(grads[0], grads[1])
+
+
 def test_rows_of_one_value_and_all_masked(path: str) -> None:
     logits = torch.tensor([[0.0, -math.inf, -math.inf], [-math.inf] * 3, [2.0, 2.0, 2.0]])
     ids = torch.tensor([0, 1, 2])

@@ -83,7 +83,11 @@ def _check_chunk_size(chunk_size: int) -> None:
 
 
 def selective_log_softmax(
-    logits: Tensor, token_ids: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+    logits: Tensor,
+    token_ids: Tensor,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    overwrite_logits: bool = False,
 ) -> Tensor:
     """log softmax(logits)[token_ids] without materialising the whole log-softmax.
 
@@ -91,6 +95,9 @@ def selective_log_softmax(
     leading shape. Returns (B, T) in float32 (float64 for float64 logits), differentiable with
     respect to ``logits``. Equal to ``logits.log_softmax(-1).gather(-1, ids[..., None])[..., 0]``.
     ``chunk_size`` is the number of positions of one sequence processed at once.
+    ``overwrite_logits``: the backward pass writes the gradient over ``logits``, for a caller
+    whose logits serve nothing else (one logits-sized tensor fewer, and no fresh allocation of
+    it, in the backward pass).
     """
     _check_chunk_size(chunk_size)
     if logits.ndim < 1 or tuple(token_ids.shape) != tuple(logits.shape[:-1]):
@@ -100,7 +107,7 @@ def selective_log_softmax(
         )
     if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
         raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    result: Tensor = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_size)  # type: ignore[no-untyped-call]
+    result: Tensor = _SelectiveLogSoftmax.apply(logits, token_ids, chunk_size, overwrite_logits)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -108,7 +115,9 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
     """log softmax(logits)[ids] in chunks; backward: g * (onehot(ids) - softmax(logits))."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, token_ids: Tensor, chunk_size: int) -> Tensor:
+    def forward(
+        ctx: Any, logits: Tensor, token_ids: Tensor, chunk_size: int, overwrite: bool
+    ) -> Tensor:
         dtype = _result_dtype(logits)
         ids = token_ids.to(torch.long)
         lse = torch.empty(token_ids.shape, dtype=dtype, device=logits.device)
@@ -124,14 +133,20 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 seq_lse[start:end] = torch.logsumexp(chunk, dim=-1)
                 seq_chosen[start:end] = chunk.gather(-1, seq_ids[start:end, None]).squeeze(-1)
         ctx.save_for_backward(logits, ids, lse)
-        ctx.chunk_size = chunk_size
+        ctx.chunk_size, ctx.overwrite = chunk_size, overwrite
         return chosen - lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
         logits, ids, lse = ctx.saved_tensors
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        # Overwritten row block by row block: each block of the gradient is computed from the
+        # same block of logits before it is written.
+        grad = (
+            logits
+            if ctx.overwrite
+            else torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        )
         grad_out = grad_out.to(lse.dtype)
         for seq, seq_ids, seq_lse, seq_g, seq_grad in _aligned(logits, ids, lse, grad_out, grad):
             kernels = _native(seq)
@@ -144,7 +159,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
                 block = -g * torch.exp(seq[start:end].to(lse.dtype) - seq_lse[start:end, None])
                 block.scatter_add_(-1, seq_ids[start:end, None], g)
                 seq_grad[start:end] = block
-        return grad, None, None
+        return grad, None, None, None
 
 
 def _aligned(logits: Tensor, *per_position: Tensor) -> list[tuple[Tensor, ...]]:
@@ -241,7 +256,8 @@ def head_logprobs(
             logits = logits.to(_result_dtype(logits)) / temperature
         # In their own smaller steps: a (chunk_size, V) temporary per operation of theirs would
         # double or triple the chunk's memory. The entropy makes four temporaries a step.
-        logp = selective_log_softmax(logits, chunk_ids)
+        # The logits are this function's own (the checkpoint recomputes them for its backward).
+        logp = selective_log_softmax(logits, chunk_ids, overwrite_logits=True)
         # The backward pass runs this again; the entropy is wanted once.
         if with_entropy and not entropy_out:
             entropy_out.append(entropy_from_logits(logits.detach(), chunk_size=_ENTROPY_ROWS))

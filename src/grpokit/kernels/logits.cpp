@@ -233,10 +233,12 @@ void gradient_kernel(const T* logits, int64_t rows, int64_t n, int64_t stride, c
     for (int64_t r = begin; r < end; ++r) {
       const T* x = logits + r * stride;
       T* o = out + r * out_stride;
-      row_gradient(x, n, lse[r], grad[r], o);
-      // the chosen token's term: g * (1 - p), summed in the order torch's scatter_add_ sums it
+      // the chosen token's term: g * (1 - p), summed in the order torch's scatter_add_ sums it;
+      // its logit read first, as out may be the logits themselves
       const int64_t id = ids[r];
-      o[id] = from_float<T>(-grad[r] * exp1(to_float(x[id]) - lse[r]) + grad[r]);
+      const float chosen = to_float(x[id]);
+      row_gradient(x, n, lse[r], grad[r], o);
+      o[id] = from_float<T>(-grad[r] * exp1(chosen - lse[r]) + grad[r]);
     }
   });
 }
@@ -282,7 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> softmax_stats(
 }
 
 // out (rows, V), the logits' dtype, rows contiguous: out = grad * (onehot(ids) - softmax(logits)),
-// given lse, the rows' log-sum-exp (float32), and grad (rows,) float32.
+// given lse, the rows' log-sum-exp (float32), and grad (rows,) float32. out may be logits.
 void softmax_gradient(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& lse,
                       const at::Tensor& grad, at::Tensor out) {
   check_logits(logits);
