@@ -121,3 +121,13 @@ def test_scaling_benchmark_compares_padded_and_packed() -> None:
         "L 16: packed / padded-plain seconds",
     }
     assert all(v > 0 for v in ratios.values())
+
+
+def test_log_softmax_benchmark_against_torch_and_trl() -> None:
+    ratios = _run("logsoftmax.py")
+    assert set(ratios) == {
+        f"{measure}: grpokit / {peer}"
+        for measure in ("log-probs", "entropy", "forward + backward")
+        for peer in ("TRL", "its torch operations")
+    }
+    assert all(v > 0 for v in ratios.values())
