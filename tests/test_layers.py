@@ -1,7 +1,7 @@
 """Imports flow one way, each package importing only from packages on lower floors:
-core, errors, files, progress <- model_files <- models, data, rewards, monitor <- rollout,
-trl_fields <- config
-<- sampling, config_docs <- train, evaluate, preflight, recipes <- the commands (FLOORS below).
+errors, files, progress <- native <- core <- model_files <- models, data, rewards, monitor
+<- rollout, trl_fields <- config <- sampling, config_docs <- train, evaluate, preflight,
+recipes <- the commands (FLOORS below).
 Parsed from the source, imports inside functions included, so a lazy import cannot hide a layer
 violation."""
 
@@ -18,7 +18,9 @@ SRC = Path(grpokit.__file__).parent
 # or above. The command modules (cli.py, *_cli.py, cli_options.py, demo.py, __main__) form the
 # top floor whatever package they live in; they may use each other, nothing below may use them.
 FLOORS: list[tuple[str, ...]] = [
-    ("core", "errors", "files", "progress"),
+    ("errors", "files", "progress"),
+    ("native",),
+    ("core",),
     ("model_files",),
     ("models", "data", "rewards", "monitor"),
     ("rollout", "trl_fields"),

@@ -176,16 +176,17 @@ def test_wheel_installs_alone_and_its_command_runs(wheel_env: WheelEnv, tmp_path
     where = wheel_env.run(
         "python",
         "-c",
-        "import json, grpokit, grpokit.recipes as r, grpokit.rollout.fused as f; "
-        "print(json.dumps([grpokit.__file__, str(r.RECIPES_DIR), str(f.SOURCE)]))",
+        "import json, grpokit, grpokit.recipes as r, grpokit.native as n; "
+        "print(json.dumps([grpokit.__file__, str(r.RECIPES_DIR), str(n.KERNELS)]))",
         cwd=tmp_path,
     )
     assert where.returncode == 0, where.stderr
     module, recipes, kernels = map(Path, json.loads(where.stdout))
     assert module.is_relative_to(wheel_env.venv) and recipes.is_relative_to(wheel_env.venv)
     assert not module.is_relative_to(REPO)
-    # the fused decode kernels' source ships too: they are compiled on the user's machine
-    assert kernels.is_relative_to(wheel_env.venv) and kernels.is_file()
+    # the C++ kernels' sources ship too: they are compiled on the user's machine
+    assert kernels.is_relative_to(wheel_env.venv)
+    assert {p.name for p in kernels.iterdir()} >= {"common.h", "decode.cpp", "logits.cpp"}
 
     # Every runtime dependency the wheel declares is met by what the environment holds (pip
     # check speaks of every installed package; only grpokit's lines matter here).

@@ -1,5 +1,5 @@
 """Writing files so that a crash never leaves half of one: a temporary file beside the target,
-then a rename (atomic on one file system)."""
+then a rename (atomic on one file system); and where grpokit keeps its cache."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+
+def cache_root() -> Path:
+    """The grpokit cache directory (converted models, compiled kernels): ``$GRPOKIT_CACHE`` or
+    ``~/.cache/grpokit``."""
+    env = os.environ.get("GRPOKIT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "grpokit"
 
 
 def write_atomic(path: Path, data: str | bytes) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from grpokit.model_files.embedded import cache_root
+from grpokit.files import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from grpokit.errors import UserError
+from grpokit.files import cache_root
 from grpokit.model_files import embedded
 from grpokit.model_files.embedded import (
     EMBEDDED_MODEL,
     MARKER_FILE,
-    cache_root,
     embedded_model_dir,
     find_embedded_gguf,
     source_gguf,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.errors import UserError
+from grpokit.files import cache_root
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """The name under which configs refer to the embedded default model."""
@@ -34,12 +35,6 @@ is what a GGUF export needs to carry the original metadata over)."""
 
 # Bumped when the conversion changes, so an older cached directory is rebuilt instead of used.
 CONVERSION_FORMAT = 1
-
-
-def cache_root() -> Path:
-    """The grpokit cache directory: ``$GRPOKIT_CACHE`` or ``~/.cache/grpokit``."""
-    env = os.environ.get("GRPOKIT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "grpokit"
 
 
 def find_embedded_gguf() -> Path:
