@@ -69,26 +69,35 @@ inline float rounded(float x) {
   return to_float(from_float<T>(x));
 }
 
+// The constants of fast_exp (below), shared with its 16-lane version in logits.cpp.
+namespace exp_constants {
+constexpr float lo = -87.33654f, hi = 88.37626f;
+// n = round(x / ln2), by the float adder's own rounding (1.5 * 2^23 leaves no fraction bits):
+// floorf does not vectorise in loops that also hold 16-bit data.
+constexpr float round_shift = 12582912.f;
+constexpr float log2e = 1.44269504088896341f;
+constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+constexpr float p0 = 1.9875691500e-4f, p1 = 1.3981999507e-3f, p2 = 8.3334519073e-3f,
+                p3 = 4.1665795894e-2f, p4 = 1.6666665459e-1f, p5 = 5.0000001201e-1f;
+}  // namespace exp_constants
+
 // exp(x) for float, branch-free so that loops over it vectorise (std::exp does not without
 // -ffast-math): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for exactness), exp(r) by
 // Cephes' degree-6 polynomial (about 1 ulp), 2^n by building the exponent bits. Below the
 // smallest normal result it returns 0 (a -inf attention bias gives exactly 0), above the
 // largest finite one +inf.
 inline float fast_exp(float x) {
-  constexpr float lo = -87.33654f, hi = 88.37626f;
+  using namespace exp_constants;
   const float xc = std::min(std::max(x, lo), hi);
-  // n = round(x / ln2), by the float adder's own rounding (1.5 * 2^23 leaves no fraction bits):
-  // floorf does not vectorise in loops that also hold 16-bit data.
-  constexpr float round_shift = 12582912.f;
-  const float n = (xc * 1.44269504088896341f + round_shift) - round_shift;
-  float r = xc - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  const float n = (xc * log2e + round_shift) - round_shift;
+  float r = xc - n * ln2_hi;
+  r = r - n * ln2_lo;
+  float p = p0;
+  p = p * r + p1;
+  p = p * r + p2;
+  p = p * r + p3;
+  p = p * r + p4;
+  p = p * r + p5;
   p = p * r * r + r + 1.f;
   float y = p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
   y = x < lo ? 0.f : y;

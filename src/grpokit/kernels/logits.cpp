@@ -26,7 +26,6 @@ struct RowStats {
 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define GRPOKIT_LOGITS_AVX512 1
 
 // The first `count` (< 16) values widened to float32, the other lanes -inf.
 inline __m512 load_tail(const float* p, int64_t count) {
@@ -42,19 +41,19 @@ inline __m512 load_tail(const uint16_t* p, int64_t count) {
 
 // fast_exp (common.h) on 16 lanes, the same steps; a NaN stays NaN.
 inline __m512 exp16(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.33654f), hi = _mm512_set1_ps(88.37626f);
+  namespace c = exp_constants;
+  const __m512 lo = _mm512_set1_ps(c::lo), hi = _mm512_set1_ps(c::hi);
   const __m512 xc = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-  const __m512 shift = _mm512_set1_ps(12582912.f);
-  const __m512 n =
-      _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(1.44269504088896341f), shift), shift);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 shift = _mm512_set1_ps(c::round_shift);
+  const __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(xc, _mm512_set1_ps(c::log2e), shift), shift);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c::ln2_hi), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(c::ln2_lo), r);
+  __m512 p = _mm512_set1_ps(c::p0);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c::p1));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c::p2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c::p3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c::p4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c::p5));
   p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.f));
   const __m512i e = _mm512_slli_epi32(
       _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
