@@ -104,12 +104,21 @@ def test_gradient_written_over_the_logits_is_the_same_gradient(
     weight = torch.randn(70, 8, generator=gen).to(dtype)
     ids = torch.randint(0, 70, (6,), generator=gen)
     ids[1] = ids[0]  # a repeated id
-    grads = []
+    grads, kept = [], []
     for overwrite in (False, True):
         logits = hidden.to(dtype) @ weight.T  # the logits are this computation's own
+        kept.append(logits.detach().clone())
         logp = selective_log_softmax(logits, ids, chunk_size=4, overwrite_logits=overwrite)
         (grad,) = torch.autograd.grad(logp.sum(), hidden)
         grads.append(grad)
+        after = logits.detach()
+        if overwrite:
+            # the storage now holds d(sum logp)/d(logits) = onehot(ids) - softmax, to the rounding
+            want = -torch.softmax(kept[-1].double(), dim=-1)
+            want.scatter_add_(-1, ids[:, None], torch.ones(6, 1, dtype=torch.float64))
+            assert (after.double() - want).abs().max() <= HALF_ULP[dtype] + 2 * SUM_ERROR
+        else:
+            assert torch.equal(after, kept[-1])  # left as it was
     assert torch.equal(grads[0], grads[1])
 
 
