@@ -123,6 +123,33 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # "VmHWM:  123456 kB"
+    raise OSError(f"no {field} in /proc/self/status")
+
+
+def reset_peak_rss_mib() -> float:
+    """Set this process's peak resident memory back to its current one and return it, so that
+    :func:`peak_rss_since_reset_mib` then measures what follows alone: a peak reached while
+    loading would otherwise hide a smaller one after it. Linux only (``/proc/self/clear_refs``);
+    elsewhere the peak so far."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_mib("VmHWM")
+    except OSError:
+        return peak_rss_mib()
+
+
+def peak_rss_since_reset_mib() -> float:
+    """Peak resident memory since :func:`reset_peak_rss_mib` (the peak so far without it)."""
+    try:
+        return _status_mib("VmHWM")
+    except OSError:
+        return peak_rss_mib()
+
+
 def peak_gpu_mib() -> float | None:
     """Peak GPU memory allocated by this process's tensors so far (None without CUDA)."""
     import torch

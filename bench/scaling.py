@@ -68,9 +68,10 @@ from _common import (  # noqa: E402
     median,
     model_path,
     paired_ratios,
-    peak_rss_mib,
+    peak_rss_since_reset_mib,
     print_paired,
     print_ratios,
+    reset_peak_rss_mib,
     run_child,
     spread,
     verdict,
@@ -195,7 +196,9 @@ def memory(args: argparse.Namespace) -> None:
     from grpokit.models.tiny import make_tiny_model_dir
 
     if args.smoke:
-        args.vocab, args.lengths, args.rows, args.chunk_sizes = 4096, [16], 2, [0, 8]
+        # logits of 8 MiB, so that the unchunked point's peak stands out of what the process
+        # already holds (at 0.5 MiB it could stay within it: a ratio over 0)
+        args.vocab, args.lengths, args.rows, args.chunk_sizes = 8192, [64], 4, [0, 16]
     args.lengths = args.lengths or [256, 1024]
     work = Path(tempfile.mkdtemp(prefix="grpokit-bench-vocab-"))
     path = make_tiny_model_dir(
@@ -432,14 +435,14 @@ def memory_child(args: argparse.Namespace) -> None:
         torch.randint(3, args.vocab, (length,), generator=gen).tolist() for _ in range(args.rows)
     ]
     batch = pack([prompt] * args.rows, completions, pad_token_id=2)
-    before = peak_rss_mib()
+    before = reset_peak_rss_mib()
     t0 = time.perf_counter()
     logp, _ = completion_logprobs(
         model, batch, temperature=0.7, with_entropy=True, logprob_chunk_size=chunk
     )
     (logp * batch.completion_mask).sum().backward()
     seconds = time.perf_counter() - t0
-    emit_result({"before_mib": before, "peak_mib": peak_rss_mib(), "seconds": seconds})
+    emit_result({"before_mib": before, "peak_mib": peak_rss_since_reset_mib(), "seconds": seconds})
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def test_scaling_benchmark_prints_its_ratios() -> None:
 
 def test_scaling_benchmark_measures_log_prob_memory() -> None:
     ratios = _run("scaling.py", "--memory")
-    assert set(ratios) == {"L 16: chunk 8 / all at once, memory above the model"}
+    assert set(ratios) == {"L 64: chunk 16 / all at once, memory above the model"}
     assert all(v > 0 for v in ratios.values())
 
 
