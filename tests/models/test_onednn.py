@@ -15,6 +15,7 @@ from grpokit.models.onednn import (
     PackedLinear,
     onednn_available,
     onednn_linear,
+    onednn_training_pays,
     use_onednn_linears,
 )
 
@@ -78,7 +79,7 @@ def test_model_keeps_its_state_and_function(tiny_model_dir: Path) -> None:
     state = {k: v.clone() for k, v in model.state_dict().items()}
     n_linear = sum(type(m) is torch.nn.Linear for m in model.modules())
     assert use_onednn_linears(model, "torch") == 0
-    assert use_onednn_linears(model) == n_linear > 0
+    assert use_onednn_linears(model, "onednn") == n_linear > 0
     assert all(isinstance(m, torch.nn.Linear) for m in model.modules() if type(m) is OneDNNLinear)
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
@@ -97,11 +98,31 @@ def test_model_keeps_its_state_and_function(tiny_model_dir: Path) -> None:
     torch.testing.assert_close(twin(input_ids=ids).logits, model(input_ids=ids).logits)
 
 
+@pytest.mark.parametrize("capability", ["AVX2", "AVX512"])
+def test_auto_takes_it_for_training_only_on_cpus_with_avx512(
+    monkeypatch: pytest.MonkeyPatch, capability: str
+) -> None:
+    # (the CPU's instruction set is outside what is tested: the rule that reads it is not)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert onednn_training_pays() == (capability == "AVX512")
+
+    def layers() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+    assert use_onednn_linears(layers()) == (2 if capability == "AVX512" else 0)
+    assert use_onednn_linears(layers(), "onednn") == 2  # asked for by name: everywhere
+
+
 def test_load_policy_uses_it_under_lora_and_full_fine_tuning(tiny_model_dir: Path) -> None:
-    lora = load_policy(str(tiny_model_dir), lora=LoraSettings(r=4, alpha=8.0), need_reference=False)
+    lora = load_policy(
+        str(tiny_model_dir),
+        lora=LoraSettings(r=4, alpha=8.0),
+        need_reference=False,
+        cpu_matmul="onednn",
+    )
     names = {n for n, m in lora.model.named_modules() if type(m) is OneDNNLinear}
     assert any("lora_A" in n for n in names) and any("base_layer" in n for n in names)
-    full = load_policy(str(tiny_model_dir), need_reference=True)
+    full = load_policy(str(tiny_model_dir), need_reference=True, cpu_matmul="onednn")
     assert full.reference is not None
     assert any(type(m) is OneDNNLinear for m in full.reference.modules())
     kept = load_policy(str(tiny_model_dir), need_reference=False, cpu_matmul="torch")

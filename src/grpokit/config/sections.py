@@ -77,8 +77,9 @@ class ModelConfig(_Strict):
             "Library for float32 linear layers on CPU: 'onednn' runs them (forward, backward, "
             "and decoding with prepacked weights) through oneDNN, several times faster than "
             "PyTorch's default MKL path on some CPUs (bench/rollout.py, bench/train_step.py "
-            "measure it); 'auto' uses it when the PyTorch build has oneDNN; 'torch' keeps "
-            "PyTorch's default. No effect on GPU or in 16-bit dtypes."
+            "measure it); 'auto' uses it where the PyTorch build has oneDNN, for the training "
+            "products only on CPUs with AVX-512 (on AVX2-only CPUs MKL's were faster); 'torch' "
+            "keeps PyTorch's default. No effect on GPU or in 16-bit dtypes."
         ),
     )
     return_freed_memory: bool = Field(

@@ -2,11 +2,17 @@
 bfloat16 compute on CPUs that have it.
 
 PyTorch's CPU build runs ``nn.Linear`` (and its backward) through MKL's sgemm. On CPUs where MKL
-does not pick its fastest code path (it did not on this project's AMD EPYC development machine),
-oneDNN, which ships inside the same PyTorch build and chooses its kernels by the instruction set
-alone, is much faster for the same float32 product (about twice, at SmolLM2-135M's shapes there;
-bench/rollout.py and bench/train_step.py measure it against the stock path). Results agree with
-MKL's to float32 rounding (accumulation order differs).
+does not pick its fastest code path (it did not on this project's AMD EPYC development machine
+with AVX-512), oneDNN, which ships inside the same PyTorch build and chooses its kernels by the
+instruction set alone, is much faster for the same float32 product (about twice, at
+SmolLM2-135M's shapes there; bench/rollout.py and bench/train_step.py measure it against the stock
+path). On a CPU with AVX2 and no AVX-512 (an AMD EPYC of the Zen 3 generation) it was the other
+way round for training: MKL's AVX2 products made a LoRA update of the embedded model 0.76x as long
+as oneDNN's (2.04 against 2.70 s, the same steps paired), full fine-tuning 0.88-0.91x; decoding's
+few rows still go faster through oneDNN's prepacked weights there (a 49k x 576 output layer at 4
+rows: 10.4 against 20.6 ms). So ``cpu_matmul: auto`` takes oneDNN for training products only
+where the CPU has AVX-512 (:func:`onednn_training_pays`), and prepacks for decoding everywhere.
+Results agree with MKL's to float32 rounding (accumulation order differs).
 
 Two ways in:
 
@@ -47,6 +53,12 @@ def onednn_available() -> bool:
         return False
     ops = torch.ops.mkldnn
     return hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")
+
+
+def onednn_training_pays() -> bool:
+    """Whether ``cpu_matmul: auto`` computes training and evaluation products through oneDNN
+    here: on CPUs with AVX-512, not on those with AVX2 at most (see the module's docstring)."""
+    return bool(torch.backends.cpu.get_cpu_capability() == "AVX512")
 
 
 def cpu_bf16_native() -> bool:
@@ -286,13 +298,13 @@ def use_onednn_linears(model: torch.nn.Module, mode: CpuMatmul = "auto") -> int:
     ``isinstance(m, nn.Linear)`` are unchanged.
 
     Args:
-        mode: "auto" (when this build has oneDNN), "onednn" (raise if it has not), "torch"
-            (change nothing).
+        mode: "auto" (when this build has oneDNN and :func:`onednn_training_pays`), "onednn"
+            (raise if the build has no oneDNN), "torch" (change nothing).
 
     Returns:
         How many layers now use oneDNN.
     """
-    if mode == "torch":
+    if mode == "torch" or (mode == "auto" and not onednn_training_pays()):
         return 0
     if not onednn_available():
         if mode == "onednn":
