@@ -162,12 +162,16 @@ def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 @pytest.mark.slow
-def test_the_plain_loops_for_cpus_without_avx512(tmp_path: Path) -> None:
-    """The kernels' other code path, built without AVX-512 and compared in a fresh process (two
-    builds of one operator library cannot load into one process)."""
+@pytest.mark.parametrize(
+    "flags", [["-mno-avx512f"], ["-mno-avx512f", "-mno-avx2"]], ids=["avx2", "plain-loops"]
+)
+def test_the_code_paths_for_cpus_without_avx512(tmp_path: Path, flags: list[str]) -> None:
+    """The kernels' other code paths (AVX2 intrinsics where the CPU has AVX2, else plain loops),
+    built without AVX-512 and compared in a fresh process (two builds of one operator library
+    cannot load into one process). 1,003 values a row: whole 32- and 8-lane steps and a tail."""
     from grpokit import native
 
-    library = native.build("logits", tmp_path, extra_flags=["-mno-avx512f"])
+    library = native.build("logits", tmp_path, extra_flags=flags)
     script = textwrap.dedent(
         f"""
         import math, torch
@@ -175,10 +179,10 @@ def test_the_plain_loops_for_cpus_without_avx512(tmp_path: Path) -> None:
         ops = torch.ops.grpokit_logits
         gen = torch.Generator().manual_seed(0)
         for dtype in (torch.float32, torch.bfloat16):
-            x = (4 * torch.randn(6, 1000, generator=gen, dtype=torch.float64))
+            x = (4 * torch.randn(6, 1003, generator=gen, dtype=torch.float64))
             x[0, :500] = -math.inf
             x = x.to(dtype)
-            ids = torch.randint(500, 1000, (6,), generator=gen)
+            ids = torch.randint(500, 1003, (6,), generator=gen)
             lse, chosen, entropy = ops.softmax_stats(x, ids, True)
             d = x.double()
             logp = d.log_softmax(-1)

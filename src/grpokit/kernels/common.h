@@ -16,7 +16,7 @@
 #include <optional>
 #include <vector>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 

@@ -153,7 +153,133 @@ void row_gradient(const T* x, int64_t n, float lse, float g, T* out) {
 
 inline float exp1(float x) { return _mm512_cvtss_f32(exp16(_mm512_set1_ps(x))); }
 
-#else  // the same in plain loops, for CPUs without AVX-512
+#elif defined(__AVX2__) && defined(__FMA__)  // 8 lanes: CPUs with AVX2 and no AVX-512
+
+// Written out for the same reason as the AVX-512 path: gcc vectorised the plain loops below, yet
+// they ran at 3.6 ns a value on an AVX2 AMD EPYC (Zen 3), no faster than torch's operations.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// fast_exp (common.h) on 8 lanes, the same steps; a NaN stays NaN.
+inline __m256 exp8(__m256 x) {
+  namespace c = exp_constants;
+  const __m256 lo = _mm256_set1_ps(c::lo), hi = _mm256_set1_ps(c::hi);
+  const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  const __m256 shift = _mm256_set1_ps(c::round_shift);
+  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(c::log2e), shift), shift);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(c::ln2_hi), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(c::ln2_lo), r);
+  __m256 p = _mm256_set1_ps(c::p0);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c::p1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c::p2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c::p3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c::p4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c::p5));
+  p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(std::numeric_limits<float>::infinity()),
+                       _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+inline float reduce_max(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float m = lanes[0];
+  for (int i = 1; i < 8; ++i) m = std::max(m, lanes[i]);
+  return m;
+}
+inline float reduce_add(__m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i) s += lanes[i];
+  return s;
+}
+
+// The row's maximum; NaNs are passed over (the sums below carry them).
+template <typename T>
+float row_max(const T* x, int64_t n) {
+  __m256 m0 = _mm256_set1_ps(NEG_INF), m1 = m0, m2 = m0, m3 = m0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    // _mm256_max_ps returns its second operand where either is NaN: the running maximum.
+    m0 = _mm256_max_ps(load8(x + i), m0);
+    m1 = _mm256_max_ps(load8(x + i + 8), m1);
+    m2 = _mm256_max_ps(load8(x + i + 16), m2);
+    m3 = _mm256_max_ps(load8(x + i + 24), m3);
+  }
+  for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(load8(x + i), m0);
+  float m = reduce_max(_mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3)));
+  for (; i < n; ++i) m = std::max(to_float(x[i]), m);
+  return m;
+}
+
+// sum exp(x - top) and, with Entropy, sum exp(x - top) * x over the -inf-free values.
+template <typename T, bool Entropy>
+void row_sums(const T* x, int64_t n, float top, double& sum, double& weighted) {
+  const __m256 t = _mm256_set1_ps(top), neg_inf = _mm256_set1_ps(NEG_INF);
+  auto add = [&](__m256 v, __m256& s, __m256& w) {
+    const __m256 e = exp8(_mm256_sub_ps(v, t));
+    s = _mm256_add_ps(s, e);
+    if constexpr (Entropy) {
+      // e * x is 0 * -inf = NaN at a -inf logit, whose term is 0 (a NaN logit keeps its NaN)
+      const __m256 keep = _mm256_cmp_ps(v, neg_inf, _CMP_NEQ_UQ);
+      w = _mm256_add_ps(w, _mm256_and_ps(keep, _mm256_mul_ps(e, v)));
+    }
+  };
+  for (int64_t b = 0; b < n; b += BLOCK) {
+    const int64_t end = std::min(n, b + BLOCK);
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    __m256 w0 = s0, w1 = s0, w2 = s0, w3 = s0;
+    int64_t i = b;
+    for (; i + 32 <= end; i += 32) {
+      add(load8(x + i), s0, w0);
+      add(load8(x + i + 8), s1, w1);
+      add(load8(x + i + 16), s2, w2);
+      add(load8(x + i + 24), s3, w3);
+    }
+    for (; i + 8 <= end; i += 8) add(load8(x + i), s0, w0);
+    float s = reduce_add(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    float w = reduce_add(_mm256_add_ps(_mm256_add_ps(w0, w1), _mm256_add_ps(w2, w3)));
+    for (; i < end; ++i) {
+      const float v = to_float(x[i]);
+      const float e = fast_exp(v - top);
+      s += e;
+      if constexpr (Entropy) w += v == NEG_INF ? 0.f : e * v;
+    }
+    sum += s;
+    if constexpr (Entropy) weighted += w;
+  }
+}
+
+inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+inline void store8(uint16_t* p, __m256 v) {
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  for (int i = 0; i < 8; ++i) p[i] = from_float<uint16_t>(lanes[i]);
+}
+
+// out = -g * exp(x - lse), in T.
+template <typename T>
+void row_gradient(const T* x, int64_t n, float lse, float g, T* out) {
+  const __m256 l = _mm256_set1_ps(lse), neg_g = _mm256_set1_ps(-g);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    store8(out + i, _mm256_mul_ps(neg_g, exp8(_mm256_sub_ps(load8(x + i), l))));
+  }
+  for (; i < n; ++i) out[i] = from_float<T>(-g * fast_exp(to_float(x[i]) - lse));
+}
+
+inline float exp1(float x) { return fast_exp(x); }
+
+#else  // the same in plain loops, for CPUs without AVX2 or AVX-512
 
 template <typename T>
 float row_max(const T* x, int64_t n) {
