@@ -8,9 +8,9 @@ instruction set alone, is much faster for the same float32 product (about twice,
 SmolLM2-135M's shapes there; bench/rollout.py and bench/train_step.py measure it against the stock
 path). On a CPU with AVX2 and no AVX-512 (an AMD EPYC of the Zen 3 generation) it was the other
 way round for training: MKL's AVX2 products made a LoRA update of the embedded model 0.76x as long
-as oneDNN's (2.04 against 2.70 s, the same steps paired), full fine-tuning 0.88-0.91x; decoding's
-few rows still go faster through oneDNN's prepacked weights there (a 49k x 576 output layer at 4
-rows: 10.4 against 20.6 ms). So ``cpu_matmul: auto`` takes oneDNN for training products only
+as oneDNN's (2.04 against 2.70 s at 26 tokens a completion: the same prompts, one run of each;
+full fine-tuning 0.88-0.91x); decoding's few rows still go faster through oneDNN's prepacked
+weights there (a 49k x 576 output layer at 4 rows: 10.4 against 20.6 ms). So ``cpu_matmul: auto`` takes oneDNN for training products only
 where the CPU has AVX-512 (:func:`onednn_training_pays`), and prepacks for decoding everywhere.
 Results agree with MKL's to float32 rounding (accumulation order differs).
 
