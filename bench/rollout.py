@@ -18,7 +18,8 @@ transformers or TRL user gets.
 vLLM, where it is installed (a CUDA build, or the CPU build: ``scripts/setup.sh vllm``, then run
 this with ``.venv-vllm/bin/python``), is a peer: its engine colocated as ``use_vllm: true`` runs
 it, in the dtype grpokit computes in ("vllm") and in float32 ("vllm-fp32"), on the same prompts
-and settings (vLLM draws its own random numbers). ``--no-vllm`` leaves it out.
+and settings (vLLM draws its own random numbers); where grpokit computes in float32 (no native
+bfloat16), vLLM also runs in bfloat16 ("vllm-bf16"), a choice its users have there. ``--no-vllm`` leaves it out.
 
 Every repeat runs every method once on the same prompts and seed, one after the other; a ratio is
 the median of the repeats' paired ratios (repeat k against repeat k), printed with its spread.
@@ -171,8 +172,8 @@ def main() -> None:
         nargs="+",
         metavar="METHOD",
         help="run only these besides grpokit, which always runs (grpokit-fp32, grpokit-eager, "
-        "generate, floor, generate-onednn, floor-onednn, vllm, vllm-fp32); the ratios that need "
-        "the others are left out",
+        "generate, floor, generate-onednn, floor-onednn, vllm, vllm-fp32, vllm-bf16); the "
+        "ratios that need the others are left out",
     )
     args = ap.parse_args()
     if args.smoke:
@@ -207,7 +208,13 @@ def main() -> None:
     peers: dict[str, VLLMEngine] = {}
     if not args.no_vllm and vllm_available():
         longest = max(len(p) for p in chat_prompts(tokenizer, max(args.batch_sizes) // g))
-        dtypes = {"vllm": auto, "vllm-fp32": torch.float32} if bf16 else {"vllm": auto}
+        # Without native bfloat16 grpokit decodes in float32; vLLM's CPU build still runs
+        # bfloat16 there (its own kernels convert), which its users may pick: "vllm-bf16".
+        dtypes = (
+            {"vllm": auto, "vllm-fp32": torch.float32}
+            if bf16
+            else {"vllm": auto, "vllm-bf16": torch.bfloat16}
+        )
         for name, dtype in dtypes.items():
             try:
                 seconds, peers[name] = timed(
@@ -307,13 +314,17 @@ def main() -> None:
             if not isinstance(note, str):
                 note = verdict(median(ratios), note, at_least=True)
             pairs.append((f"batch {batch}: {label}", ratios, note))
-        for ours_name, peer_name in (("grpokit", "vllm"), ("grpokit-fp32", "vllm-fp32")):
+        for ours_name, peer_name, note in (
+            ("grpokit", "vllm", "the same dtype; above 1.0 grpokit's engine is the faster"),
+            ("grpokit-fp32", "vllm-fp32", "the same dtype; above 1.0 grpokit's is the faster"),
+            ("grpokit", "vllm-bf16", "grpokit in float32 against vLLM in bfloat16"),
+        ):
             if peer_name in rates and ours_name in rates:
                 pairs.append(
                     (
                         f"batch {batch}: {ours_name} / {peer_name} tokens per second",
                         paired_ratios(rates[ours_name], rates[peer_name]),
-                        "the same dtype; above 1.0 grpokit's engine is the faster",
+                        note,
                     )
                 )
     print_paired("rollout ratios", pairs)

@@ -56,6 +56,8 @@ def test_rollout_benchmark_prints_its_ratios() -> None:
         want.add("batch 8: grpokit / vllm tokens per second")
         if bf16:
             want.add("batch 8: grpokit-fp32 / vllm-fp32 tokens per second")
+        else:  # grpokit in float32, vLLM also in bfloat16
+            want.add("batch 8: grpokit / vllm-bf16 tokens per second")
     assert set(ratios) == want
     assert all(v > 0 for v in ratios.values())
 
