@@ -19,7 +19,8 @@ vLLM, where it is installed (a CUDA build, or the CPU build: ``scripts/setup.sh 
 this with ``.venv-vllm/bin/python``), is a peer: its engine colocated as ``use_vllm: true`` runs
 it, in the dtype grpokit computes in ("vllm") and in float32 ("vllm-fp32"), on the same prompts
 and settings (vLLM draws its own random numbers); where grpokit computes in float32 (no native
-bfloat16), vLLM also runs in bfloat16 ("vllm-bf16"), a choice its users have there. ``--no-vllm`` leaves it out.
+bfloat16), vLLM also runs in bfloat16 ("vllm-bf16"), a choice its users have there.
+``--no-vllm`` leaves it out.
 
 Every repeat runs every method once on the same prompts and seed, one after the other; a ratio is
 the median of the repeats' paired ratios (repeat k against repeat k), printed with its spread.

@@ -7,11 +7,12 @@ with AVX-512), oneDNN, which ships inside the same PyTorch build and chooses its
 instruction set alone, is much faster for the same float32 product (about twice, at
 SmolLM2-135M's shapes there; bench/rollout.py and bench/train_step.py measure it against the stock
 path). On a CPU with AVX2 and no AVX-512 (an AMD EPYC of the Zen 3 generation) it was the other
-way round for training: MKL's AVX2 products made a LoRA update of the embedded model 0.76x as long
-as oneDNN's (2.04 against 2.70 s at 26 tokens a completion: the same prompts, one run of each;
-full fine-tuning 0.88-0.91x); decoding's few rows still go faster through oneDNN's prepacked
-weights there (a 49k x 576 output layer at 4 rows: 10.4 against 20.6 ms). So ``cpu_matmul: auto`` takes oneDNN for training products only
-where the CPU has AVX-512 (:func:`onednn_training_pays`), and prepacks for decoding everywhere.
+way round for training: MKL's AVX2 products made a LoRA update of the embedded model 0.69x as long
+as oneDNN's (median of 7 paired updates on the same prompts, 0.64-0.78; full fine-tuning 0.91x,
+0.82-0.97); decoding's few rows still go faster through oneDNN's prepacked
+weights there (a 49k x 576 output layer at 4 rows: 10.4 against 20.6 ms). So
+``cpu_matmul: auto`` takes oneDNN for training products only where the CPU has AVX-512
+(:func:`onednn_training_pays`), and prepacks for decoding everywhere.
 Results agree with MKL's to float32 rounding (accumulation order differs).
 
 Two ways in:
@@ -58,7 +59,7 @@ def onednn_available() -> bool:
 def onednn_training_pays() -> bool:
     """Whether ``cpu_matmul: auto`` computes training and evaluation products through oneDNN
     here: on CPUs with AVX-512, not on those with AVX2 at most (see the module's docstring)."""
-    return bool(torch.backends.cpu.get_cpu_capability() == "AVX512")
+    return torch.backends.cpu.get_cpu_capability() == "AVX512"
 
 
 def cpu_bf16_native() -> bool:
