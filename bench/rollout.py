@@ -10,7 +10,10 @@ grpokit's engine runs as ``model.dtype: auto`` makes it run: on a CPU with nativ
 (AVX512-BF16 or AMX) it decodes with a bfloat16 copy of the weights ("grpokit"); "grpokit-fp32"
 is the same engine in float32, and their ratio is bfloat16's gain. It computes linear layers
 through oneDNN on CPU (grpokit.models.onednn), which on some CPUs is much faster than PyTorch's
-default MKL path. So that the engine's own gain and the library's can be told apart, ``generate``
+default MKL path, or, decoding float32 on a CPU with AVX2 and no AVX-512, through grpokit's own
+blocked product (grpokit.rollout.fused.BlockedLinear); there "grpokit-onednn" is the same engine
+with oneDNN's prepacked products (``cpu_matmul: onednn``), and the ratio is the blocked product's
+gain. So that the engine's own gain and the library's can be told apart, ``generate``
 and the floor are also run on a copy of the model whose linear layers use oneDNN
 ("generate-onednn", "floor-onednn"); the target is against the stock ``generate``, the one a
 transformers or TRL user gets.
@@ -64,6 +67,7 @@ from grpokit.models.onednn import (  # noqa: E402
     use_onednn_linears,
 )
 from grpokit.rollout.base import RolloutEngine, SamplingParams  # noqa: E402
+from grpokit.rollout.fused import blocked_products_pay  # noqa: E402
 from grpokit.rollout.torch_engine import TorchEngine, left_pad  # noqa: E402
 from grpokit.rollout.vllm_engine import VLLMEngine, vllm_available  # noqa: E402
 
@@ -173,8 +177,8 @@ def main() -> None:
         nargs="+",
         metavar="METHOD",
         help="run only these besides grpokit, which always runs (grpokit-fp32, grpokit-eager, "
-        "generate, floor, generate-onednn, floor-onednn, vllm, vllm-fp32, vllm-bf16); the "
-        "ratios that need the others are left out",
+        "grpokit-onednn, generate, floor, generate-onednn, floor-onednn, vllm, vllm-fp32, "
+        "vllm-bf16); the ratios that need the others are left out",
     )
     args = ap.parse_args()
     if args.smoke:
@@ -196,6 +200,11 @@ def main() -> None:
     engine32 = TorchEngine(model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=torch.float32)
     eager = TorchEngine(
         model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=auto, fused_kernels=False
+    )
+    # Where the engine decodes with its blocked float32 product, the same with oneDNN's.
+    blocked = not bf16 and blocked_products_pay()
+    engine_onednn = TorchEngine(
+        model, eos_token_ids=eos, pad_token_id=pad, compute_dtype=auto, cpu_matmul="onednn"
     )
     onednn_model = copy.deepcopy(model)
     use_onednn_linears(onednn_model, "onednn")
@@ -239,7 +248,7 @@ def main() -> None:
 
     # One untimed pass of each so lazy initialisation is not measured.
     warm = chat_prompts(tokenizer, 1)
-    for warm_engine in (engine, engine32, eager, *peers.values()):
+    for warm_engine in (engine, engine32, eager, engine_onednn, *peers.values()):
         engine_generate(warm_engine, warm, 2, 4, 0)
     hf_generate(model, warm, 2, 4, eos, pad, 0)
 
@@ -256,6 +265,9 @@ def main() -> None:
                 "grpokit": partial(engine_generate, engine, prompts, g, n_new, seed, fixed),
                 "grpokit-fp32": partial(engine_generate, engine32, prompts, g, n_new, seed, fixed),
                 "grpokit-eager": partial(engine_generate, eager, prompts, g, n_new, seed, fixed),
+                "grpokit-onednn": partial(
+                    engine_generate, engine_onednn, prompts, g, n_new, seed, fixed
+                ),
                 "generate": partial(hf_generate, model, prompts, g, n_new, eos, pad, seed, fixed),
                 "floor": partial(decode_floor, model, prompts, g, n_new, pad),
                 "generate-onednn": partial(
@@ -265,6 +277,8 @@ def main() -> None:
             }
             if not bf16:  # the two grpokit runs would be the same
                 del runs["grpokit-fp32"]
+            if not blocked:  # the same again
+                del runs["grpokit-onednn"]
             for name, peer in peers.items():
                 runs[name] = partial(engine_generate, peer, prompts, g, n_new, seed, fixed)
             if args.only:
@@ -291,6 +305,11 @@ def main() -> None:
                 "grpokit-eager",
                 "grpokit / its eager step",
                 "the fused decode kernels' gain (the same engine with them off)",
+            ),
+            (
+                "grpokit-onednn",
+                "grpokit / grpokit-onednn",
+                "the blocked float32 product's gain over oneDNN's prepacked one",
             ),
             (
                 "generate-onednn",

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from grpokit.models.onednn import bf16_compute_applies
+from grpokit.rollout.fused import blocked_products_pay
 from grpokit.rollout.vllm_engine import vllm_available
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
@@ -52,6 +53,8 @@ def test_rollout_benchmark_prints_its_ratios() -> None:
     bf16 = bf16_compute_applies(torch.device("cpu"))
     if bf16:  # bfloat16 against the float32 engine
         want.add("batch 8: grpokit bfloat16 / float32 tokens per second")
+    elif blocked_products_pay():  # the blocked float32 product against oneDNN's
+        want.add("batch 8: grpokit / grpokit-onednn")
     if vllm_available():  # vLLM's CPU build (make test-vllm): its engine is a peer, each dtype
         want.add("batch 8: grpokit / vllm tokens per second")
         if bf16:

@@ -1,6 +1,7 @@
 """The static Llama-family decoder computes what transformers' forward computes, for every
-architecture it accepts, with and without oneDNN-prepacked weights, with its step's fused
-kernels and with the eager operations they replace."""
+architecture it accepts, with the layers' own weights, oneDNN-prepacked ones and the blocked
+copies of grpokit's own float32 product, with its step's fused kernels and with the eager
+operations they replace."""
 
 from __future__ import annotations
 
@@ -12,13 +13,15 @@ import torch
 import transformers
 
 from grpokit.models.loading import LoraSettings, load_policy
-from grpokit.models.onednn import onednn_available
+from grpokit.models.onednn import PackedLinear, onednn_available
 from grpokit.rollout.decoders import (
     HFDecoder,
     PackCache,
+    Packing,
     StaticLlamaDecoder,
     static_decoder_unsupported,
 )
+from grpokit.rollout.fused import BlockedLinear
 from grpokit.rollout.torch_engine import left_pad, lora_merged
 
 PROMPTS = [[5, 17, 300, 42, 9], [88, 99], [7, 8, 9, 10, 11, 12, 13]]
@@ -85,6 +88,7 @@ def decode(decoder: Any, steps: list[list[int]], n: int) -> list[torch.Tensor]:
 
 
 FUSED = pytest.mark.parametrize("fused", [True, False], ids=["fused", "eager"])
+PACKINGS = ["none", "onednn", "blocked"]
 
 
 def static(model: torch.nn.Module, steps: int, fused: bool, **kwargs: Any) -> StaticLlamaDecoder:
@@ -95,16 +99,20 @@ def static(model: torch.nn.Module, steps: int, fused: bool, **kwargs: Any) -> St
 
 
 @FUSED
-@pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
+@pytest.mark.parametrize("pack", PACKINGS)
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_static_decoder_equals_full_forward(arch: str, pack: bool, fused: bool) -> None:
-    if pack and not onednn_available():
+def test_static_decoder_equals_full_forward(arch: str, pack: Packing, fused: bool) -> None:
+    if pack == "onednn" and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN")
     model = build(arch)
     assert static_decoder_unsupported(model, 30) is None
     n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92, 93, 94, 95]]
     # forced[t][row]: the token appended at step t to each of the P * n rows
-    got = decode(static(model, len(forced), fused, pack=pack), forced, n)
+    decoder = static(model, len(forced), fused, pack=pack)
+    kind = {"none": torch.nn.Linear, "onednn": PackedLinear, "blocked": BlockedLinear}[pack]
+    assert isinstance(decoder.lm_head.fused, kind)
+    assert pack == "none" or isinstance(decoder.layers[0][1].fused, kind)  # q, k, v as one
+    got = decode(decoder, forced, n)
     for row in range(len(PROMPTS) * n):
         prompt = PROMPTS[row // n]
         want = full_forward_logits(model, prompt + [forced[t][row] for t in range(len(forced))])
@@ -115,8 +123,8 @@ def test_static_decoder_equals_full_forward(arch: str, pack: bool, fused: bool) 
 def test_select_keeps_rows_and_matches_hf_decoder() -> None:
     model = build("llama", seed=3)
     decoders = [
-        static(model, 4, True, pack=False),
-        static(model, 4, False, pack=False),
+        static(model, 4, True, pack="none"),
+        static(model, 4, False, pack="blocked"),
         HFDecoder(model),
     ]
     keep = torch.tensor([0, 2, 5])
@@ -149,17 +157,17 @@ def with_lora(model: torch.nn.Module) -> torch.nn.Module:
 
 @FUSED
 @pytest.mark.parametrize("merge", [False, True], ids=["unmerged", "merged"])
-@pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
+@pytest.mark.parametrize("pack", PACKINGS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_lora_decodes_as_peft_computes(
-    pack: bool, fused: bool, dtype: torch.dtype, merge: bool
+    pack: Packing, fused: bool, dtype: torch.dtype, merge: bool
 ) -> None:
     """A LoRA policy decodes with its adapter computed beside the base products, or merged into a
     copy of the weights: in float32 what peft's forward computes; in bfloat16 within the
     tolerance of the autocast test below. The policy's weights are untouched, and a second
     decoder built from the same pack cache reads the adapter afresh and, unmerged, reuses the
     frozen base's packed copies."""
-    if (pack or dtype == torch.bfloat16) and not onednn_available():
+    if (pack != "none" or dtype == torch.bfloat16) and not onednn_available():
         pytest.skip("this PyTorch build has no oneDNN")
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("this CPU has no oneDNN bfloat16 kernels")
@@ -175,7 +183,7 @@ def test_lora_decodes_as_peft_computes(
                 param.mul_(-1)  # a trained adapter: the next rollout must see it
     second = static(model, len(forced), fused, **options)
     got = decode(second, forced, n)
-    if pack:  # unmerged, the frozen base's packed copy is kept
+    if pack != "none":  # unmerged, the frozen base's packed copy is kept
         assert (second.layers[0][1].fused is first.layers[0][1].fused) == (not merge)
     assert second.layers[0][1].lora.empty == merge
     unchanged = [torch.equal(v, model.state_dict()[k]) for k, v in weights.items() if "B" not in k]
@@ -226,10 +234,10 @@ needs_bf16 = pytest.mark.skipif(
 
 @needs_bf16
 @FUSED
-@pytest.mark.parametrize("pack", [False, True], ids=["torch-linear", "onednn-packed"])
+@pytest.mark.parametrize("pack", ["none", "onednn"])  # "blocked" packs bfloat16 for oneDNN
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_bf16_static_decoder_follows_the_autocast_forward(
-    arch: str, pack: bool, fused: bool
+    arch: str, pack: Packing, fused: bool
 ) -> None:
     """Decoding in bfloat16 computes, to bfloat16 rounding, what the training forward computes
     under autocast; the transformers decoder under autocast is that forward exactly. Measured on

@@ -13,7 +13,7 @@ import torch
 from grpokit import native
 from grpokit.native import build
 from grpokit.rollout.decoders import blocked_bt
-from grpokit.rollout.fused import decode_kernels
+from grpokit.rollout.fused import BLOCK, BlockedLinear, decode_kernels
 
 BF16_ULP = 2.0**-7
 """The largest spacing of bfloat16 numbers relative to their value (8 significant bits): two
@@ -198,6 +198,42 @@ def test_lora_add(kernels, dtype: torch.dtype) -> None:  # type: ignore[no-untyp
     _within_one_rounding(ours, want, terms, slack=3 * rounding)
     with pytest.raises(RuntimeError, match="outside"):
         kernels.lora_add(ours, x, a_t, bt, torch.tensor([[50, 70, 0, 4, 0]]), scales[:1])
+
+
+@pytest.mark.parametrize("rows", [1, 4, 6, 11, 300])  # 300: past the kernel's 256-row passes
+@pytest.mark.parametrize("outputs", [16, 45])  # 45: a last block of 13 features
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_blocked_linear(kernels, rows: int, outputs: int, with_bias: bool) -> None:  # type: ignore[no-untyped-def]
+    """x W^T + b in float32, each output a sum of K + 1 terms in some order: within K + 1
+    roundings of its terms' magnitude of the float64 product (Higham's bound for a recursive
+    sum); the same bits with one thread and two (each output is one thread's sum)."""
+    g = torch.Generator().manual_seed(7)
+    inner = 72
+    weight = torch.randn(outputs, inner, generator=g)
+    bias = torch.randn(outputs, generator=g) if with_bias else None
+    x = torch.randn(inner, rows, generator=g).t()  # not contiguous: the op takes any stride
+    layer = BlockedLinear(weight, bias)
+    assert layer.blocks.shape == (-(-outputs // BLOCK), inner, BLOCK)
+    ours = layer(x)
+    want = x.double() @ weight.double().t()
+    terms = x.double().abs() @ weight.double().abs().t()
+    if bias is not None:
+        want, terms = want + bias.double(), terms + bias.double().abs()
+    assert ours.shape == (rows, outputs) and ours.dtype == torch.float32
+    err = (ours.double() - want).abs()
+    assert bool((err <= (inner + 1) * 2.0**-24 * terms).all())
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(layer(x), ours)
+    finally:
+        torch.set_num_threads(threads)
+    # leading dimensions are kept
+    assert torch.equal(layer(x.reshape(1, rows, inner)), ours.reshape(1, rows, outputs))
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.blocked_linear(x.double(), layer.blocks, None, outputs)
+    with pytest.raises(RuntimeError, match="blocks"):
+        kernels.blocked_linear(x, layer.blocks, None, outputs + BLOCK)
 
 
 def test_build_is_cached(tmp_path: Path) -> None:

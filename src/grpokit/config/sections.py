@@ -78,8 +78,10 @@ class ModelConfig(_Strict):
             "and decoding with prepacked weights) through oneDNN, several times faster than "
             "PyTorch's default MKL path on some CPUs (bench/rollout.py, bench/train_step.py "
             "measure it); 'auto' uses it where the PyTorch build has oneDNN, for the training "
-            "products only on CPUs with AVX-512 (on AVX2-only CPUs MKL's were faster); 'torch' "
-            "keeps PyTorch's default. No effect on GPU or in 16-bit dtypes."
+            "products only on CPUs with AVX-512 (on AVX2-only CPUs MKL's were faster), and "
+            "decodes on AVX2-only CPUs with grpokit's own blocked float32 product, faster there "
+            "than oneDNN's; 'torch' keeps PyTorch's default. No effect on GPU or in 16-bit "
+            "dtypes."
         ),
     )
     return_freed_memory: bool = Field(

@@ -1,8 +1,9 @@
 // Fused CPU kernels for one decoding step of a Llama-family layer (see grpokit/rollout/fused.py).
 //
 // Each replaces a run of small eager operations that, at the batch sizes of a rollout, cost more
-// in dispatch and in intermediate tensors than in arithmetic. The linear layers stay oneDNN
-// products; what is between them is here. Every kernel rounds where the eager decoder (and the
+// in dispatch and in intermediate tensors than in arithmetic; what is between the linear layers
+// is here, and (blocked_linear) the float32 products themselves where they are faster than
+// oneDNN's (grpokit/rollout/fused.py says where). Every kernel rounds where the eager decoder (and the
 // training forward under autocast) rounds, so the compute dtype T (float or bfloat16) is rounded
 // to at the same points; the residual stream, norms, rotary embedding and softmax are float32.
 
@@ -460,6 +461,108 @@ void lora_add(at::Tensor out, const at::Tensor& x, const at::Tensor& a_t, const 
   }
 }
 
+
+// out (M, N) = x (M, K) W^T + bias in float32, W stored as blocks of 16 output features:
+// blocks (ceil(N / 16), K, 16), block b's [k][j] = W[16 b + j][k], zeros past N. A decoding step
+// reads each weight once for a few rows, so its speed is the memory's: one block is one
+// contiguous stream (a row-major W read 16 rows at a time is 16 streams), prefetched a kilobyte
+// ahead (measured on an AVX2 EPYC: oneDNN's prepacked product read the embedded model's weights
+// at 8-10 GB/s at 4 rows, this at 16-17). For more rows the block, 16 K floats, stays in L2
+// while every group of 6 rows passes over it: 12 accumulators of 8 lanes, each weight load
+// feeding 6 multiply-adds. Each output is bias + sum over k in order, in float32 (fused
+// multiply-adds), whatever the threads.
+using F32x8 = float __attribute__((vector_size(32)));
+
+constexpr int64_t kBlock = 16;
+constexpr int64_t kPrefetch = 256;  // floats ahead in the block stream: 1 KB, 16 cache lines
+constexpr int64_t kRowChunk = 256;  // rows per pass over the weights: their x stays in cache
+
+inline F32x8 load8(const float* p) {
+  F32x8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline void store8(float* p, F32x8 v) { std::memcpy(p, &v, sizeof v); }
+
+// R rows of x (stride K) against one block: out rows (stride ldo), the first cols of 16.
+template <int R>
+void blocked_tile(const float* x, int64_t K, const float* w, const float* bias, float* out,
+                  int64_t ldo, int64_t cols) {
+  const F32x8 zero = {};
+  const F32x8 b0 = bias ? load8(bias) : zero, b1 = bias ? load8(bias + 8) : zero;
+  F32x8 acc[R][2];
+  for (int r = 0; r < R; ++r) {
+    acc[r][0] = b0;
+    acc[r][1] = b1;
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    __builtin_prefetch(w + k * kBlock + kPrefetch, 0, 0);
+    const F32x8 w0 = load8(w + k * kBlock), w1 = load8(w + k * kBlock + 8);
+    for (int r = 0; r < R; ++r) {
+      const float xv = x[r * K + k];
+      acc[r][0] += xv * w0;
+      acc[r][1] += xv * w1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (cols == kBlock) {
+      store8(out + r * ldo, acc[r][0]);
+      store8(out + r * ldo + 8, acc[r][1]);
+    } else {  // the last block of an N that is not a multiple of 16
+      float tail[kBlock];
+      store8(tail, acc[r][0]);
+      store8(tail + 8, acc[r][1]);
+      std::memcpy(out + r * ldo, tail, cols * sizeof(float));
+    }
+  }
+}
+
+template <int R>
+void blocked_rows(const float* x, int64_t rows, int64_t K, const float* w, const float* bias,
+                  float* out, int64_t ldo, int64_t cols) {
+  int64_t r = 0;
+  for (; r + R <= rows; r += R) blocked_tile<R>(x + r * K, K, w, bias, out + r * ldo, ldo, cols);
+  if constexpr (R > 1) {
+    if (r < rows) blocked_rows<R - 1>(x + r * K, rows - r, K, w, bias, out + r * ldo, ldo, cols);
+  }
+}
+
+at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocks,
+                          const std::optional<at::Tensor>& bias, int64_t out_features) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && blocks.scalar_type() == at::kFloat,
+              "blocked_linear is float32 only");
+  TORCH_CHECK(x.dim() == 2 && blocks.dim() == 3 && blocks.size(2) == kBlock &&
+                  blocks.is_contiguous() && blocks.size(1) == x.size(1) &&
+                  out_features > (blocks.size(0) - 1) * kBlock &&
+                  out_features <= blocks.size(0) * kBlock,
+              "blocked_linear: x (M, K), blocks (ceil(N / 16), K, 16)");
+  const auto xc = x.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), N = out_features, nb = blocks.size(0);
+  std::optional<at::Tensor> b;
+  if (bias.has_value()) {
+    b = bias->contiguous();
+    TORCH_CHECK(b->scalar_type() == at::kFloat && b->numel() == nb * kBlock,
+                "blocked_linear: bias padded to the blocks' 16 * ceil(N / 16) features");
+  }
+  auto out = at::empty({M, N}, xc.options());
+  const float* xp = xc.data_ptr<float>();
+  const float* wp = blocks.data_ptr<float>();
+  const float* bp = b ? b->data_ptr<float>() : nullptr;
+  float* op = out.data_ptr<float>();
+  for (int64_t r0 = 0; r0 < M; r0 += kRowChunk) {
+    const int64_t rows = std::min(kRowChunk, M - r0);
+    at::parallel_for(0, nb, 4, [&](int64_t begin, int64_t end) {
+      for (int64_t blk = begin; blk < end; ++blk) {
+        blocked_rows<6>(xp + r0 * K, rows, K, wp + blk * K * kBlock,
+                        bp ? bp + blk * kBlock : nullptr, op + r0 * N + blk * kBlock, N,
+                        std::min(kBlock, N - blk * kBlock));
+      }
+    });
+  }
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(grpokit_decode, m) {
@@ -468,4 +571,5 @@ TORCH_LIBRARY(grpokit_decode, m) {
   m.def("decode_attention", &decode_attention);
   m.def("silu_mul", &silu_mul);
   m.def("lora_add", &lora_add);
+  m.def("blocked_linear", &blocked_linear);
 }

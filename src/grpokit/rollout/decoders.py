@@ -13,9 +13,11 @@
   four calls per layer instead of about forty eager operations.
 - :class:`HFDecoder`, transformers' own forward with a ``DynamicCache``: every other architecture.
 
-Both are built per rollout, after a sharded model is gathered; the static decoder also prepacks
-float32 CPU weights for oneDNN then (grpokit.models.onednn), which more than halves a decoding step
-there (frozen weights, LoRA's base, are packed once and kept: :class:`PackCache`). For a short
+Both are built per rollout, after a sharded model is gathered; the static decoder also packs
+float32 CPU weights then: prepacked for oneDNN (grpokit.models.onednn), which more than halves a
+decoding step against PyTorch's own product, or, on CPUs with AVX2 and no AVX-512, into the blocked
+layout of grpokit's own float32 product, faster there again (grpokit.rollout.fused.BlockedLinear).
+Frozen weights, LoRA's base, are packed once and kept (:class:`PackCache`). For a short
 rollout it computes a LoRA adapter beside the base product, unmerged, as peft's forward does; for
 a long one it merges the adapter into a copy of the weights it packs (:func:`unmerged_lora_pays`;
 the transformers forward decodes with the adapter merged into the weights in place, then
@@ -32,7 +34,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -44,7 +46,7 @@ from grpokit.models.compat import (
     new_cache,
 )
 from grpokit.models.onednn import PackedLinear
-from grpokit.rollout.fused import decode_kernels
+from grpokit.rollout.fused import BlockedLinear, decode_kernels
 
 LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """``config.model_type`` values whose decoder layers are pre-norm attention + gated MLP with
@@ -162,19 +164,28 @@ def _merged_weight(module: torch.nn.Module) -> torch.Tensor:
     return weight
 
 
+Packing = Literal["none", "onednn", "blocked"]
+"""How the static decoder copies float32 CPU linear weights for its products: "onednn" prepacks
+them for oneDNN (grpokit.models.onednn.PackedLinear); "blocked" copies them into the blocked
+layout of grpokit's own float32 product (grpokit.rollout.fused.BlockedLinear) where the decoder
+computes in float32, and prepacks for oneDNN in bfloat16; "none" uses the layers as they are."""
+
+Packed = PackedLinear | BlockedLinear
+
+
 def _linear(
-    base: Any, weight: torch.Tensor, pack: bool, dtype: torch.dtype, cache: PackCache | None
+    base: Any, weight: torch.Tensor, pack: Packing, dtype: torch.dtype, cache: PackCache | None
 ) -> Callable[[torch.Tensor], torch.Tensor]:
     """A base linear layer computing with ``weight`` (its own, or a merged copy) as one product.
-    With ``pack``, a float32 CPU layer becomes a oneDNN-prepacked copy in ``dtype`` (from
-    ``cache`` where the weight is frozen); without, a weight not in ``dtype`` (or a merged copy)
-    computes as a copy in ``dtype``."""
+    Packed, a float32 CPU layer becomes a packed copy computing in ``dtype`` (from ``cache``
+    where the weight is frozen); unpacked, a weight not in ``dtype`` (or a merged copy) computes
+    as a copy in ``dtype``."""
     bias = getattr(base, "bias", None)
-    if pack and PackedLinear.applies(base):
+    if pack != "none" and PackedLinear.applies(base):
         return (
-            _packed([weight], [bias], dtype)
+            _packed([weight], [bias], dtype, pack)
             if cache is None
-            else cache.packed([weight], [bias], dtype)
+            else cache.packed([weight], [bias], dtype, pack)
         )
     if weight.dtype != dtype or weight is not base.weight:
         cast = None if bias is None else bias.detach().to(dtype)
@@ -197,7 +208,7 @@ def unmerged_lora_pays(max_new_tokens: int, rows: int) -> bool:
 
 
 class PackCache:
-    """oneDNN-packed copies of frozen weights, kept from one rollout's decoder to the next.
+    """Packed copies of frozen weights, kept from one rollout's decoder to the next.
 
     Under LoRA the base weights never change, yet each rollout would pack them again (measured
     on the embedded model, with the adapter merged into the copy as the decoder did before: 0.38
@@ -210,22 +221,26 @@ class PackCache:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[Any, ...], tuple[list[torch.Tensor], PackedLinear]] = {}
-        self._used: dict[tuple[Any, ...], tuple[list[torch.Tensor], PackedLinear]] = {}
+        self._entries: dict[tuple[Any, ...], tuple[list[torch.Tensor], Packed]] = {}
+        self._used: dict[tuple[Any, ...], tuple[list[torch.Tensor], Packed]] = {}
 
     def packed(
-        self, weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype
-    ) -> PackedLinear:
+        self,
+        weights: list[torch.Tensor],
+        biases: list[torch.Tensor | None],
+        dtype: torch.dtype,
+        pack: Packing,
+    ) -> Packed:
         """The weights (out_i, in) stacked on the output axis, with their biases (zeros where
-        None, no bias where all are), packed in ``dtype``."""
+        None, no bias where all are), packed as ``pack`` says to compute in ``dtype``."""
         tensors = [t for t in (*weights, *biases) if t is not None]
         # Trained weights change every step; an inference tensor has no version to check.
         if any(t.requires_grad or t.is_inference() for t in tensors):
-            return _packed(weights, biases, dtype)
-        key = (tuple(id(t) for t in tensors), tuple(t._version for t in tensors), dtype)
+            return _packed(weights, biases, dtype, pack)
+        key = (tuple(id(t) for t in tensors), tuple(t._version for t in tensors), dtype, pack)
         entry = self._entries.get(key) or self._used.get(key)
         if entry is None or any(a is not b for a, b in zip(entry[0], tensors, strict=True)):
-            entry = (tensors, _packed(weights, biases, dtype))
+            entry = (tensors, _packed(weights, biases, dtype, pack))
         self._used[key] = entry
         return entry[1]
 
@@ -235,8 +250,11 @@ class PackCache:
 
 
 def _packed(
-    weights: list[torch.Tensor], biases: list[torch.Tensor | None], dtype: torch.dtype
-) -> PackedLinear:
+    weights: list[torch.Tensor],
+    biases: list[torch.Tensor | None],
+    dtype: torch.dtype,
+    pack: Packing,
+) -> Packed:
     if len(weights) == 1:
         weight = weights[0]
     else:  # cast while stacking: one pass over the float32 weights (a cat, then a cast, is two)
@@ -254,6 +272,8 @@ def _packed(
                 for b, w in zip(biases, weights, strict=True)
             ]
         )
+    if pack == "blocked" and dtype == torch.float32:
+        return BlockedLinear(weight.detach(), bias)
     return PackedLinear(weight.detach(), bias, dtype=dtype)
 
 
@@ -345,7 +365,7 @@ class _Projections:
     def __init__(
         self,
         modules: list[torch.nn.Module],
-        pack: bool,
+        pack: Packing,
         dtype: torch.dtype,
         cache: PackCache | None = None,
         merge_lora: bool = False,
@@ -362,10 +382,10 @@ class _Projections:
         self.layers: list[Callable[[torch.Tensor], torch.Tensor]] = []
         if len(bases) == 1:
             self.fused = _linear(bases[0], weights[0], pack, dtype, cache)
-        elif pack and all(PackedLinear.applies(b) for b in bases):
+        elif pack != "none" and all(PackedLinear.applies(b) for b in bases):
             biases = [getattr(b, "bias", None) for b in bases]
             packer = _packed if cache is None else cache.packed
-            self.fused = packer(weights, biases, dtype)
+            self.fused = packer(weights, biases, dtype, pack)
         else:
             self.layers = [
                 _linear(b, w, pack, dtype, cache) for b, w in zip(bases, weights, strict=True)
@@ -421,7 +441,7 @@ class StaticLlamaDecoder:
     Args:
         model: a transformers Llama-family causal LM (see :func:`static_decoder_unsupported`).
         max_new_tokens: columns reserved after the prompt.
-        pack: prepack float32 CPU linear weights for oneDNN (see grpokit.models.onednn): a
+        pack: how to copy float32 CPU linear weights for the products (:data:`Packing`): a
             snapshot of the weights, taken here, so build a new decoder after they change.
         dtype: the linear layers' and the KV cache's dtype (None: the weights' own); bfloat16
             with float32 weights computes as the training forward does under CPU autocast.
@@ -439,7 +459,7 @@ class StaticLlamaDecoder:
         model: torch.nn.Module,
         max_new_tokens: int,
         *,
-        pack: bool,
+        pack: Packing,
         dtype: torch.dtype | None = None,
         fused: bool = True,
         pack_cache: PackCache | None = None,

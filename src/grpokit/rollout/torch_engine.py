@@ -23,10 +23,12 @@ from grpokit.rollout.decoders import (
     Decoder,
     HFDecoder,
     PackCache,
+    Packing,
     StaticLlamaDecoder,
     static_decoder_unsupported,
     unmerged_lora_pays,
 )
+from grpokit.rollout.fused import blocked_products_pay
 from grpokit.rollout.sampling import sample_next_tokens
 
 COMPACT_WHEN_DONE = 4
@@ -103,8 +105,10 @@ class TorchEngine:
         pad_token_id: token used for left padding of prompts (never attended to).
         decoder: "auto" uses the static Llama-family decoder where it applies and transformers'
             forward elsewhere; "static" requires the former; "hf" always uses the latter.
-        cpu_matmul: "torch" keeps the static decoder from prepacking weights for oneDNN (see
-            grpokit.models.onednn); "auto" / "onednn" pack where oneDNN applies.
+        cpu_matmul: "torch" keeps the static decoder from packing weights; "onednn" prepacks
+            them for oneDNN (see grpokit.models.onednn); "auto" does too, but decodes float32
+            with grpokit's blocked product where it pays
+            (grpokit.rollout.fused.blocked_products_pay).
         compute_dtype: the dtype to decode in; None takes the model's mark (bfloat16 for a
             policy loaded with ``model.dtype: auto`` on a CPU that has it, see
             grpokit.models.onednn.compute_dtype), else its weights' dtype. Sampling and the
@@ -179,7 +183,10 @@ class TorchEngine:
         if self.decoder != "hf":
             why = static_decoder_unsupported(self.model, prompt_width + max_new_tokens)
             if why is None:
-                pack = self.cpu_matmul != "torch"
+                pack: Packing = "none"
+                if self.cpu_matmul != "torch":
+                    blocked = self.cpu_matmul == "auto" and self.fused_kernels
+                    pack = "blocked" if blocked and blocked_products_pay() else "onednn"
                 return StaticLlamaDecoder(
                     self.model,
                     max_new_tokens,
