@@ -171,6 +171,8 @@ layout of grpokit's own float32 product (grpokit.rollout.fused.BlockedLinear) wh
 computes in float32, and prepacks for oneDNN in bfloat16; "none" uses the layers as they are."""
 
 Packed = PackedLinear | BlockedLinear
+"""A packed copy of linear weights (one layer, or several stacked on the output axis): called on
+x (..., in), it returns (..., out)."""
 
 
 def _linear(
