@@ -3,9 +3,10 @@
 // Each replaces a run of small eager operations that, at the batch sizes of a rollout, cost more
 // in dispatch and in intermediate tensors than in arithmetic; what is between the linear layers
 // is here, and (blocked_linear) the float32 products themselves where they are faster than
-// oneDNN's (grpokit/rollout/fused.py says where). Every kernel rounds where the eager decoder (and the
-// training forward under autocast) rounds, so the compute dtype T (float or bfloat16) is rounded
-// to at the same points; the residual stream, norms, rotary embedding and softmax are float32.
+// oneDNN's (grpokit/rollout/fused.py says where). Every kernel rounds where the eager decoder
+// (and the training forward under autocast) rounds, so the compute dtype T (float or bfloat16)
+// is rounded to at the same points; the residual stream, norms, rotary embedding and softmax
+// are float32.
 
 #include "common.h"
 
@@ -460,7 +461,6 @@ void lora_add(at::Tensor out, const at::Tensor& x, const at::Tensor& a_t, const 
                            rows, width, in, ranks);
   }
 }
-
 
 // out (M, N) = x (M, K) W^T + bias in float32, W stored as blocks of 16 output features:
 // blocks (ceil(N / 16), K, 16), block b's [k][j] = W[16 b + j][k], zeros past N. A decoding step

@@ -37,8 +37,8 @@ def decode_kernels() -> Any | None:
 def blocked_products_pay() -> bool:
     """Whether ``model.cpu_matmul: auto`` decodes float32 linear layers with :class:`BlockedLinear`
     here rather than with oneDNN's prepacked products: on CPUs with AVX2 and no AVX-512, where it
-    was measured (an AMD EPYC of the Zen 3 generation, one thread: 1.5-1.7x oneDNN's speed over a
-    decoding step's products of the embedded model at 1-8 rows, 1.2-1.3x at 32-256); CPUs with
+    was measured (an AMD EPYC of the Zen 3 generation, one thread: 1.2-1.7x oneDNN's speed over a
+    decoding step's products of the embedded model at 1-8 rows, 1.16-1.31x at 32-256); CPUs with
     AVX-512 keep oneDNN, which was not compared there. Needs the kernels built."""
     return torch.backends.cpu.get_cpu_capability() == "AVX2" and decode_kernels() is not None
 
