@@ -490,6 +490,8 @@ GRPOKIT_ONLY: dict[str, str] = {
     "max_tokens_per_micro_batch": "verl's token budget per micro-batch",
     "logprob_chunk_size": "log-probs a chunk of positions at a time, without the whole logits",
     "padding_free": "TRL's SFTConfig has it (GRPOConfig does not): sequences packed without padding",
+    "ref_logprobs_in_rollout": "LoRA's reference log-probs scored as the rollout decodes, not in "
+    "a forward of their own",
     "log_completions_steps": "how often completions.jsonl is written",
     "eval_samples": "the periodic held-out eval",
     "eval_max_prompts": "the periodic held-out eval",

@@ -204,6 +204,51 @@ def test_lora_decodes_as_peft_computes(
                 assert _total_variation(logits[row], want[at]) < 0.08
 
 
+@FUSED
+@pytest.mark.parametrize("pack", PACKINGS)
+def test_reference_rows_decode_the_base_beside_the_policy(pack: Packing, fused: bool) -> None:
+    """With ``reference``, each call's logits are the LoRA policy's and ``reference_logits`` its
+    base's (the adapter off) at the same positions, for the same tokens, also after rows are
+    dropped: both what peft's forward computes, in float32."""
+    if pack == "onednn" and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN")
+    model = with_lora(build("qwen2"))
+    n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92]]
+    keep = torch.tensor([0, 3, 5])  # the rows left for the last step
+    decoder = static(model, len(forced), fused, pack=pack, reference=True)
+    ids, mask, pos = left_pad(PROMPTS, 0, torch.device("cpu"))
+    rows = torch.arange(len(PROMPTS) * n)
+    got: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (rows, policy, reference)
+    with torch.inference_mode():
+        policy = decoder.prefill(ids, mask, pos)
+        assert decoder.reference_logits is not None
+        got.append(
+            (rows, policy.repeat_interleave(n, 0), decoder.reference_logits.repeat_interleave(n, 0))
+        )
+        decoder.expand(n)
+        for t, tokens in enumerate(forced):
+            if t == len(forced) - 1:
+                decoder.select(keep)
+                rows = rows[keep]
+            policy = decoder.step(torch.tensor(tokens))
+            got.append((rows, policy, decoder.reference_logits))
+    for adapter_on in (True, False):
+        for row in range(len(PROMPTS) * n):
+            prompt = PROMPTS[row // n]
+            steps = [t for t in range(len(forced)) if row in got[t + 1][0].tolist()]
+            seen = [forced[t][got[t + 1][0].tolist().index(row)] for t in steps]
+            if adapter_on:
+                want = full_forward_logits(model, prompt + seen)
+            else:
+                with model.disable_adapter():
+                    want = full_forward_logits(model, prompt + seen)
+            for t, (at_rows, policy, reference) in enumerate(got):
+                if row not in at_rows.tolist():
+                    continue
+                logits = (policy if adapter_on else reference)[at_rows.tolist().index(row)]
+                torch.testing.assert_close(logits, want[len(prompt) - 1 + t], rtol=1e-4, atol=1e-4)
+
+
 def test_unsupported_models_are_named(tiny_model_dir: Path) -> None:
     gpt2 = transformers.GPT2LMHeadModel(
         transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)

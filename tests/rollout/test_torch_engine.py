@@ -258,16 +258,23 @@ def test_mode_restored_and_gradient_checkpointing(
     policy.model(input_ids=torch.tensor([PROMPTS[0]])).logits.mean().backward()
 
 
-def test_peft_model_generates_with_its_adapter(
-    peaked_model_dir: Path, tmp_path: Path, engine_for: EngineFor
-) -> None:
+def lora_policy(model_dir: Path, scale: float) -> Any:
+    """A LoRA policy (r 4) whose B is random (standard deviation ``scale``): the adapter then
+    changes what the model computes."""
     lora = LoraSettings(r=4, alpha=8.0)
-    policy = load_policy(str(peaked_model_dir), lora=lora, need_reference=False)
+    policy = load_policy(str(model_dir), lora=lora, need_reference=False)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, param in policy.model.named_parameters():
             if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=gen))
+                param.copy_(torch.randn(param.shape, generator=gen) * scale)
+    return policy
+
+
+def test_peft_model_generates_with_its_adapter(
+    peaked_model_dir: Path, tmp_path: Path, engine_for: EngineFor
+) -> None:
+    policy = lora_policy(peaked_model_dir, scale=1.0)
     params = SamplingParams(max_completion_length=10, temperature=0)
     got = engine_for(policy.model).generate(PROMPTS, 1, params)
     policy.save(tmp_path / "merged", merged=True)
@@ -276,6 +283,39 @@ def test_peft_model_generates_with_its_adapter(
     base = AutoModelForCausalLM.from_pretrained(peaked_model_dir).eval()
     assert got.completion_ids != engine_for(base).generate(PROMPTS, 1, params).completion_ids
     assert policy.model.training
+
+
+@pytest.mark.parametrize("decoder", ["static", "hf"])
+def test_reference_logprobs_score_the_sampled_tokens_under_the_base(
+    peaked_model_dir: Path, decoder: str
+) -> None:
+    """``reference_logprobs``: the static decoder samples from the LoRA policy and scores each
+    sampled token under the base model too, also for rows that end early and leave the batch;
+    transformers' forward leaves them to the trainer (None)."""
+    policy = lora_policy(peaked_model_dir, scale=0.3)
+    engine = TorchEngine(
+        policy.model,
+        eos_token_ids=list(range(0, 49152, 40)),
+        pad_token_id=EOS,
+        decoder=decoder,  # type: ignore[arg-type]
+        reference_logprobs=True,
+    )
+    params = SamplingParams(max_completion_length=16, temperature=0.7)
+    batch = engine.generate(PROMPTS, 3, params, generator=torch.Generator().manual_seed(3))
+    if decoder == "hf":
+        assert batch.ref_logprobs is None
+        return
+    assert batch.ref_logprobs is not None and len(set(batch.completion_lengths)) > 2
+    farther = 0.0
+    for row, completion in enumerate(batch.completion_ids):
+        prompt = PROMPTS[batch.prompt_index(row)]
+        want = recomputed_logprobs(policy.model, prompt, completion, 0.7)
+        torch.testing.assert_close(batch.logprobs[row], want, rtol=0, atol=1e-4)
+        with policy.model.disable_adapter():
+            base = recomputed_logprobs(policy.model, prompt, completion, 0.7)
+        torch.testing.assert_close(batch.ref_logprobs[row], base, rtol=0, atol=1e-4)
+        farther = max(farther, float((want - base).abs().max()))
+    assert farther > 0.1  # the adapter changes the scores: the two are told apart
 
 
 def test_input_validation(model: PreTrainedModel, engine_for: EngineFor) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -222,3 +223,62 @@ def test_periodic_heldout_eval_and_dynamic_sampling(
     assert "eval/e/mean" in result.history[0] and "eval/reward" in result.history[0]
     # The standard error over held-out prompts, which the heldout monitor tests drops against.
     assert result.history[0]["eval/e/stderr"] >= 0 and result.history[0]["eval/reward/stderr"] >= 0
+
+
+def test_reference_log_probs_scored_in_the_rollout_train_as_the_trainers_forward(
+    make_config: Callable[..., GRPOKitConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LoRA with beta > 0: the engine scores the sampled tokens under the base as it generates
+    them, the reference forward before the update never runs, and the run follows one that
+    computes them in that forward (``ref_logprobs_in_rollout: false``) to float32 rounding. The
+    log-probs agree within 2e-4 (the decoders' logits are within 1e-4 of the forward's, see
+    test_decoders, and a log-softmax moves by at most twice its logits' largest change), and the
+    three steps' KL, loss and gradient norm as closely (measured: 1e-6 and 1e-9). The weights
+    themselves are not compared: Adam's step on a gradient near zero can take either sign."""
+    lora = {"lora": {"r": 4, "alpha": 8}}
+    runs: dict[bool, list[dict[str, Any]]] = {}
+    for in_rollout in (True, False):
+        cfg = make_config(
+            model=lora,
+            beta=0.04,
+            max_steps=3,
+            learning_rate=2e-2,
+            ref_logprobs_in_rollout=in_rollout,
+            output_dir=f"run-{in_rollout}",
+        )
+        trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+        assert getattr(trainer.engine, "reference_logprobs", None) is in_rollout
+        if in_rollout:
+            # Once the adapter has trained, the engine's reference log-probs are the base's.
+            trainer.step()
+            exp = trainer.collect().experience
+            assert exp is not None and exp.ref_logps is not None
+            rows = [slice(0, len(exp))]
+            with torch.no_grad():
+                want = trainer._frozen_logprobs(trainer.policy.reference_model(), exp, rows)[0]
+                policy = trainer._frozen_logprobs(
+                    contextlib.nullcontext(trainer.policy.model), exp, rows
+                )[0]
+            got = exp.ref_logprobs(rows[0])
+            assert want is not None and got is not None and policy is not None
+            mask = exp.micro_batch(rows[0], trainer.pad_token_id).completion_mask.bool()
+            assert float((got - want)[mask].abs().max()) < 2e-4
+            assert float((policy - want)[mask].abs().max()) > 1e-2  # the adapter is on
+            trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+
+            def no_reference_forward() -> None:
+                raise AssertionError("the reference forward ran")
+
+            monkeypatch.setattr(trainer.policy, "reference_model", no_reference_forward)
+        result = trainer.train()
+        lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        runs[in_rollout] = lines
+    scored, forward = runs[True], runs[False]
+    assert [x["num_tokens"] for x in scored] == [x["num_tokens"] for x in forward]
+    assert forward[-1]["kl"] > 1e-3  # the policy has moved away from the reference
+    for a, b in zip(scored, forward, strict=True):
+        # k3 = e^x - x - 1 of x = ref - logp moves by |e^x - 1| <= 1 times x's change (x < log
+        # 2 here), the loss by beta times that.
+        assert a["kl"] == pytest.approx(b["kl"], abs=2e-4)
+        assert a["loss"] == pytest.approx(b["loss"], abs=0.04 * 2e-4)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)

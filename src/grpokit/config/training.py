@@ -486,6 +486,22 @@ class TrainingConfig(_Strict):
         json_schema_extra=_OPT,
     )
 
+    ref_logprobs_in_rollout: bool = Field(
+        True,
+        description=(
+            "With LoRA, beta > 0, float32 compute, grpokit's own rollout engine and at most 8 "
+            "completions per generation round and process (where it was measured to pay): "
+            "score the sampled tokens under the reference model (the base, adapter off) while "
+            "generating, on rows of their own beside the policy's that share each decoding "
+            "step's reads of the frozen weights, instead of in a forward of its own before the "
+            "update (as TRL does; false). The adapter is then computed beside the base in every rollout, never "
+            "merged. The log-probs are the trainer's to float32 rounding. Ignored elsewhere "
+            "(bfloat16 compute, vLLM, FSDP, full fine-tuning, models transformers' forward "
+            "decodes, tool-use rollouts)."
+        ),
+        json_schema_extra=_OPT,
+    )
+
     # ---- checkpointing
     output_dir: str | None = Field(
         None,

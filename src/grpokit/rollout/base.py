@@ -99,6 +99,11 @@ class RolloutBatch:
 
     ``weight_version``: how many weight syncs the engine had applied when it generated the batch,
     from an engine that generates ahead of training (grpokit.rollout.ahead); None otherwise.
+
+    ``ref_logprobs[b]`` (like ``logprobs[b]``): the reference model's log-probabilities of the
+    same tokens under its ``softmax(logits / T)``, from an engine that scores them while it
+    generates (grpokit.rollout.torch_engine, a LoRA policy's base); None where the trainer
+    computes them.
     """
 
     prompt_ids: list[list[int]]
@@ -109,6 +114,7 @@ class RolloutBatch:
     tool_mask: list[list[int]] | None = None
     turns: list[list[Turn]] | None = field(default=None, repr=False)
     weight_version: int | None = None
+    ref_logprobs: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         expected = len(self.prompt_ids) * self.group_size
@@ -118,6 +124,10 @@ class RolloutBatch:
                 f"RolloutBatch: {len(self.prompt_ids)} prompts x group_size {self.group_size} "
                 f"needs {expected} rows, got completion_ids/logprobs/finish_reason lengths "
                 f"{len(self.completion_ids)}/{len(self.logprobs)}/{len(self.finish_reason)}"
+            )
+        if self.ref_logprobs is not None and len(self.ref_logprobs) != expected:
+            raise ValueError(
+                f"RolloutBatch: {expected} rows, got {len(self.ref_logprobs)} ref_logprobs"
             )
 
     def __len__(self) -> int:

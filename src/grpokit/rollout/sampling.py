@@ -146,9 +146,25 @@ def sample_next_tokens(
         tokens = _sample_truncated(drawn, top_k=top_k, top_p=top_p, generator=generator)
     else:
         tokens = _inverse_cdf(torch.softmax(drawn, dim=-1), generator)
-    # log p(token) = logit - logsumexp: the full (B, V) log-softmax is never written.
+    return tokens, _chosen_logprobs(scaled, tokens)
+
+
+def _chosen_logprobs(scaled: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """log softmax(scaled)[token] per row, (B,), from ``scaled`` (B, V) float32 and ``tokens``
+    (B,): the logit less the row's logsumexp, so the full (B, V) log-softmax is never written."""
     chosen = scaled.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, chosen - torch.logsumexp(scaled, dim=-1)
+    return chosen - torch.logsumexp(scaled, dim=-1)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The log-probs (B,) float32 of ``tokens`` (B,) under softmax(logits / T) for ``logits``
+    (B, V), T = 1 when ``temperature`` is 0: what :func:`sample_next_tokens` reports for the
+    tokens it draws, for tokens drawn from another distribution (the reference model's, scored
+    beside the policy's draws)."""
+    scaled = logits.float()
+    if temperature > 0 and temperature != 1.0:
+        scaled = scaled / temperature
+    return _chosen_logprobs(scaled, tokens)
 
 
 def _sample_truncated(

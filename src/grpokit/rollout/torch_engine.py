@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -29,7 +29,7 @@ from grpokit.rollout.decoders import (
     unmerged_lora_pays,
 )
 from grpokit.rollout.fused import blocked_products_pay
-from grpokit.rollout.sampling import sample_next_tokens
+from grpokit.rollout.sampling import sample_next_tokens, token_logprobs
 
 COMPACT_WHEN_DONE = 4
 """Finished rows are dropped from the decoder once they are at least 1 / this of its rows: each
@@ -53,6 +53,21 @@ def left_pad(
         mask[row, width - len(ids) :] = 1
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids.to(device), mask.to(device), positions.to(device)
+
+
+class Decoded(NamedTuple):
+    """What the decoding loop returns, with B = P * n rows and T = max_completion_length.
+
+    tokens (B, T) int64 (pad after the end); logps (B, T) float32, the sampler's log-probs;
+    lengths (B,) int64; ended (B,) bool, by EOS; ref_logps (B, T) float32, the reference
+    model's log-probs of the same tokens, or None (0 after the end either way).
+    """
+
+    tokens: torch.Tensor
+    logps: torch.Tensor
+    lengths: torch.Tensor
+    ended: torch.Tensor
+    ref_logps: torch.Tensor | None
 
 
 @contextmanager
@@ -116,6 +131,10 @@ class TorchEngine:
         fused_kernels: let the static decoder's step use the fused CPU kernels of
             grpokit.rollout.fused where they build; False keeps its eager operations (the
             benchmark's comparison; ``GRPOKIT_FUSED_DECODE=0`` does the same process-wide).
+        reference_logprobs: for a LoRA policy whose reference model is its base, score the
+            sampled tokens under the reference model too, as the static decoder decodes
+            (see its ``reference``), into :attr:`RolloutBatch.ref_logprobs`; a rollout through
+            transformers' forward leaves them None.
     """
 
     def __init__(
@@ -128,6 +147,7 @@ class TorchEngine:
         cpu_matmul: CpuMatmul = "auto",
         compute_dtype: torch.dtype | None = None,
         fused_kernels: bool = True,
+        reference_logprobs: bool = False,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("TorchEngine needs at least one EOS token id")
@@ -136,6 +156,7 @@ class TorchEngine:
         self.cpu_matmul = cpu_matmul
         self.compute_dtype = compute_dtype
         self.fused_kernels = fused_kernels
+        self.reference_logprobs = reference_logprobs
         self.pack_cache = PackCache()
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
@@ -158,22 +179,24 @@ class TorchEngine:
             raise ValueError("generate needs at least one prompt, and no prompt may be empty")
         device = next(self.model.parameters()).device
         with torch.inference_mode():
-            tokens, logps, lengths, ended = self._decode(prompt_ids, n, params, generator, device)
-        tokens_cpu, logps_cpu, lengths_cpu, ended_cpu = (
-            tokens.cpu(),
-            logps.cpu(),
-            lengths.cpu().tolist(),
-            ended.cpu().tolist(),
-        )
-        completion_ids = [tokens_cpu[b, :length].tolist() for b, length in enumerate(lengths_cpu)]
-        logprobs = [logps_cpu[b, :length].clone() for b, length in enumerate(lengths_cpu)]
-        reasons: list[FinishReason] = ["eos" if e else "length" for e in ended_cpu]
+            out = self._decode(prompt_ids, n, params, generator, device)
+        lengths_cpu = out.lengths.cpu().tolist()
+        tokens_cpu = out.tokens.cpu()
+
+        def per_row(logps: torch.Tensor) -> list[torch.Tensor]:
+            logps = logps.cpu()
+            return [logps[b, :length].clone() for b, length in enumerate(lengths_cpu)]
+
+        reasons: list[FinishReason] = ["eos" if e else "length" for e in out.ended.cpu().tolist()]
         return RolloutBatch(
             prompt_ids=[list(ids) for ids in prompt_ids],
-            completion_ids=completion_ids,
-            logprobs=logprobs,
+            completion_ids=[
+                tokens_cpu[b, :length].tolist() for b, length in enumerate(lengths_cpu)
+            ],
+            logprobs=per_row(out.logps),
             finish_reason=reasons,
             group_size=n,
+            ref_logprobs=None if out.ref_logps is None else per_row(out.ref_logps),
         )
 
     def _decoder(self, prompt_width: int, max_new_tokens: int, rows: int) -> Decoder:
@@ -187,6 +210,8 @@ class TorchEngine:
                 if self.cpu_matmul != "torch":
                     blocked = self.cpu_matmul == "auto" and self.fused_kernels
                     pack = "blocked" if blocked and blocked_products_pay() else "onednn"
+                # The reference rows read the frozen base, so the adapter stays unmerged.
+                reference = self.reference_logprobs
                 return StaticLlamaDecoder(
                     self.model,
                     max_new_tokens,
@@ -194,7 +219,8 @@ class TorchEngine:
                     dtype=dtype,
                     fused=self.fused_kernels,
                     pack_cache=self.pack_cache,
-                    merge_lora=not unmerged_lora_pays(max_new_tokens, rows),
+                    merge_lora=not reference and not unmerged_lora_pays(max_new_tokens, rows),
+                    reference=reference,
                 )
             if self.decoder == "static":
                 raise ValueError(f"decoder 'static' cannot run this model: {why}")
@@ -207,13 +233,8 @@ class TorchEngine:
         params: SamplingParams,
         generator: torch.Generator | None,
         device: torch.device,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decoding loop.
-
-        Returns:
-            tokens (B, T) int64 (pad after the end), logprobs (B, T) float32, lengths (B,) int64,
-            ended_by_eos (B,) bool, with B = P * n and T = max_completion_length.
-        """
+    ) -> Decoded:
+        """The decoding loop, on the decoder that suits the rollout."""
         input_ids, mask, positions = left_pad(prompt_ids, self.pad_token_id, device)
         # The static decoder computes a LoRA adapter beside the base or merges it into its own
         # copy of the weights; transformers' forward decodes with it merged in place.
@@ -239,21 +260,28 @@ class TorchEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The decoding loop over the prompts, ``padded`` as :func:`left_pad` returns them; see
-        :meth:`_decode`."""
+    ) -> Decoded:
+        """The decoding loop over the prompts, ``padded`` as :func:`left_pad` returns them; the
+        reference model's log-probs too where ``decoder`` decodes it beside the policy."""
         input_ids, mask, positions = padded
         device = input_ids.device
         limit = params.max_completion_length
         logits = decoder.prefill(input_ids, mask, positions)
+        reference = isinstance(decoder, StaticLlamaDecoder) and decoder.reference
+
+        def ref_logits() -> torch.Tensor:
+            assert isinstance(decoder, StaticLlamaDecoder) and decoder.reference_logits is not None
+            return decoder.reference_logits
 
         # Share each prompt's encoding across its group: rows i*n .. i*n+n-1 are prompt i.
         decoder.expand(n)
         logits = logits.repeat_interleave(n, dim=0)
+        ref = ref_logits().repeat_interleave(n, dim=0) if reference else None
 
         batch = logits.shape[0]
         tokens = torch.full((batch, limit), self.pad_token_id, dtype=torch.long, device=device)
         logps = torch.zeros((batch, limit), dtype=torch.float32, device=device)
+        ref_logps = torch.zeros_like(logps) if reference else None
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
         stop = [] if params.ignore_eos else self.eos_token_ids
@@ -287,6 +315,8 @@ class TorchEngine:
             rec = live[going]
             tokens[rec, step] = token[going]
             logps[rec, step] = logp[going]
+            if ref_logps is not None and ref is not None:
+                ref_logps[rec, step] = token_logprobs(ref, token, params.temperature)[going]
             lengths[rec] += 1
             stopped = going & torch.isin(token, eos)
             ended[live[stopped]] = True
@@ -302,4 +332,5 @@ class TorchEngine:
                 live, token, going = live[keep], token[keep], going[keep]
                 seen = None if seen is None else seen[keep]
             logits = decoder.step(token)
-        return tokens, logps, lengths, ended
+            ref = ref_logits() if reference else None
+        return Decoded(tokens, logps, lengths, ended, ref_logps)

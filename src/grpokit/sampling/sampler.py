@@ -121,13 +121,17 @@ def _resolve(base_dir: Path, path: str) -> Path:
     return p if p.is_absolute() else base_dir / p
 
 
-def torch_engine(policy: Policy, cpu_matmul: CpuMatmul) -> TorchEngine:
-    """The torch rollout engine over the policy's own weights."""
+def torch_engine(
+    policy: Policy, cpu_matmul: CpuMatmul, *, reference_logprobs: bool = False
+) -> TorchEngine:
+    """The torch rollout engine over the policy's own weights; ``reference_logprobs``: score the
+    sampled tokens under a LoRA policy's base too (see :class:`TorchEngine`)."""
     return TorchEngine(
         policy.model,
         eos_token_ids=policy.eos_token_ids(),
         pad_token_id=policy.pad_token_id,
         cpu_matmul=cpu_matmul,
+        reference_logprobs=reference_logprobs,
     )
 
 

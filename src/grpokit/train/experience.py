@@ -19,6 +19,8 @@ class Experience:
     tokens (None when the engine gave none).
     tool_mask: with tools, B lists (len(completion_ids[b]),): 1 at tokens the model sampled, 0 at
     tool messages' tokens, which stay in the context but out of the loss; None without tools.
+    ref_logps: B tensors like sampler_logps, the reference model's log-probs of the sampled
+    tokens where the engine scored them (None: the trainer computes them).
     """
 
     prompt_ids: list[list[int]]
@@ -27,6 +29,7 @@ class Experience:
     loss_mask_rows: torch.Tensor
     sampler_logps: list[torch.Tensor] | None = None
     tool_mask: list[list[int]] | None = None
+    ref_logps: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -65,6 +68,13 @@ class Experience:
         if self.sampler_logps is None:
             return None
         return right_padded(self.sampler_logps[rows], 0.0)
+
+    def ref_logprobs(self, rows: slice) -> torch.Tensor | None:
+        """(B, C) the engine's reference log-probs of a micro-batch's completions, laid out as
+        :meth:`sampler_logprobs`; None without them."""
+        if self.ref_logps is None:
+            return None
+        return right_padded(self.ref_logps[rows], 0.0)
 
     def tool_mask_of(self, rows: slice) -> torch.Tensor | None:
         """(B, C) float: a micro-batch's tool masks, laid out as :func:`~grpokit.train.forward.pack`

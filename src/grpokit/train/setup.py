@@ -27,6 +27,7 @@ from grpokit.models.onednn import store_frozen_linears_in_compute_dtype
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import ReportBuilder, tracker_sinks
 from grpokit.rollout.base import RolloutEngine
+from grpokit.rollout.decoders import reference_rows_pay
 from grpokit.sampling import load_model_policy, torch_engine
 from grpokit.train.distributed import DistContext, broadcast_parameters, shard_slice
 from grpokit.train.fsdp import GatheredEngine, shard_policy
@@ -85,7 +86,21 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
     """torch generation over the policy's own weights (gathered whole under FSDP), or vLLM."""
     args = cfg.training
     if not args.use_vllm:
-        local = torch_engine(policy, cfg.model.cpu_matmul)
+        # The reference rows read the policy's own frozen base: LoRA, and whole on this process.
+        # Float32 only: there the engine's log-probs are the trainer's to rounding (tested); a
+        # bfloat16 engine rounds elsewhere than the autocast forward does, which would leave a
+        # KL of rounding noise between a policy and its unchanged base.
+        reference = (
+            args.ref_logprobs_in_rollout
+            and args.beta > 0
+            and policy.uses_adapter
+            and policy.reference is None
+            and policy.compute_dtype == torch.float32
+            and reference_rows_pay(args.generation_batch_size // args.num_processes)
+            and not sharded
+            and not (cfg.tools or cfg.environment_factory)
+        )
+        local = torch_engine(policy, cfg.model.cpu_matmul, reference_logprobs=reference)
         return GatheredEngine(local, policy.model) if sharded else local
     from grpokit.model_files.resolve import resolve_model_path
     from grpokit.rollout.vllm_engine import VLLMEngine

@@ -363,8 +363,12 @@ class GRPOTrainer:
         adv: list[torch.Tensor] = []
         rows_mask: list[float] = []
         sampler_logps: list[torch.Tensor] = []
+        ref_logps: list[torch.Tensor] | None = []
         tool_mask: list[list[int]] = []
         for scored, advantages, keep in kept:
+            engine_ref = scored.rollout.ref_logprobs
+            if engine_ref is None:  # one batch without: the trainer computes them all
+                ref_logps = None
             expanded = scored.expanded_prompt_ids()
             for i in range(len(scored.rows)):
                 if not keep[i]:
@@ -373,6 +377,8 @@ class GRPOTrainer:
                     prompt_ids.append(expanded[j])
                     completion_ids.append(scored.rollout.completion_ids[j])
                     sampler_logps.append(scored.rollout.logprobs[j])
+                    if ref_logps is not None and engine_ref is not None:
+                        ref_logps.append(engine_ref[j])
                     if scored.rollout.tool_mask is not None:
                         tool_mask.append(scored.rollout.tool_mask[j])
                     truncated = scored.rollout.finish_reason[j] == "length"
@@ -389,22 +395,27 @@ class GRPOTrainer:
             torch.tensor(rows_mask),
             sampler_logps,
             tool_mask if tool_mask else None,
+            ref_logps,
         )
 
     def _fixed_logprobs(
         self, exp: Experience, micro_batches: list[slice]
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """The log-probs that stay fixed during the update, those the loss needs: pi_old (several
-        optimizer steps per generation) and pi_ref (a KL penalty); None where it needs neither."""
+        optimizer steps per generation) and pi_ref (a KL penalty; the engine's where it scored
+        the tokens under the reference model as it generated them); None where it needs
+        neither."""
         needs = self.loss.needs
         nothing: list[torch.Tensor | None] = [None] * len(micro_batches)
         policy = contextlib.nullcontext(self.policy.model)
         old = self._frozen_logprobs(policy, exp, micro_batches) if needs.old_logp else nothing
-        ref = (
-            self._frozen_logprobs(self.policy.reference_model(), exp, micro_batches)
-            if needs.ref_logp
-            else nothing
-        )
+        if not needs.ref_logp:
+            ref = nothing
+        elif exp.ref_logps is not None:
+            engine_ref = [exp.ref_logprobs(rows) for rows in micro_batches]
+            ref = [None if r is None else r.to(self.device) for r in engine_ref]
+        else:
+            ref = self._frozen_logprobs(self.policy.reference_model(), exp, micro_batches)
         return old, ref
 
     def _frozen_logprobs(
