@@ -220,8 +220,8 @@ def reference_rows_pay(rows: int) -> bool:
     the weights, so they cost less than the forward they save, which grows with the tokens.
     Measured on the embedded model (LoRA r 16 on every linear layer, float32, 1 thread, an AMD
     EPYC with AVX2, 64 tokens, two trainers taking turns on the same prompts): a step took
-    0.95x (0.71-1.18) at 4 rows, 0.94x (0.90-1.09) at 8, 1.02x (0.88-1.14) at 16, where
-    doubling the rows doubles a step's products.
+    0.955x (0.78-1.14, 14 steps) at 4 rows, 0.98x (0.77-1.13, 14 steps) at 8, 1.02x
+    (0.88-1.14, 4 steps) at 16, where doubling the rows doubles a step's products.
     """
     return rows <= 8
 
