@@ -249,21 +249,7 @@ def test_reference_log_probs_scored_in_the_rollout_train_as_the_trainers_forward
         trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
         assert getattr(trainer.engine, "reference_logprobs", None) is in_rollout
         if in_rollout:
-            # Once the adapter has trained, the engine's reference log-probs are the base's.
-            trainer.step()
-            exp = trainer.collect().experience
-            assert exp is not None and exp.ref_logps is not None
-            rows = [slice(0, len(exp))]
-            with torch.no_grad():
-                want = trainer._frozen_logprobs(trainer.policy.reference_model(), exp, rows)[0]
-                policy = trainer._frozen_logprobs(
-                    contextlib.nullcontext(trainer.policy.model), exp, rows
-                )[0]
-            got = exp.ref_logprobs(rows[0])
-            assert want is not None and got is not None and policy is not None
-            mask = exp.micro_batch(rows[0], trainer.pad_token_id).completion_mask.bool()
-            assert float((got - want)[mask].abs().max()) < 2e-4
-            assert float((policy - want)[mask].abs().max()) > 1e-2  # the adapter is on
+            _check_reference_from_the_engine(trainer, monkeypatch)
             trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
 
             def no_reference_forward() -> None:
@@ -282,3 +268,34 @@ def test_reference_log_probs_scored_in_the_rollout_train_as_the_trainers_forward
         assert a["kl"] == pytest.approx(b["kl"], abs=2e-4)
         assert a["loss"] == pytest.approx(b["loss"], abs=0.04 * 2e-4)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-3)
+
+
+def _check_reference_from_the_engine(trainer: GRPOTrainer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The held-out check decodes without the reference rows (it needs no reference log-probs);
+    after a step has trained the adapter, the engine's reference log-probs of a round are the
+    trainer's reference forward's, and not the policy's."""
+    engine: Any = trainer.engine
+    during: list[bool] = []
+    generate = engine.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        during.append(engine.reference_logprobs)
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "generate", spy)
+    assert trainer.heldout_metrics()
+    assert during == [False] and engine.reference_logprobs
+    trainer.step()
+    assert during[-1]
+    exp = trainer.collect().experience
+    assert exp is not None and exp.ref_logps is not None
+    rows = [slice(0, len(exp))]
+    with torch.no_grad():
+        want = trainer._frozen_logprobs(trainer.policy.reference_model(), exp, rows)[0]
+        model = contextlib.nullcontext(trainer.policy.model)
+        policy = trainer._frozen_logprobs(model, exp, rows)[0]
+    got = exp.ref_logprobs(rows[0])
+    assert want is not None and got is not None and policy is not None
+    mask = exp.micro_batch(rows[0], trainer.pad_token_id).completion_mask.bool()
+    assert float((got - want)[mask].abs().max()) < 2e-4
+    assert float((policy - want)[mask].abs().max()) > 1e-2  # the adapter is on

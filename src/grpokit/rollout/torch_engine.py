@@ -109,6 +109,21 @@ def lora_merged(model: torch.nn.Module) -> Iterator[None]:
                 layer.merged_adapters.clear()
 
 
+@contextmanager
+def without_reference_logprobs(engine: Any) -> Iterator[None]:
+    """Generate without reference rows inside the block, on an engine that scores them (a
+    held-out check needs no reference log-probs, and they would double its decoding rows);
+    other engines are left alone."""
+    if not isinstance(engine, TorchEngine) or not engine.reference_logprobs:
+        yield
+        return
+    engine.reference_logprobs = False
+    try:
+        yield
+    finally:
+        engine.reference_logprobs = True
+
+
 class TorchEngine:
     """A :class:`~grpokit.rollout.base.RolloutEngine` running a transformers (or peft) causal LM.
 

@@ -44,7 +44,7 @@ from grpokit.rollout.environments import load_environments
 from grpokit.rollout.tool_calls import Parser, detect_format, tool_call_parser
 from grpokit.rollout.tool_sandbox import sandboxed
 from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
-from grpokit.rollout.torch_engine import TorchEngine
+from grpokit.rollout.torch_engine import TorchEngine, without_reference_logprobs
 from grpokit.sampling.runtime import resolve_device
 from grpokit.sampling.scoring import (
     PassSummary,
@@ -427,7 +427,7 @@ class Sampler:
         """
         per_chunk = max(1, prompts_per_chunk)
         generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
+        with torch.no_grad(), without_reference_logprobs(self.engine):
             for c, start in enumerate(range(0, len(rows), per_chunk)):
                 if reseed_each_chunk:
                     generator = torch.Generator().manual_seed(seed + c)
@@ -451,7 +451,7 @@ class Sampler:
         with ``seed``; with it, chunk c of every model is sampled with ``seed + c``.
         """
         if prompts_per_chunk is None:
-            with torch.no_grad():
+            with torch.no_grad(), without_reference_logprobs(self.engine):
                 batches = [
                     self.sample(rows, samples, generator=torch.Generator().manual_seed(seed))
                 ]
