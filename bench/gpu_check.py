@@ -18,7 +18,7 @@ carried in ``bench/wheels``. This script then
   then the ratios last. Each (library, model, setting) runs in its own process on the GPU, so its
   peak memory is its own.
 
-    bench/gpu_check.sh                      # on the GPU machine (estimated: 6 minutes)
+    bench/gpu_check.sh                      # on the GPU machine (7 minutes on an H200)
     bench/gpu_check.sh --cpu-smoke          # tiny models, float32 on CPU: the same code path
     bench/gpu_check.sh --fill-wheels        # with network: the wheels and tokenizer it needs
 
@@ -318,9 +318,10 @@ def grpokit_run(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, 
 
     warmup = 1
     trainer = grpokit_trainer(args, setting, max_steps=warmup + args.steps + 1)
-    times, lengths = grpokit_steps(trainer, warmup + args.steps)
+    times, lengths, phases = grpokit_steps(trainer, warmup + args.steps)
     out: dict[str, Any] = {
         "step_times": times[warmup:],
+        "phases": {p: median(t[warmup:]) for p, t in phases.items()},
         "mean_length": median(lengths[warmup:]),
         "rss_mib": peak_rss_mib(),
         "gpu_peak_mib": peak_gpu_mib(),
@@ -337,7 +338,7 @@ def grpokit_run(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, 
     resumed = GRPOTrainer(cfg, run_dir=run_dir, resume=True, progress=False, log=lambda m: None)
     out["resumed_at"] = resumed.state.global_step
     out["load_s"] = time.perf_counter() - t0
-    out["resumed_step_times"], _ = grpokit_steps(resumed, 1)
+    out["resumed_step_times"], _, _ = grpokit_steps(resumed, 1)
     out["after_resume"] = resumed.state.global_step
     resumed.close()
     shutil.rmtree(run_dir.parent, ignore_errors=True)  # the run's temporary directory
@@ -379,6 +380,9 @@ def report_run(model: str, setting: str, peer: str, r: dict[str, Any], per_step:
         f"(steps {', '.join(f'{t:.2f}' for t in r['step_times'])})",
         flush=True,
     )
+    if "phases" in r:  # where a grpokit step spends its time (medians of the measured steps)
+        spent = ", ".join(f"{p} {t:.2f} s" for p, t in r["phases"].items())
+        print(f"{'':<13} {'':<14} {'':<8} {spent}", flush=True)
     if "checkpoint" in r:
         print(
             f"{'':<13} {'':<14} {'':<8} {r['checkpoint']} written in {r['save_s']:.1f} s; "
@@ -480,16 +484,27 @@ def main() -> None:
     script = Path(__file__).resolve()
     per_step = args.prompts * args.num_generations
     print(f"\n{'model':<13} {'setting':<14} {'library':<8}", flush=True)
+    failed: list[str] = []
     for group in groups:
         items = ["--run", *(f"{models[m]}={s}" for m, s in group)]
         for peer in ("grpokit", "trl"):
-            out = run_child(script, [*common, f"--child={peer}", *items])["runs"]
+            # A run that fails is reported and the others go on: the first run on a new machine
+            # should bring back every figure it can, not only the first error.
+            try:
+                out = run_child(script, [*common, f"--child={peer}", *items])["runs"]
+            except (RuntimeError, subprocess.TimeoutExpired) as err:
+                names = ", ".join(f"{m} {s}" for m, s in group)
+                print(f"FAILED {peer} on {names}: {err}", flush=True)
+                failed.append(f"{peer} on {names}")
+                continue
             for (m, s), r in zip(group, out, strict=True):
                 results[(m, s, peer)] = r
                 report_run(m, s, peer, r, per_step)
 
     ratios: list[tuple[str, float, str]] = []
     for m, s in runs:
+        if (m, s, "grpokit") not in results or (m, s, "trl") not in results:
+            continue
         ours, theirs = results[(m, s, "grpokit")], results[(m, s, "trl")]
         same = ours["mean_length"] == theirs["mean_length"] == args.max_completion_length
         work_note = "same tokens" if same else "DIFFERENT completion lengths"
@@ -501,6 +516,8 @@ def main() -> None:
         ratios.append((f"{m} {s}: grpokit / TRL peak {kind} memory", mine / _memory(theirs)[0], ""))
     print_ratios("GPU check ratios", ratios)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    if failed:
+        sys.exit(f"{len(failed)} run(s) failed: {'; '.join(failed)}")
 
 
 if __name__ == "__main__":

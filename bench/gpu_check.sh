@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # grpokit against TRL's GRPOTrainer on one CUDA GPU, without network access (bench/README.md):
-#   bench/gpu_check.sh                   on the GPU machine (estimated: 6 minutes)
+#   bench/gpu_check.sh                   on the GPU machine (7 minutes on an H200)
 #   bench/gpu_check.sh --cpu-smoke       tiny models, float32 on CPU: the same code path
 #   bench/gpu_check.sh --vllm            vLLM colocated: 1.5B and 8B random Llamas, sleep mode,
 #                                        LoRA synced merged / as the adapter (bench/gpu_vllm.py;

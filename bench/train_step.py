@@ -145,9 +145,15 @@ def grpokit_trainer(
     return GRPOTrainer(load_config(work / "config.yaml"), progress=False, log=lambda m: None)
 
 
-def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float]]:
-    """Run ``n`` steps of a grpokit trainer: each step's seconds and mean completion length."""
+PHASES = ("generate", "score", "update")
+"""The phases of a grpokit step that its log records time (``time/<phase>``)."""
+
+
+def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float], dict[str, list[float]]]:
+    """Run ``n`` steps of a grpokit trainer: each step's seconds, mean completion length and
+    seconds per phase (:data:`PHASES`, from the step's log record)."""
     times, lengths = [], []
+    phases: dict[str, list[float]] = {p: [] for p in PHASES}
     for _ in range(n):
         wait_turn()
         t0 = time.perf_counter()
@@ -155,14 +161,16 @@ def grpokit_steps(trainer: Any, n: int) -> tuple[list[float], list[float]]:
         times.append(time.perf_counter() - t0)
         turn_done()
         lengths.append(record["completions/mean_length"])
-    return times, lengths
+        for p in PHASES:
+            phases[p].append(record[f"time/{p}"])
+    return times, lengths, phases
 
 
 def run_grpokit(
     args: argparse.Namespace, setting: dict[str, Any], warmup: int = 1, dtype: str = "auto"
 ) -> dict[str, Any]:
     trainer = grpokit_trainer(args, setting, max_steps=args.steps + warmup, dtype=dtype)
-    times, lengths = grpokit_steps(trainer, args.steps + warmup)
+    times, lengths, _ = grpokit_steps(trainer, args.steps + warmup)
     return {
         "step_times": times[warmup:],
         "mean_length": median(lengths[warmup:]),

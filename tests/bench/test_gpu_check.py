@@ -19,6 +19,9 @@ RUN_LINE = re.compile(
     re.M,
 )
 RESUME_LINE = re.compile(r"checkpoint-(\d+) written in .*; resumed at step (\d+) .*, step (\d+) in")
+PHASE_LINE = re.compile(
+    r"^\s+generate (\d+\.\d+) s, score (\d+\.\d+) s, update (\d+\.\d+) s$", re.M
+)
 RATIO_LINE = re.compile(r"^tiny (\S+): grpokit / TRL (.+?)\s+(\d+\.\d+)x", re.M)
 
 
@@ -50,6 +53,12 @@ def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
 
     resumes = [tuple(map(int, r)) for r in RESUME_LINE.findall(out)]
     assert resumes == [(2, 2, 3), (2, 2, 3)]  # saved at 2, resumed at 2, went on to step 3
+    # grpokit's phases, from its step log: parts of the step, so they add up to at most its time
+    phases = [tuple(map(float, p)) for p in PHASE_LINE.findall(out)]
+    assert len(phases) == len(settings), out
+    for setting, parts in zip(settings, phases, strict=True):
+        assert all(t >= 0 for t in parts) and sum(parts) > 0
+        assert sum(parts) <= float(runs[(setting, "grpokit")]["step"]) + 0.02  # printed rounded
 
     ratios = {(s, what): float(v) for s, what, v in RATIO_LINE.findall(out.split("\n== ")[-1])}
     assert set(ratios) == {
