@@ -82,6 +82,17 @@ def test_is_a_rollout_engine(model: PreTrainedModel, engine_for: EngineFor) -> N
     assert isinstance(engine_for(model), RolloutEngine)
 
 
+@pytest.mark.parametrize(
+    ("prompts", "n", "message"),
+    [([[5]], 0, "n must be >= 1"), ([], 2, "at least one prompt"), ([[5], []], 2, "empty")],
+)
+def test_bad_generate_arguments_are_refused(
+    model: PreTrainedModel, engine_for: EngineFor, prompts: list[list[int]], n: int, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine_for(model).generate(prompts, n, SamplingParams(max_completion_length=2))
+
+
 def test_left_pad_positions() -> None:
     ids, mask, pos = left_pad([[5, 6, 7], [8]], pad_token_id=0, device=torch.device("cpu"))
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]

@@ -161,3 +161,16 @@ class RolloutEngine(Protocol):
     ) -> RolloutBatch: ...
 
     def sync_weights(self) -> None: ...
+
+
+def check_generate_args(prompt_ids: list[list[int]], n: int) -> None:
+    """What every engine's ``generate`` refuses: no completions asked for, no prompt, or an
+    empty one (an engine would have no position to sample the first token from).
+
+    Raises:
+        ValueError: naming which.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
+        raise ValueError("generate needs at least one prompt, and no prompt may be empty")

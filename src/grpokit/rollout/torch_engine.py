@@ -18,7 +18,12 @@ import torch
 
 from grpokit.models.compat import eval_mode
 from grpokit.models.onednn import CpuMatmul, compute_dtype
-from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
+from grpokit.rollout.base import (
+    FinishReason,
+    RolloutBatch,
+    SamplingParams,
+    check_generate_args,
+)
 from grpokit.rollout.decoders import (
     Decoder,
     HFDecoder,
@@ -188,10 +193,7 @@ class TorchEngine:
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
         """Sample ``n`` completions for each prompt; see :class:`RolloutBatch` for the layout."""
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
-            raise ValueError("generate needs at least one prompt, and no prompt may be empty")
+        check_generate_args(prompt_ids, n)
         device = next(self.model.parameters()).device
         with torch.inference_mode():
             out = self._decode(prompt_ids, n, params, generator, device)

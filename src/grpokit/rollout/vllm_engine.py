@@ -39,7 +39,12 @@ from typing import Any, Literal
 import torch
 
 from grpokit.errors import UserError
-from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
+from grpokit.rollout.base import (
+    FinishReason,
+    RolloutBatch,
+    SamplingParams,
+    check_generate_args,
+)
 from grpokit.rollout.torch_engine import lora_merged
 from grpokit.rollout.vllm_server import ServerClient, sync_dir, write_weights
 
@@ -586,10 +591,7 @@ class VLLMEngine:
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
         """Sample ``n`` completions per prompt (group-major rows, as :class:`RolloutBatch`)."""
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
-            raise ValueError("generate needs at least one prompt, and no prompt may be empty")
+        check_generate_args(prompt_ids, n)
         temperature = params.temperature if not params.greedy else 0.0
         if self._llm is not None:
             completions, logprobs = self._generate_local(prompt_ids, n, params, temperature)
