@@ -16,7 +16,12 @@ carried in ``bench/wheels``. This script then
   bench/train_step.py's harness, which this script reuses for both libraries;
 - prints per run the median seconds per step, completion tokens per second and peak GPU memory,
   then the ratios last. Each (library, model, setting) runs in its own process on the GPU, so its
-  peak memory is its own.
+  peak memory is its own;
+- then, per model, times grpokit's rollout (greedy, every completion to the limit) with the
+  static decoder's ordinary steps and with its steps replayed from a CUDA graph
+  (``TorchEngine(cuda_graphs=True)``, grpokit.rollout.graphs), and checks both against the
+  trainer's forward: how far each engine's log-probs are from it, and whether the two engines
+  chose the same tokens (``--rollouts-only`` runs only this, about a minute).
 
     bench/gpu_check.sh                      # on the GPU machine (7 minutes on an H200)
     bench/gpu_check.sh --cpu-smoke          # tiny models, float32 on CPU: the same code path
@@ -345,6 +350,82 @@ def grpokit_run(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, 
     return out
 
 
+def graph_rollouts(args: argparse.Namespace) -> dict[str, Any]:
+    """One model's rollout with ordinary and with CUDA-graph steps: seconds (a warm-up, then
+    the median of ``args.steps + 1`` rollouts), each engine's largest log-prob difference to the
+    trainer's forward on its own tokens, and how many rows the two decoded alike."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.torch_engine import TorchEngine
+    from grpokit.train.forward import completion_logprobs, pack
+
+    device = torch.device(args.device)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype=dtype).to(device).eval()
+    eos = int(model.config.eos_token_id)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 1000, (20,), generator=gen).tolist() for _ in range(args.prompts)]
+    params = SamplingParams(
+        max_completion_length=args.max_completion_length, temperature=0, ignore_eos=True
+    )
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    out: dict[str, Any] = {}
+    batches = {}
+    for name, graphs in (("ordinary", False), ("graphed", True)):
+        engine = TorchEngine(
+            model,
+            eos_token_ids=[eos],
+            pad_token_id=eos,
+            decoder="static",
+            compute_dtype=dtype,
+            cuda_graphs=graphs,
+        )
+        times = []
+        for _ in range(args.steps + 2):
+            sync()
+            t0 = time.perf_counter()
+            batch = engine.generate(prompts, args.num_generations, params)
+            sync()
+            times.append(time.perf_counter() - t0)
+        batches[name] = batch
+        rows = [batch.prompt_ids[batch.prompt_index(r)] for r in range(len(batch))]
+        with torch.no_grad():
+            want, _ = completion_logprobs(model, pack(rows, batch.completion_ids, eos))
+        got = torch.nn.utils.rnn.pad_sequence(list(batch.logprobs), batch_first=True)
+        out[name] = {
+            "seconds": median(times[1:]),
+            "times": times[1:],
+            "vs_forward": float((got.to(device) - want.float()).abs().max()),
+        }
+    same = [
+        a == b
+        for a, b in zip(
+            batches["ordinary"].completion_ids, batches["graphed"].completion_ids, strict=True
+        )
+    ]
+    out["same_rows"], out["rows"] = sum(same), len(same)
+    return out
+
+
+def report_graphs(model: str, r: dict[str, Any], tokens: int, device: str) -> None:
+    ordinary, graphed = r["ordinary"], r["graphed"]
+    # On the CPU the fixed-shape steps run uncaptured: the same code path, nothing to time.
+    label = "CUDA graph" if device == "cuda" else "fixed steps (uncaptured)"
+    print(
+        f"{model:<13} rollout {tokens} tokens: ordinary steps {ordinary['seconds']:.2f} s, "
+        f"{label} {graphed['seconds']:.2f} s ({ordinary['seconds'] / graphed['seconds']:.2f}x"
+        f" faster); largest |log-prob - trainer forward| {ordinary['vs_forward']:.3g} / "
+        f"{graphed['vs_forward']:.3g}; rows decoded alike {r['same_rows']} of {r['rows']}",
+        flush=True,
+    )
+
+
 def child(args: argparse.Namespace) -> None:
     """Run ``--run MODEL_DIR=SETTING`` items for one library; print their results."""
     import gc
@@ -355,8 +436,11 @@ def child(args: argparse.Namespace) -> None:
         run_args = copy.copy(args)
         run_args.model_path = path
         _reset_gpu_peak(args.device)
-        fn = grpokit_run if args.child == "grpokit" else run_trl
-        results.append(fn(run_args, SETTINGS[setting]))
+        if args.child == "graphs":
+            results.append(graph_rollouts(run_args))
+        else:
+            fn = grpokit_run if args.child == "grpokit" else run_trl
+            results.append(fn(run_args, SETTINGS[setting]))
         gc.collect()
     emit_result({"runs": results})
 
@@ -415,7 +499,12 @@ def parse_args() -> argparse.Namespace:
         default=ASSUMED,
         help="--fill-wheels leaves these and their dependencies out (none: leave out only torch)",
     )
-    ap.add_argument("--child", choices=["grpokit", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--rollouts-only",
+        action="store_true",
+        help="only the rollouts with ordinary and CUDA-graph steps (no training runs)",
+    )
+    ap.add_argument("--child", choices=["grpokit", "trl", "graphs"], help=argparse.SUPPRESS)
     ap.add_argument("--run", nargs="+", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cuda", help=argparse.SUPPRESS)
     ap.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)
@@ -476,10 +565,10 @@ def main() -> None:
         f"--threads={args.threads}",
         f"--device={args.device}",
     ] + (["--bf16"] if args.bf16 else [])
-    runs = [(m, s) for m in models for s in args.settings]
+    runs = [] if args.rollouts_only else [(m, s) for m in models for s in args.settings]
     # On the GPU each run gets its own process (its peak memory is its own); the smoke test
     # runs each library's runs in one process, to stay short.
-    groups = [runs] if args.cpu_smoke else [[r] for r in runs]
+    groups = ([runs] if runs else []) if args.cpu_smoke else [[r] for r in runs]
     results: dict[tuple[str, str, str], dict[str, Any]] = {}
     script = Path(__file__).resolve()
     per_step = args.prompts * args.num_generations
@@ -514,7 +603,18 @@ def main() -> None:
         ratios.append((f"{m} {s}: grpokit / TRL tokens per second", rate, "higher is faster"))
         mine, kind = _memory(ours)
         ratios.append((f"{m} {s}: grpokit / TRL peak {kind} memory", mine / _memory(theirs)[0], ""))
-    print_ratios("GPU check ratios", ratios)
+    if ratios:
+        print_ratios("GPU check ratios", ratios)
+
+    print(f"\n== rollouts: ordinary steps against CUDA-graph steps ({load_average()})")
+    for m in models:
+        try:
+            r = run_child(script, [*common, "--child=graphs", "--run", f"{models[m]}=rollout"])
+        except (RuntimeError, subprocess.TimeoutExpired) as err:
+            print(f"FAILED the rollouts of {m}: {err}", flush=True)
+            failed.append(f"the rollouts of {m}")
+            continue
+        report_graphs(m, r["runs"][0], args.max_completion_length, args.device)
     print(f"\ntotal {time.perf_counter() - started:.0f} s")
     if failed:
         sys.exit(f"{len(failed)} run(s) failed: {'; '.join(failed)}")

@@ -22,6 +22,12 @@ RESUME_LINE = re.compile(r"checkpoint-(\d+) written in .*; resumed at step (\d+)
 PHASE_LINE = re.compile(
     r"^\s+generate (\d+\.\d+) s, score (\d+\.\d+) s, update (\d+\.\d+) s$", re.M
 )
+ROLLOUT_LINE = re.compile(
+    r"^tiny\s+rollout 8 tokens: ordinary steps (?P<ordinary>\d+\.\d+) s, fixed steps "
+    r"\(uncaptured\) (?P<fixed>\d+\.\d+) s .*trainer forward\| (?P<d_ordinary>\S+) / "
+    r"(?P<d_fixed>\S+); rows decoded alike (?P<alike>\d+) of (?P<rows>\d+)$",
+    re.M,
+)
 RATIO_LINE = re.compile(r"^tiny (\S+): grpokit / TRL (.+?)\s+(\d+\.\d+)x", re.M)
 
 
@@ -60,7 +66,12 @@ def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
         assert all(t >= 0 for t in parts) and sum(parts) > 0
         assert sum(parts) <= float(runs[(setting, "grpokit")]["step"]) + 0.02  # printed rounded
 
-    ratios = {(s, what): float(v) for s, what, v in RATIO_LINE.findall(out.split("\n== ")[-1])}
+    ratios = {
+        (s, what): float(v)
+        for s, what, v in RATIO_LINE.findall(
+            out.split("\n== GPU check ratios")[-1].split("\n== ")[0]
+        )
+    }
     assert set(ratios) == {
         (s, what)
         for s in settings
@@ -68,6 +79,14 @@ def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
     }
     assert all(v > 0 for v in ratios.values())
     assert out.count("same tokens") == len(settings)
+
+    # the rollouts with ordinary and fixed-shape steps (uncaptured on the CPU): both as close to
+    # the trainer's forward as float32 allows, the same greedy tokens in every row
+    rollout = ROLLOUT_LINE.search(out)
+    assert rollout is not None, out
+    assert float(rollout["ordinary"]) > 0 and float(rollout["fixed"]) > 0
+    assert float(rollout["d_ordinary"]) < 1e-4 and float(rollout["d_fixed"]) < 1e-4
+    assert rollout["alike"] == rollout["rows"] == "4"
 
 
 def test_wheels_folder_holds_what_a_torch_machine_lacks() -> None:

@@ -22,6 +22,7 @@ from grpokit.rollout.decoders import (
     static_decoder_unsupported,
 )
 from grpokit.rollout.fused import BlockedLinear
+from grpokit.rollout.graphs import GraphedSteps
 from grpokit.rollout.torch_engine import left_pad, lora_merged
 
 PROMPTS = [[5, 17, 300, 42, 9], [88, 99], [7, 8, 9, 10, 11, 12, 13]]
@@ -76,15 +77,42 @@ def full_forward_logits(model: torch.nn.Module, row: list[int]) -> torch.Tensor:
     return logits
 
 
-def decode(decoder: Any, steps: list[list[int]], n: int) -> list[torch.Tensor]:
-    """Logits after the prompts and after each forced token: [(P*n, V)] * (len(steps) + 1)."""
+def decode(
+    decoder: Any, steps: list[list[int]], n: int, fixed_from: int | None = None
+) -> list[torch.Tensor]:
+    """Logits after the prompts and after each forced token: [(P*n, V)] * (len(steps) + 1);
+    from step ``fixed_from`` on with the decoder's fixed-shape steps (uncaptured)."""
     ids, mask, pos = left_pad(PROMPTS, 0, torch.device("cpu"))
+    fixed = GraphedSteps(decoder, capture=False)
     with torch.inference_mode():
         out = [decoder.prefill(ids, mask, pos).repeat_interleave(n, dim=0)]
         decoder.expand(n)
-        for tokens in steps:
-            out.append(decoder.step(torch.tensor(tokens)))
+        for t, tokens in enumerate(steps):
+            step = fixed if fixed_from is not None and t >= fixed_from else decoder.step
+            out.append(step(torch.tensor(tokens)))
     return out
+
+
+def assert_follows_forward(
+    model: torch.nn.Module,
+    got: list[torch.Tensor],
+    forced: list[list[int]],
+    n: int,
+    dtype: torch.dtype,
+) -> None:
+    """``got`` (as :func:`decode` returns it) at every row and step: in float32 the full
+    forward's logits, in bfloat16 the autocast forward's within a total variation of 0.08."""
+    for row in range(len(PROMPTS) * n):
+        prompt = PROMPTS[row // n]
+        tokens = prompt + [forced[t][row] for t in range(len(forced))]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            want = full_forward_logits(model, tokens)
+        for t, logits in enumerate(got):
+            at = len(prompt) - 1 + t
+            if dtype == torch.float32:
+                torch.testing.assert_close(logits[row], want[at], rtol=1e-4, atol=1e-4)
+            else:
+                assert _total_variation(logits[row], want[at]) < 0.08
 
 
 FUSED = pytest.mark.parametrize("fused", [True, False], ids=["fused", "eager"])
@@ -118,6 +146,23 @@ def test_static_decoder_equals_full_forward(arch: str, pack: Packing, fused: boo
         want = full_forward_logits(model, prompt + [forced[t][row] for t in range(len(forced))])
         for t, logits in enumerate(got):
             torch.testing.assert_close(logits[row], want[len(prompt) - 1 + t], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_fixed_steps_equal_full_forward(arch: str, dtype: torch.dtype) -> None:
+    """The fixed-shape step a CUDA graph replays (grpokit.rollout.graphs), run here uncaptured
+    after an ordinary step, in the operations and layout of the decoder on a GPU: in float32
+    the logits of the full forward, in bfloat16 those of the autocast forward within the
+    tolerance of the bfloat16 tests below, for every architecture; the cache column it writes
+    is the one the ordinary steps would have."""
+    model = build(arch)
+    n, forced = 2, [[3, 4, 5, 6, 7, 8], [40, 41, 42, 43, 44, 45], [90, 91, 92, 93, 94, 95]]
+    decoder = static(model, len(forced), False, pack="none", dtype=dtype)
+    got = decode(decoder, forced, n, fixed_from=1)
+    width = max(len(p) for p in PROMPTS)
+    assert decoder.column == int(decoder.column_index) == width + len(forced)
+    assert_follows_forward(model, got, forced, n, dtype)
 
 
 def test_select_keeps_rows_and_matches_hf_decoder() -> None:
@@ -188,20 +233,7 @@ def test_lora_decodes_as_peft_computes(
     assert second.layers[0][1].lora.empty == merge
     unchanged = [torch.equal(v, model.state_dict()[k]) for k, v in weights.items() if "B" not in k]
     assert all(unchanged)
-    for row in range(len(PROMPTS) * n):
-        prompt = PROMPTS[row // n]
-        tokens = prompt + [forced[t][row] for t in range(len(forced))]
-        if dtype == torch.float32:
-            want = full_forward_logits(model, tokens)
-        else:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                want = full_forward_logits(model, tokens)
-        for t, logits in enumerate(got):
-            at = len(prompt) - 1 + t
-            if dtype == torch.float32:
-                torch.testing.assert_close(logits[row], want[at], rtol=1e-4, atol=1e-4)
-            else:
-                assert _total_variation(logits[row], want[at]) < 0.08
+    assert_follows_forward(model, got, forced, n, dtype)
 
 
 @FUSED

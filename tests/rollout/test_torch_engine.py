@@ -82,17 +82,6 @@ def test_is_a_rollout_engine(model: PreTrainedModel, engine_for: EngineFor) -> N
     assert isinstance(engine_for(model), RolloutEngine)
 
 
-@pytest.mark.parametrize(
-    ("prompts", "n", "message"),
-    [([[5]], 0, "n must be >= 1"), ([], 2, "at least one prompt"), ([[5], []], 2, "empty")],
-)
-def test_bad_generate_arguments_are_refused(
-    model: PreTrainedModel, engine_for: EngineFor, prompts: list[list[int]], n: int, message: str
-) -> None:
-    with pytest.raises(ValueError, match=message):
-        engine_for(model).generate(prompts, n, SamplingParams(max_completion_length=2))
-
-
 def test_left_pad_positions() -> None:
     ids, mask, pos = left_pad([[5, 6, 7], [8]], pad_token_id=0, device=torch.device("cpu"))
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]]
@@ -296,20 +285,22 @@ def test_peft_model_generates_with_its_adapter(
     assert policy.model.training
 
 
-@pytest.mark.parametrize("decoder", ["static", "hf"])
+@pytest.mark.parametrize("decoder", ["static", "static-fixed", "hf"])
 def test_reference_logprobs_score_the_sampled_tokens_under_the_base(
     peaked_model_dir: Path, decoder: str
 ) -> None:
     """``reference_logprobs``: the static decoder samples from the LoRA policy and scores each
-    sampled token under the base model too, also for rows that end early and leave the batch;
-    transformers' forward leaves them to the trainer (None)."""
+    sampled token under the base model too, also for rows that end early and leave the batch
+    (or, with its fixed-shape steps, stay in it); transformers' forward leaves them to the
+    trainer (None)."""
     policy = lora_policy(peaked_model_dir, scale=0.3)
     engine = TorchEngine(
         policy.model,
         eos_token_ids=list(range(0, 49152, 40)),
         pad_token_id=EOS,
-        decoder=decoder,  # type: ignore[arg-type]
+        decoder="hf" if decoder == "hf" else "static",
         reference_logprobs=True,
+        cuda_graphs=decoder == "static-fixed",  # on the CPU: the fixed steps, uncaptured
     )
     params = SamplingParams(max_completion_length=16, temperature=0.7)
     batch = engine.generate(PROMPTS, 3, params, generator=torch.Generator().manual_seed(3))
@@ -329,6 +320,26 @@ def test_reference_logprobs_score_the_sampled_tokens_under_the_base(
     assert farther > 0.1  # the adapter changes the scores: the two are told apart
 
 
+def test_fixed_steps_decode_as_the_ordinary_steps(model: PreTrainedModel) -> None:
+    """``cuda_graphs``, on the CPU: the static decoder's fixed-shape steps (what a CUDA graph
+    replays, here run uncaptured) decode greedily the same tokens with the same log-probs as its
+    ordinary steps, rows that end early kept in the batch instead of dropped."""
+    eos = list(range(0, 49152, 25))
+    params = SamplingParams(max_completion_length=12, temperature=0)
+    batches = [
+        TorchEngine(
+            model, eos_token_ids=eos, pad_token_id=EOS, decoder="static", cuda_graphs=g
+        ).generate(PROMPTS, 2, params)
+        for g in (False, True)
+    ]
+    ordinary, fixed = batches
+    assert {"eos", "length"} == set(ordinary.finish_reason)  # some rows ended early
+    assert fixed.completion_ids == ordinary.completion_ids
+    assert fixed.finish_reason == ordinary.finish_reason
+    for got, want in zip(fixed.logprobs, ordinary.logprobs, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
+
+
 def test_input_validation(model: PreTrainedModel, engine_for: EngineFor) -> None:
     engine = engine_for(model)
     params = SamplingParams(max_completion_length=4)
@@ -336,6 +347,8 @@ def test_input_validation(model: PreTrainedModel, engine_for: EngineFor) -> None
         engine.generate(PROMPTS, 0, params)
     with pytest.raises(ValueError, match="empty"):
         engine.generate([[1, 2], []], 2, params)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        engine.generate([], 2, params)
     with pytest.raises(ValueError, match="EOS"):
         TorchEngine(model, eos_token_ids=[], pad_token_id=0)
 

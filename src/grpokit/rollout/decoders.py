@@ -23,7 +23,10 @@ a long one it merges the adapter into a copy of the weights it packs (:func:`unm
 the transformers forward decodes with the adapter merged into the weights in place, then
 restored). With the adapter unmerged it can also decode the reference model, the base alone, on
 rows of its own beside the policy's (its ``reference``): the trainer then needs no reference
-forward before the update.
+forward before the update. On a GPU, where a step costs what the host spends launching its
+kernels, its :meth:`~StaticLlamaDecoder.fixed_step` keeps every shape and buffer the same from
+token to token, so that a rollout's steps can be replayed from one CUDA graph
+(grpokit.rollout.graphs).
 
 Both decode in a model's compute dtype (grpokit.models.onednn.compute_dtype) as its training
 forward computes under autocast: with bfloat16, the static decoder packs a bfloat16 copy of the
@@ -537,6 +540,8 @@ class StaticLlamaDecoder:
         self.pad_bias = torch.zeros(0, 0)
         self.next_position = torch.zeros(0, dtype=torch.long)
         self.column = 0
+        self.column_index = torch.zeros(1, dtype=torch.long)  # see begin_fixed_steps
+        self._width_index = torch.zeros(0, dtype=torch.long)
         self.kernels = decode_kernels() if fused and self.fusable() else None
         self.reference = reference
         self.reference_logits: torch.Tensor | None = None
@@ -589,10 +594,13 @@ class StaticLlamaDecoder:
         hidden: torch.Tensor,
         positions: torch.Tensor,
         attend: Any,
+        column: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run every decoder layer on ``hidden`` (rows, S, H) at ``positions`` (rows, S); new
-        keys and values go to columns ``self.column .. self.column + S``; ``attend(i, q)`` maps
-        queries (rows, heads, S, d) of layer i to its attention output of the same shape."""
+        keys and values go to columns ``self.column .. self.column + S``, or with ``column`` (a
+        (1,) tensor, S = 1) to the column it holds, which the caller then advances;
+        ``attend(i, q)`` maps queries (rows, heads, S, d) of layer i to its attention output of
+        the same shape."""
         rows, s, _ = hidden.shape
         cos, sin = self._rotary(hidden, positions)  # (rows, S, d)
         # Rotated in float32 (the residual stream's dtype), as transformers does under autocast:
@@ -610,15 +618,19 @@ class StaticLlamaDecoder:
                 q, k = q_norm(q), k_norm(k)
             q = self._rotate(q.transpose(1, 2), cos, sin).to(self.dtype)
             k = self._rotate(k.transpose(1, 2), cos, sin)
-            self.keys[i][..., self.column : end] = k.transpose(-1, -2)
-            self.values[i][:, :, self.column : end] = v.view(
-                rows, s, self.n_kv, self.head_dim
-            ).transpose(1, 2)
+            k, v = k.transpose(-1, -2), v.view(rows, s, self.n_kv, self.head_dim).transpose(1, 2)
+            if column is None:
+                self.keys[i][..., self.column : end] = k
+                self.values[i][:, :, self.column : end] = v
+            else:  # a column held in a tensor: the same kernel whichever column it is
+                self.keys[i].index_copy_(3, column, k.to(self.dtype))
+                self.values[i].index_copy_(2, column, v.to(self.dtype))
             out = attend(i, q).transpose(1, 2).reshape(rows, s, self.n_heads * self.head_dim)
             hidden = hidden + o_p(out)
             gate, up = gate_up.split(self._rms_norm(norm2, hidden))
             hidden = hidden + down(act(gate) * up)
-        self.column = end
+        if column is None:
+            self.column = end
         return hidden
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -713,6 +725,43 @@ class StaticLlamaDecoder:
         hidden = self._layers(hidden, self.next_position[:, None], attend)
         self.next_position = self.next_position + 1
         return self._logits(hidden)
+
+    def begin_fixed_steps(self) -> None:
+        """Hold the next cache column in a tensor (:attr:`column_index`), for :meth:`fixed_step`;
+        call it after the prefill and any :meth:`step`, before the first fixed step."""
+        device = self.pad_bias.device
+        self.column_index = torch.tensor([self.column], dtype=torch.long, device=device)
+        self._width_index = torch.arange(self.pad_bias.shape[1], device=device)
+        self.next_position = self.next_position.clone()  # advanced in place from here on
+
+    def fixed_step(self, token: torch.Tensor) -> torch.Tensor:
+        """:meth:`step` in eager operations whose shapes and buffers stay the same from one
+        token to the next, so that one capture as a CUDA graph replays every step of a rollout
+        (grpokit.rollout.graphs): the new keys and values go to the column that
+        :attr:`column_index` holds, attention reads the cache's whole width with the columns
+        not yet written masked out, and the column and :attr:`next_position` advance in place.
+        :attr:`column` (the Python count) is the caller's to advance. Rows cannot be dropped
+        (:meth:`select`) between fixed steps. See :meth:`begin_fixed_steps`."""
+        if self.reference:
+            token = torch.cat([token, token])
+        rows = token.shape[0]
+        groups = self.n_heads // self.n_kv
+        column = self.column_index
+        unwritten = self._width_index > column  # (width,): the columns after this token's
+        bias = self.pad_bias.masked_fill(unwritten, float("-inf"))[:, None, None, :]
+
+        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
+            q = q.reshape(rows, self.n_kv, groups, self.head_dim)
+            scores = torch.matmul(q, self.keys[i]) * self.scaling + bias
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.matmul(weights, self.values[i])
+            return out.reshape(rows, self.n_heads, 1, self.head_dim)
+
+        hidden = self.embed(token[:, None])
+        hidden = self._layers(hidden, self.next_position[:, None], attend, column=column)
+        self.next_position.add_(1)
+        column.add_(1)
+        return self._split(self._logits(hidden))
 
     def _fused_step(self, token: torch.Tensor) -> torch.Tensor:
         """:meth:`step` with the fused kernels: per layer, the norm (with the residual add before

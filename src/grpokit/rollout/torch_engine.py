@@ -34,6 +34,7 @@ from grpokit.rollout.decoders import (
     unmerged_lora_pays,
 )
 from grpokit.rollout.fused import blocked_products_pay
+from grpokit.rollout.graphs import GraphedSteps
 from grpokit.rollout.sampling import sample_next_tokens, token_logprobs
 
 COMPACT_WHEN_DONE = 4
@@ -155,6 +156,11 @@ class TorchEngine:
             sampled tokens under the reference model too, as the static decoder decodes
             (see its ``reference``), into :attr:`RolloutBatch.ref_logprobs`; a rollout through
             transformers' forward leaves them None.
+        cuda_graphs: let the static decoder's steps be captured once per rollout as a CUDA
+            graph and replayed (grpokit.rollout.graphs) where it decodes on a CUDA device; on
+            the CPU the same fixed-shape step runs uncaptured. Finished rows then stay in the
+            batch to the end (their tokens unrecorded), since a graph's shapes are fixed. Off
+            by default until whole rollouts are measured on a GPU (bench/gpu_check.sh).
     """
 
     def __init__(
@@ -168,6 +174,7 @@ class TorchEngine:
         compute_dtype: torch.dtype | None = None,
         fused_kernels: bool = True,
         reference_logprobs: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("TorchEngine needs at least one EOS token id")
@@ -177,6 +184,7 @@ class TorchEngine:
         self.compute_dtype = compute_dtype
         self.fused_kernels = fused_kernels
         self.reference_logprobs = reference_logprobs
+        self.cuda_graphs = cuda_graphs
         self.pack_cache = PackCache()
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
@@ -292,6 +300,10 @@ class TorchEngine:
 
         # Share each prompt's encoding across its group: rows i*n .. i*n+n-1 are prompt i.
         decoder.expand(n)
+        graphed: GraphedSteps | None = None
+        if self.cuda_graphs and isinstance(decoder, StaticLlamaDecoder):
+            graphed = GraphedSteps(decoder, capture=device.type == "cuda")
+        advance = graphed or decoder.step
         logits = logits.repeat_interleave(n, dim=0)
         ref = ref_logits().repeat_interleave(n, dim=0) if reference else None
 
@@ -343,11 +355,12 @@ class TorchEngine:
             n_going = int(going.sum())
             if n_going == 0:
                 break
-            if (going.numel() - n_going) * COMPACT_WHEN_DONE >= going.numel():
+            done = going.numel() - n_going
+            if graphed is None and done * COMPACT_WHEN_DONE >= going.numel():
                 keep = going.nonzero().squeeze(-1)
                 decoder.select(keep)
                 live, token, going = live[keep], token[keep], going[keep]
                 seen = None if seen is None else seen[keep]
-            logits = decoder.step(token)
+            logits = advance(token)
             ref = ref_logits() if reference else None
         return Decoded(tokens, logps, lengths, ended, ref_logps)
