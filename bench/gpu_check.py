@@ -400,7 +400,6 @@ def graph_rollouts(args: argparse.Namespace) -> dict[str, Any]:
         got = torch.nn.utils.rnn.pad_sequence(list(batch.logprobs), batch_first=True)
         out[name] = {
             "seconds": median(times[1:]),
-            "times": times[1:],
             "vs_forward": float((got.to(device) - want.float()).abs().max()),
         }
     same = [

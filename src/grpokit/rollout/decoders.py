@@ -707,13 +707,23 @@ class StaticLlamaDecoder:
 
     def _eager_step(self, token: torch.Tensor) -> torch.Tensor:
         """:meth:`step` in eager operations, over all the decoder's rows."""
-        rows = token.shape[0]
-        groups = self.n_heads // self.n_kv
         upto = self.column + 1
-        bias = self.pad_bias[:, None, None, :upto]  # (rows, 1, 1, upto)
+        attend = self._one_query_attention(token.shape[0], self.pad_bias[:, :upto], upto)
+        hidden = self.embed(token[:, None])
+        hidden = self._layers(hidden, self.next_position[:, None], attend)
+        self.next_position = self.next_position + 1
+        return self._logits(hidden)
+
+    def _one_query_attention(
+        self, rows: int, bias: torch.Tensor, upto: int
+    ) -> Callable[[int, torch.Tensor], torch.Tensor]:
+        """A step's ``attend`` for :meth:`_layers`: one query per row against the cache's first
+        ``upto`` columns, ``bias`` (rows, upto) added to the scores. Heads sharing a key/value
+        head are one matmul against it."""
+        groups = self.n_heads // self.n_kv
+        bias = bias[:, None, None, :]  # (rows, 1, 1, upto)
 
         def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            # One query per row: heads sharing a key/value head are one matmul against it.
             q = q.reshape(rows, self.n_kv, groups, self.head_dim)
             scores = torch.matmul(q, self.keys[i][..., :upto])
             scores = scores * self.scaling + bias
@@ -721,10 +731,7 @@ class StaticLlamaDecoder:
             out = torch.matmul(weights, self.values[i][:, :, :upto])
             return out.reshape(rows, self.n_heads, 1, self.head_dim)
 
-        hidden = self.embed(token[:, None])
-        hidden = self._layers(hidden, self.next_position[:, None], attend)
-        self.next_position = self.next_position + 1
-        return self._logits(hidden)
+        return attend
 
     def begin_fixed_steps(self) -> None:
         """Hold the next cache column in a tensor (:attr:`column_index`), for :meth:`fixed_step`;
@@ -744,19 +751,10 @@ class StaticLlamaDecoder:
         (:meth:`select`) between fixed steps. See :meth:`begin_fixed_steps`."""
         if self.reference:
             token = torch.cat([token, token])
-        rows = token.shape[0]
-        groups = self.n_heads // self.n_kv
         column = self.column_index
         unwritten = self._width_index > column  # (width,): the columns after this token's
-        bias = self.pad_bias.masked_fill(unwritten, float("-inf"))[:, None, None, :]
-
-        def attend(i: int, q: torch.Tensor) -> torch.Tensor:
-            q = q.reshape(rows, self.n_kv, groups, self.head_dim)
-            scores = torch.matmul(q, self.keys[i]) * self.scaling + bias
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(weights, self.values[i])
-            return out.reshape(rows, self.n_heads, 1, self.head_dim)
-
+        bias = self.pad_bias.masked_fill(unwritten, float("-inf"))
+        attend = self._one_query_attention(token.shape[0], bias, self.pad_bias.shape[1])
         hidden = self.embed(token[:, None])
         hidden = self._layers(hidden, self.next_position[:, None], attend, column=column)
         self.next_position.add_(1)
