@@ -53,7 +53,9 @@ from _common import (  # noqa: E402
     median,
     peak_gpu_mib,
     peak_rss_mib,
+    peak_rss_since_reset_mib,
     print_ratios,
+    reset_peak_rss_mib,
     run_child,
 )
 from train_step import (  # noqa: E402
@@ -315,6 +317,49 @@ def _reset_gpu_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+class PhasePeaks:
+    """The peak memory of each phase of a grpokit trainer's steps: its ``collect`` (the rollout
+    and its scoring) and its ``update`` (the optimizer steps), wrapped so that the peak is reset
+    before each call and read after it: GPU memory allocated on CUDA, resident memory elsewhere.
+    Which phase sets a run's peak tells where to look when it is above the peer's. The resets
+    would hide the run's peak from a later read, so :meth:`overall` keeps it."""
+
+    PHASES = ("collect", "update")
+
+    def __init__(self, trainer: Any, device: str) -> None:
+        import torch
+
+        def reset_gpu() -> None:
+            torch.cuda.reset_peak_memory_stats()
+
+        def read_gpu() -> float:
+            return torch.cuda.max_memory_allocated() / 2**20
+
+        self.cuda = device.startswith("cuda")
+        self._reset, self._read = (
+            (reset_gpu, read_gpu) if self.cuda else (reset_peak_rss_mib, peak_rss_since_reset_mib)
+        )
+        self.peaks: dict[str, list[float]] = {p: [] for p in self.PHASES}
+        self._before = self._read()  # loading the models, before the first reset
+        for name in self.PHASES:
+            setattr(trainer, name, self._wrapped(name, getattr(trainer, name)))
+
+    def _wrapped(self, name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._reset()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.peaks[name].append(self._read())
+
+        return call
+
+    def overall(self) -> float:
+        """The run's peak so far (MiB): the largest of the phases', of what came before them and
+        of what came after the last."""
+        return max([self._before, self._read(), *(m for p in self.peaks.values() for m in p)])
+
+
 def grpokit_run(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, Any]:
     """Warm-up and measured steps, then a checkpoint and a resumed trainer's next step."""
     import gc
@@ -323,13 +368,16 @@ def grpokit_run(args: argparse.Namespace, setting: dict[str, Any]) -> dict[str, 
 
     warmup = 1
     trainer = grpokit_trainer(args, setting, max_steps=warmup + args.steps + 1)
+    peaks = PhasePeaks(trainer, args.device)
     times, lengths, phases = grpokit_steps(trainer, warmup + args.steps)
+    overall = peaks.overall()
     out: dict[str, Any] = {
         "step_times": times[warmup:],
         "phases": {p: median(t[warmup:]) for p, t in phases.items()},
+        "phase_peaks_mib": {p: max(m) for p, m in peaks.peaks.items()},
         "mean_length": median(lengths[warmup:]),
-        "rss_mib": peak_rss_mib(),
-        "gpu_peak_mib": peak_gpu_mib(),
+        "rss_mib": max(peak_rss_mib(), overall) if not peaks.cuda else peak_rss_mib(),
+        "gpu_peak_mib": overall if peaks.cuda else peak_gpu_mib(),
     }
     t0 = time.perf_counter()
     checkpoint = trainer.save()
@@ -466,6 +514,9 @@ def report_run(model: str, setting: str, peer: str, r: dict[str, Any], per_step:
     if "phases" in r:  # where a grpokit step spends its time (medians of the measured steps)
         spent = ", ".join(f"{p} {t:.2f} s" for p, t in r["phases"].items())
         print(f"{'':<13} {'':<14} {'':<8} {spent}", flush=True)
+    if "phase_peaks_mib" in r:  # which phase sets the peak
+        peaks = ", ".join(f"{p} {m / 1024:.2f} GiB" for p, m in r["phase_peaks_mib"].items())
+        print(f"{'':<13} {'':<14} {'':<8} peak {kind} in {peaks}", flush=True)
     if "checkpoint" in r:
         print(
             f"{'':<13} {'':<14} {'':<8} {r['checkpoint']} written in {r['save_s']:.1f} s; "

@@ -22,6 +22,7 @@ RESUME_LINE = re.compile(r"checkpoint-(\d+) written in .*; resumed at step (\d+)
 PHASE_LINE = re.compile(
     r"^\s+generate (\d+\.\d+) s, score (\d+\.\d+) s, update (\d+\.\d+) s$", re.M
 )
+PEAK_LINE = re.compile(r"^\s+peak RSS in collect (\d+\.\d+) GiB, update (\d+\.\d+) GiB$", re.M)
 ROLLOUT_LINE = re.compile(
     r"^tiny\s+rollout 8 tokens: ordinary steps (?P<ordinary>\d+\.\d+) s, fixed steps "
     r"\(uncaptured\) (?P<fixed>\d+\.\d+) s .*trainer forward\| (?P<d_ordinary>\S+) / "
@@ -65,6 +66,11 @@ def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
     for setting, parts in zip(settings, phases, strict=True):
         assert all(t >= 0 for t in parts) and sum(parts) > 0
         assert sum(parts) <= float(runs[(setting, "grpokit")]["step"]) + 0.02  # printed rounded
+    # the peak of each phase, each at most the run's peak, which one of them (or loading) sets
+    peaks = [tuple(map(float, p)) for p in PEAK_LINE.findall(out)]
+    assert len(peaks) == len(settings), out
+    for setting, parts in zip(settings, peaks, strict=True):
+        assert all(0 < m <= float(runs[(setting, "grpokit")]["mem"]) + 0.005 for m in parts)
 
     ratios = {
         (s, what): float(v)
