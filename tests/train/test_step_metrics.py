@@ -1,13 +1,15 @@
-"""Step metrics that need more than TRL's: which zero-std groups are solved rather than stalled."""
+"""Step metrics that need more than TRL's: which zero-std groups are solved rather than stalled,
+and the process's peak memory."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from grpokit.rewards.compose import RewardScores
-from grpokit.train.step_metrics import solved_group_mask
+from grpokit.train.step_metrics import memory_metrics, solved_group_mask
 
 
 def _scores(rows: list[list[float]]) -> RewardScores:
@@ -34,3 +36,22 @@ def test_a_group_is_solved_when_every_completion_tops_every_reward() -> None:
     assert mask is not None and mask.tolist() == [True, False, False]
     # a reward without a maximum: no way to tell solved from stalled
     assert solved_group_mask(scores, [1.0, None], group_size=2) is None
+
+
+def _resident_gib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 2**20  # kB
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_metrics_report_the_peak_so_far() -> None:
+    before = memory_metrics(torch.device("cpu"))
+    assert set(before) == {"memory/max_rss_gib"}  # no CUDA figures for a CPU run
+    assert before["memory/max_rss_gib"] >= _resident_gib() - 1e-3
+    # 512 MiB touched and freed: the peak rises by about that and stays up once freed
+    block = torch.ones(2**27)
+    held = _resident_gib()
+    del block
+    after = memory_metrics(torch.device("cpu"))["memory/max_rss_gib"]
+    assert after >= held - 1e-3 and after >= before["memory/max_rss_gib"]

@@ -81,6 +81,7 @@ def test_variants_train_and_log(
     lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
     assert set(lines[0]) >= TRL_METRICS, TRL_METRICS - set(lines[0])
+    assert 0 < lines[0]["memory/max_rss_gib"] <= lines[1]["memory/max_rss_gib"]  # peak so far
     assert ("kl" in lines[0]) == (training.get("beta", 0.0) > 0)
     assert all(math.isfinite(x["loss"]) and math.isfinite(x["grad_norm"]) for x in lines)
     after = _params(trainer)

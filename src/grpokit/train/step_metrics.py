@@ -7,6 +7,7 @@ numbers can be tested without training.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,26 @@ def tool_metrics(rollout: RolloutBatch, names: Sequence[str] = ()) -> dict[str, 
         "turns/max": float(max(counts, default=0)),
     }
     out |= {f"tools/{name}/calls": float(n) for name, n in per_tool.items()}
+    return out
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    """The process's peak memory so far, in GiB (so a step that grows it shows as a rise):
+    ``memory/max_rss_gib``, resident host memory (absent where the OS does not report it), and on
+    a CUDA device ``memory/max_allocated_gib`` and ``memory/max_reserved_gib``, what tensors took
+    and what PyTorch's caching allocator held (verl's ``perf/max_memory_*``). With several
+    processes the step's record has the largest of theirs."""
+    out: dict[str, float] = {}
+    try:
+        import resource
+    except ImportError:  # not on Windows
+        pass
+    else:  # ru_maxrss is in KiB on Linux, in bytes on macOS
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out["memory/max_rss_gib"] = kib / (2**30 if sys.platform == "darwin" else 2**20)
+    if device.type == "cuda":
+        out["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["memory/max_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
     return out
 
 

@@ -93,6 +93,7 @@ from grpokit.train.step_metrics import (
     completion_records,
     forecast_metrics,
     forecast_summary,
+    memory_metrics,
     rollout_metrics,
     step_summary,
 )
@@ -564,6 +565,7 @@ class GRPOTrainer:
         exp = self._joined(collected.experience)
         updates = self.update(exp) if exp is not None else self._no_update()
         shared["time/update"] = time.perf_counter() - t1
+        shared |= memory_metrics(self.device)
         if self.state.global_step == 0:
             a = self.args
             names = self.rewards.names
