@@ -10,9 +10,20 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import onednn_available, set_compute_dtype
+from grpokit.rollout import decoders, torch_engine
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
-from grpokit.rollout.decoders import HFDecoder, StaticLlamaDecoder
-from grpokit.rollout.torch_engine import COMPACT_WHEN_DONE, TorchEngine, left_pad
+from grpokit.rollout.decoders import (
+    HFDecoder,
+    StaticLlamaDecoder,
+    merged_lora_fits,
+    unmerged_lora_pays,
+)
+from grpokit.rollout.torch_engine import (
+    COMPACT_WHEN_DONE,
+    TorchEngine,
+    free_device_bytes,
+    left_pad,
+)
 from grpokit.train.forward import completion_logprobs, pack
 
 EOS = 2  # <|im_end|> in the SmolLM2 tokenizer
@@ -283,6 +294,47 @@ def test_peft_model_generates_with_its_adapter(
     base = AutoModelForCausalLM.from_pretrained(peaked_model_dir).eval()
     assert got.completion_ids != engine_for(base).generate(PROMPTS, 1, params).completion_ids
     assert policy.model.training
+
+
+def test_lora_merged_copy_only_where_it_fits(peaked_model_dir: Path) -> None:
+    """A merged copy of the adapted weights takes at most half the device's free memory, else the
+    rollout decodes the adapter unmerged; on a CPU (no free-memory figure) it always may."""
+    model = lora_policy(peaked_model_dir, scale=1.0).model
+    adapted = sum(
+        p.numel() * p.element_size()
+        for name, p in model.named_parameters()
+        if name.endswith("base_layer.weight")
+    )
+    assert adapted > 0
+    assert merged_lora_fits(model, None) and merged_lora_fits(model, 2 * adapted)
+    assert not merged_lora_fits(model, 2 * adapted - 1)
+    assert free_device_bytes(model) is None  # a CPU model
+    plain = AutoModelForCausalLM.from_pretrained(peaked_model_dir).eval()
+    assert merged_lora_fits(plain, 0)  # nothing to copy
+
+
+@pytest.mark.parametrize("decoder", ["static", "hf"])
+def test_a_full_device_decodes_lora_unmerged(
+    peaked_model_dir: Path, decoder: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the device has too little free memory for the copy (faked here: this machine has
+    no GPU), neither decoder merges, even for a rollout long enough that merging pays, and the
+    log-probs are the policy's."""
+    policy = lora_policy(peaked_model_dir, scale=0.3)
+    engine = TorchEngine(policy.model, eos_token_ids=[EOS], pad_token_id=EOS, decoder=decoder)
+    params = SamplingParams(max_completion_length=64, temperature=0.7, ignore_eos=True)
+    assert not unmerged_lora_pays(params.max_completion_length, len(PROMPTS) * 2)
+
+    def no_copy(*args: Any) -> Any:
+        raise AssertionError("a merged copy was made")
+
+    monkeypatch.setattr(torch_engine, "free_device_bytes", lambda model: 0)
+    monkeypatch.setattr(decoders, "_merged_weight", no_copy)
+    monkeypatch.setattr(torch_engine, "lora_merged", no_copy)
+    batch = engine.generate(PROMPTS, 2, params, generator=torch.Generator().manual_seed(3))
+    for row, completion in enumerate(batch.completion_ids[:4]):
+        want = recomputed_logprobs(policy.model, PROMPTS[batch.prompt_index(row)], completion, 0.7)
+        torch.testing.assert_close(batch.logprobs[row], want, rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize("decoder", ["static", "static-fixed", "hf"])

@@ -21,7 +21,7 @@ Frozen weights, LoRA's base, are packed once and kept (:class:`PackCache`). For 
 rollout it computes a LoRA adapter beside the base product, unmerged, as peft's forward does; for
 a long one it merges the adapter into a copy of the weights it packs (:func:`unmerged_lora_pays`;
 the transformers forward decodes with the adapter merged into the weights in place, then
-restored). With the adapter unmerged it can also decode the reference model, the base alone, on
+restored), where that copy fits the device's free memory (:func:`merged_lora_fits`). With the adapter unmerged it can also decode the reference model, the base alone, on
 rows of its own beside the policy's (its ``reference``): the trainer then needs no reference
 forward before the update. On a GPU, where a step costs what the host spends launching its
 kernels, its :meth:`~StaticLlamaDecoder.fixed_step` keeps every shape and buffer the same from
@@ -212,6 +212,25 @@ def unmerged_lora_pays(max_new_tokens: int, rows: int) -> bool:
     64 tokens at 4 rows, 48 at 8 and 19 at 32: on the safe side of both measurements.
     """
     return max_new_tokens * (1 + rows / 8) <= 96
+
+
+def merged_lora_fits(model: torch.nn.Module, free_bytes: int | None) -> bool:
+    """Whether a rollout may merge the LoRA adapters into a copy of the weights they adapt (the
+    other side of :func:`unmerged_lora_pays`) with ``free_bytes`` of the device's memory free:
+    the copy may take at most half of it, leaving the rest to the KV cache and the steps. None
+    (a CPU, whose memory :func:`unmerged_lora_pays`'s measurements ran in): always.
+
+    LoRA is picked to save memory: merged, the rollout of a 7B model in bfloat16 would hold 14 GB
+    of copied weights beside the 14 GB of the model, where peft's own forward (TRL's rollout)
+    holds none; unmerged, the adapters cost a few small products a step instead."""
+    if free_bytes is None:
+        return True
+    copied = 0
+    for module in model.modules():
+        if adapter_in_effect(module):
+            weight = _base_layer(module).weight
+            copied += weight.numel() * weight.element_size()
+    return 2 * copied <= free_bytes
 
 
 def reference_rows_pay(rows: int) -> bool:

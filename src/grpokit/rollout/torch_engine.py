@@ -30,6 +30,7 @@ from grpokit.rollout.decoders import (
     PackCache,
     Packing,
     StaticLlamaDecoder,
+    merged_lora_fits,
     static_decoder_unsupported,
     unmerged_lora_pays,
 )
@@ -74,6 +75,16 @@ class Decoded(NamedTuple):
     lengths: torch.Tensor
     ended: torch.Tensor
     ref_logps: torch.Tensor | None
+
+
+def free_device_bytes(model: torch.nn.Module) -> int | None:
+    """The memory a CUDA model's device can still give: what the driver reports free plus what
+    PyTorch's caching allocator holds unused; None on other devices."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return None
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
 
 
 @contextmanager
@@ -224,6 +235,10 @@ class TorchEngine:
             ref_logprobs=None if out.ref_logps is None else per_row(out.ref_logps),
         )
 
+    def _merge_fits(self) -> bool:
+        """Whether a rollout may hold a LoRA-merged copy of the weights (merged_lora_fits)."""
+        return merged_lora_fits(self.model, free_device_bytes(self.model))
+
     def _decoder(self, prompt_width: int, max_new_tokens: int, rows: int) -> Decoder:
         """The static Llama-family decoder where it applies (and is not switched off), else
         transformers' own forward."""
@@ -237,6 +252,7 @@ class TorchEngine:
                     pack = "blocked" if blocked and blocked_products_pay() else "onednn"
                 # The reference rows read the frozen base, so the adapter stays unmerged.
                 reference = self.reference_logprobs
+                merge = not unmerged_lora_pays(max_new_tokens, rows) and self._merge_fits()
                 return StaticLlamaDecoder(
                     self.model,
                     max_new_tokens,
@@ -244,7 +260,7 @@ class TorchEngine:
                     dtype=dtype,
                     fused=self.fused_kernels,
                     pack_cache=self.pack_cache,
-                    merge_lora=not reference and not unmerged_lora_pays(max_new_tokens, rows),
+                    merge_lora=not reference and merge,
                     reference=reference,
                 )
             if self.decoder == "static":
@@ -262,7 +278,8 @@ class TorchEngine:
         """The decoding loop, on the decoder that suits the rollout."""
         input_ids, mask, positions = left_pad(prompt_ids, self.pad_token_id, device)
         # The static decoder computes a LoRA adapter beside the base or merges it into its own
-        # copy of the weights; transformers' forward decodes with it merged in place.
+        # copy of the weights; transformers' forward decodes with it merged in place (a saved
+        # copy of the weights), or unmerged where that copy would not fit (merged_lora_fits).
         rows = len(prompt_ids) * n
         decoder = self._decoder(input_ids.shape[1], params.max_completion_length, rows)
         # Only transformers' forward runs the modules, so only it needs eval mode (no dropout);
@@ -270,7 +287,7 @@ class TorchEngine:
         # all its modules: twice a rollout, that took 2% of a LoRA step of the embedded model.
         hf = isinstance(decoder, HFDecoder)
         with (
-            lora_merged(self.model) if hf else nullcontext(),
+            lora_merged(self.model) if hf and self._merge_fits() else nullcontext(),
             eval_mode(self.model) if hf else nullcontext(),
         ):
             return self._sample(
