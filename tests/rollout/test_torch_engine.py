@@ -329,7 +329,7 @@ def test_a_full_device_decodes_lora_unmerged(
         raise AssertionError("a merged copy was made")
 
     monkeypatch.setattr(torch_engine, "free_device_bytes", lambda model: 0)
-    monkeypatch.setattr(decoders, "_merged_weight", no_copy)
+    monkeypatch.setattr(decoders, "merged_weight", no_copy)
     monkeypatch.setattr(torch_engine, "lora_merged", no_copy)
     batch = engine.generate(PROMPTS, 2, params, generator=torch.Generator().manual_seed(3))
     for row, completion in enumerate(batch.completion_ids[:4]):

@@ -154,10 +154,12 @@ def _base_layer(module: torch.nn.Module) -> Any:
     return get_base() if callable(get_base) else module
 
 
-def _merged_weight(module: torch.nn.Module) -> torch.Tensor:
-    """A projection's base weight plus its active plain LoRA adapters' deltas, in a new tensor:
-    the policy's own weights are never changed, so the rollout needs neither a saved copy of
-    them nor a copy back afterwards."""
+def merged_weight(module: torch.nn.Module) -> torch.Tensor:
+    """A projection's base weight plus its active plain LoRA adapters' deltas, in a new tensor
+    (the base weight itself where no adapter is in effect): the policy's own weights are never
+    changed, so neither a rollout nor a sync to vLLM needs a saved copy of them and a copy back.
+    Each delta is added in the wider of the two dtypes and rounded once to the weight's, as
+    peft's in-place merge rounds."""
     base = _base_layer(module)
     weight: torch.Tensor = base.weight.detach()
     if not adapter_in_effect(module):
@@ -165,7 +167,7 @@ def _merged_weight(module: torch.nn.Module) -> torch.Tensor:
     lora: Any = module
     for name in lora.active_adapters:
         if name in lora.lora_A:
-            weight = weight + lora.get_delta_weight(name).to(weight.dtype)
+            weight = torch.add(weight, lora.get_delta_weight(name)).to(base.weight.dtype)
     return weight
 
 
@@ -424,7 +426,7 @@ class _Projections:
         # A merged copy is new every rollout: nothing to keep.
         cache = None if merge else cache
         weights = [
-            _merged_weight(m) if merge else b.weight for m, b in zip(modules, bases, strict=True)
+            merged_weight(m) if merge else b.weight for m, b in zip(modules, bases, strict=True)
         ]
         self.fused: Callable[[torch.Tensor], torch.Tensor] | None = None
         self.layers: list[Callable[[torch.Tensor], torch.Tensor]] = []

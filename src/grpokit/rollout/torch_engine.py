@@ -90,8 +90,8 @@ def free_device_bytes(model: torch.nn.Module) -> int | None:
 @contextmanager
 def lora_merged(model: torch.nn.Module) -> Iterator[None]:
     """Decode with a peft model's LoRA adapter merged into its base weights, then undo the merge:
-    for transformers' own forward and for syncing vLLM (the static Llama decoder merges into its
-    own packed copy instead, grpokit.rollout.decoders).
+    for transformers' own forward (the static Llama decoder merges into its own copy instead,
+    and a sync to vLLM merges layer by layer as it sends, grpokit.rollout.decoders.merged_weight).
 
     An unmerged adapter adds two small matmuls and their Python dispatch to every adapted linear
     layer at every decoding step; merged, each layer is one plain matmul. Measured with

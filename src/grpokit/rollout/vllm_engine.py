@@ -8,8 +8,8 @@ Two modes, one interface (:class:`~grpokit.rollout.base.RolloutEngine`):
 - ``colocate``: a vLLM ``LLM`` lives in the training process, on the training device. After every
   optimizer step :meth:`VLLMEngine.sync_weights` streams the policy's current weights into it
   through vLLM's in-place reload. Under LoRA there are two ways (``lora_sync``): ``merged``, the
-  adapter merged into the dense weights for the copy (the base weights restored by copy
-  afterwards; vLLM runs plain dense weights and needs no LoRA support), or ``adapter``, only the
+  adapter merged into each dense weight as it is sent (the policy's weights untouched; vLLM runs
+  plain dense weights and needs no LoRA support), or ``adapter``, only the
   adapter written in peft's format and handed to vLLM's own LoRA support under a new id each
   time (the base weights go over once).
 - ``server``: generation runs in a separate server. A GPU trainer uses TRL's (``trl vllm-serve
@@ -39,13 +39,14 @@ from typing import Any, Literal
 import torch
 
 from grpokit.errors import UserError
+from grpokit.models.compat import adapter_in_effect
 from grpokit.rollout.base import (
     FinishReason,
     RolloutBatch,
     SamplingParams,
     check_generate_args,
 )
-from grpokit.rollout.torch_engine import lora_merged
+from grpokit.rollout.decoders import merged_weight
 from grpokit.rollout.vllm_server import ServerClient, sync_dir, write_weights
 
 VLLMMode = Literal["colocate", "server"]
@@ -230,29 +231,30 @@ def vllm_param_name(name: str) -> str | None:
     return name.replace("_checkpoint_wrapped_module.", "")
 
 
-def dense_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(vLLM name, tensor) for every weight of the dense model, LoRA merged in.
-
-    Must be consumed inside :func:`merged_adapter` when the model is a peft model.
-    """
+def dense_weights(
+    model: torch.nn.Module, *, merge_lora: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(vLLM name, tensor) for every weight of the dense model: with ``merge_lora``, an adapted
+    layer's weight with its LoRA adapters merged in, each made as it is consumed
+    (grpokit.rollout.decoders.merged_weight), so that a sync holds one merged layer at a time
+    and never changes the policy's weights; without, the base weights as they are."""
+    adapted: dict[str, torch.nn.Module] = {}
+    if merge_lora:
+        adapted = {
+            f"{name}.base_layer.weight": module
+            for name, module in model.named_modules()
+            if adapter_in_effect(module)
+        }
     for name, param in model.named_parameters():
         target = vllm_param_name(name)
         if target is not None:
-            yield target, param.data
+            layer = adapted.get(name)
+            yield target, param.data if layer is None else merged_weight(layer)
     for name, buf in model.named_buffers():
         target = vllm_param_name(name)
         # Rotary tables and the like are recomputed by vLLM; only persistent state would matter.
         if target is not None and not name.endswith(("inv_freq", "original_inv_freq")):
             yield target, buf
-
-
-@contextmanager
-def merged_adapter(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """A peft model with its adapter merged into its base weights for the duration of a block;
-    the base weights are restored by copy afterwards (subtracting the adapter back would leave a
-    rounding error in them at every sync, see :func:`lora_merged`). Other models pass through."""
-    with torch.no_grad(), lora_merged(model):
-        yield model
 
 
 def refresh_tied_packed_layers(model: torch.nn.Module) -> int:
@@ -506,16 +508,15 @@ class VLLMEngine:
         if self.adapter_rank is not None:
             self._sync_adapter()
             return
-        with merged_adapter(self.model) as model:
-            if self._llm is not None:
-                # vLLM's supported in-place reload: each layer is loaded from the streamed
-                # checkpoint-format weights and then processed for its kernels again (packing on
-                # CPU), which loading into the running model directly would skip.
-                self._reload(dense_weights(model))
-            elif self._files is not None:
-                self._files.push_weights(dense_weights(model))
-            else:
-                self._push_nccl(list(dense_weights(model)))
+        if self._llm is not None:
+            # vLLM's supported in-place reload: each layer is loaded from the streamed
+            # checkpoint-format weights and then processed for its kernels again (packing on
+            # CPU), which loading into the running model directly would skip.
+            self._reload(dense_weights(self.model))
+        elif self._files is not None:
+            self._files.push_weights(dense_weights(self.model))
+        else:
+            self._push_nccl(list(dense_weights(self.model)))
         if self._llm is not None and "kv_cache" not in self._asleep:  # asleep, it is empty
             self._llm.reset_prefix_cache()
 
@@ -525,13 +526,12 @@ class VLLMEngine:
         later, from another thread (an engine generating ahead, grpokit.rollout.ahead): as a
         file written now, or (NCCL) a copy of the tensors. Server mode only: a colocated vLLM
         shares the training process and device."""
-        with merged_adapter(self.model) as model:
-            if self._files is not None:
-                path = write_weights(dense_weights(model))
-                return functools.partial(self._files.reload, path)
-            if self._client is not None:
-                weights = [(name, t.clone()) for name, t in dense_weights(model)]
-                return functools.partial(self._push_nccl, weights)
+        if self._files is not None:
+            path = write_weights(dense_weights(self.model))
+            return functools.partial(self._files.reload, path)
+        if self._client is not None:
+            weights = [(name, t.clone()) for name, t in dense_weights(self.model)]
+            return functools.partial(self._push_nccl, weights)
         raise UserError(
             "training.max_staleness: generating ahead needs vllm_mode: server (a colocated vLLM "
             "shares the training process); set max_staleness: 0 or use a vLLM server"
@@ -558,7 +558,7 @@ class VLLMEngine:
         from vllm.lora.request import LoRARequest
 
         if not self._base_synced:
-            self._reload(dense_weights(self.model))  # the base layers' weights, adapter left out
+            self._reload(dense_weights(self.model, merge_lora=False))  # the adapter goes apart
             self._base_synced = True
         directory = tempfile.mkdtemp(prefix="grpokit-lora-", dir=sync_dir())
         # Removed with the engine (or at exit), should no later sync replace it.
