@@ -21,9 +21,10 @@ Frozen weights, LoRA's base, are packed once and kept (:class:`PackCache`). For 
 rollout it computes a LoRA adapter beside the base product, unmerged, as peft's forward does; for
 a long one it merges the adapter into a copy of the weights it packs (:func:`unmerged_lora_pays`;
 the transformers forward decodes with the adapter merged into the weights in place, then
-restored), where that copy fits the device's free memory (:func:`merged_lora_fits`). With the adapter unmerged it can also decode the reference model, the base alone, on
-rows of its own beside the policy's (its ``reference``): the trainer then needs no reference
-forward before the update. On a GPU, where a step costs what the host spends launching its
+restored), where that copy fits the device's free memory (:func:`merged_lora_fits`). With the
+adapter unmerged it can also decode the reference model, the base alone, on rows of its own
+beside the policy's (its ``reference``): the trainer then needs no reference forward before the
+update. On a GPU, where a step costs what the host spends launching its
 kernels, its :meth:`~StaticLlamaDecoder.fixed_step` keeps every shape and buffer the same from
 token to token, so that a rollout's steps can be replayed from one CUDA graph
 (grpokit.rollout.graphs).
@@ -165,9 +166,10 @@ def merged_weight(module: torch.nn.Module) -> torch.Tensor:
     if not adapter_in_effect(module):
         return weight
     lora: Any = module
-    for name in lora.active_adapters:
-        if name in lora.lora_A:
-            weight = torch.add(weight, lora.get_delta_weight(name)).to(base.weight.dtype)
+    with torch.no_grad():  # the delta is made of trained parameters: no graph to keep
+        for name in lora.active_adapters:
+            if name in lora.lora_A:
+                weight = torch.add(weight, lora.get_delta_weight(name)).to(base.weight.dtype)
     return weight
 
 
