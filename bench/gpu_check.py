@@ -329,15 +329,14 @@ class PhasePeaks:
     def __init__(self, trainer: Any, device: str) -> None:
         import torch
 
-        def reset_gpu() -> None:
-            torch.cuda.reset_peak_memory_stats()
-
         def read_gpu() -> float:
-            return torch.cuda.max_memory_allocated() / 2**20
+            return peak_gpu_mib() or 0.0
 
         self.cuda = device.startswith("cuda")
         self._reset, self._read = (
-            (reset_gpu, read_gpu) if self.cuda else (reset_peak_rss_mib, peak_rss_since_reset_mib)
+            (torch.cuda.reset_peak_memory_stats, read_gpu)
+            if self.cuda
+            else (reset_peak_rss_mib, peak_rss_since_reset_mib)
         )
         self.peaks: dict[str, list[float]] = {p: [] for p in self.PHASES}
         self._before = self._read()  # loading the models, before the first reset

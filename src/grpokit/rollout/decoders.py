@@ -24,10 +24,9 @@ the transformers forward decodes with the adapter merged into the weights in pla
 restored), where that copy fits the device's free memory (:func:`merged_lora_fits`). With the
 adapter unmerged it can also decode the reference model, the base alone, on rows of its own
 beside the policy's (its ``reference``): the trainer then needs no reference forward before the
-update. On a GPU, where a step costs what the host spends launching its
-kernels, its :meth:`~StaticLlamaDecoder.fixed_step` keeps every shape and buffer the same from
-token to token, so that a rollout's steps can be replayed from one CUDA graph
-(grpokit.rollout.graphs).
+update. On a GPU, where a step costs what the host spends launching its kernels, its
+:meth:`~StaticLlamaDecoder.fixed_step` keeps every shape and buffer the same from token to token,
+so that a rollout's steps can be replayed from one CUDA graph (grpokit.rollout.graphs).
 
 Both decode in a model's compute dtype (grpokit.models.onednn.compute_dtype) as its training
 forward computes under autocast: with bfloat16, the static decoder packs a bfloat16 copy of the
