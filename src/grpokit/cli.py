@@ -237,6 +237,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("grpokit.preflight.cli", "theory_cmd"),
     ("grpokit.train.sft_cli", "sft_cmd"),
     ("grpokit.models.cli", "export_cmd"),
+    ("grpokit.models.cli", "models_cmd"),
     ("grpokit.evaluate.generate_cli", "generate_cmd"),
     ("grpokit.evaluate.review_cli", "review_cmd"),
     ("grpokit.recipes.cli", "recipes_cli"),

@@ -73,3 +73,40 @@ def test_a_template_from_a_file_or_inline(tmp_path: Path, tiny_tokenizer: object
     assert tiny_tokenizer.decode(encode_prompt(tiny_tokenizer, "hi", system_prompt="sys")) == "sys\n\nhi"  # type: ignore[attr-defined]  # fmt: skip
     with pytest.raises(UserError, match="model.chat_template: .*missing.jinja does not exist"):
         apply_template_setting(tiny_tokenizer, "missing.jinja", tmp_path)
+
+
+def test_a_bos_the_tokenizer_adds_is_kept_once_as_servers_keep_it(tmp_path: Path) -> None:
+    """Gemma's tokenizer puts a BOS before any text; llama.cpp and transformers' tokenizer(text)
+    keep it, so grpokit must too, without doubling the one a template writes."""
+    from transformers import AutoTokenizer
+
+    from grpokit.data.chat import bos_prefix
+    from grpokit.models.tiny import make_tiny_sentencepiece_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(make_tiny_sentencepiece_tokenizer_dir(tmp_path, "gemma"))
+    bos = tok.bos_token_id
+    assert bos_prefix(tok) == [bos]
+    served = tok("What is 47 + 38?")["input_ids"]  # what a server feeds for the plain text
+    tok.chat_template = PLAIN_TEMPLATE
+    ids = encode_prompt(tok, "What is 47 + 38?")
+    assert ids == served and ids[0] == bos and ids.count(bos) == 1
+    # Gemma's own template writes {{ bos_token }}: not doubled.
+    with_template = AutoTokenizer.from_pretrained(tmp_path)
+    ids = encode_prompt(with_template, "Hi")
+    assert ids[0] == bos and ids.count(bos) == 1
+    # Cut from the left to max_prompt_length, the BOS stays first.
+    long = "one two three four five six seven"
+    cut = encode_prompt(tok, long, max_prompt_length=4)
+    assert cut == [bos, *tok(long, add_special_tokens=False)["input_ids"][-3:]]
+
+
+def test_a_tokenizer_that_adds_no_bos_gets_none(tiny_model_dir: Path) -> None:
+    """SmolLM2 and Qwen add no BOS: their prompts are exactly the template's text."""
+    from transformers import AutoTokenizer
+
+    from grpokit.data.chat import bos_prefix, render_prompt
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert bos_prefix(tok) == []
+    text = render_prompt(tok, "Hi")
+    assert encode_prompt(tok, "Hi") == tok(text, add_special_tokens=False)["input_ids"]

@@ -11,7 +11,7 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.files import cache_root
-from grpokit.model_files import embedded
+from grpokit.model_files import convert, embedded
 from grpokit.model_files.embedded import (
     EMBEDDED_MODEL,
     MARKER_FILE,
@@ -61,18 +61,18 @@ def test_incomplete_dir_is_replaced_and_complete_one_kept(tmp_path: Path) -> Non
     def finished(path: Path, tag: str) -> Path:
         path.mkdir()
         (path / "config.json").write_text("{}")
-        marker = {"format": embedded.CONVERSION_FORMAT, "tag": tag}
+        marker = {"format": convert.CONVERSION_FORMAT, "tag": tag}
         (path / MARKER_FILE).write_text(json.dumps(marker))
         return path
 
     target = tmp_path / "model"
     target.mkdir()
     (target / "config.json").write_text("{}")  # no marker: a half-written or foreign directory
-    embedded._replace_dir(finished(tmp_path / "new1", "first"), target)
+    convert.replace_dir(finished(tmp_path / "new1", "first"), target)
     assert json.loads((target / MARKER_FILE).read_text())["tag"] == "first"
     # a complete directory that appeared meanwhile (another process won) is kept
     loser = finished(tmp_path / "new2", "second")
-    embedded._replace_dir(loser, target)
+    convert.replace_dir(loser, target)
     assert json.loads((target / MARKER_FILE).read_text())["tag"] == "first"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "new2"]
     assert source_gguf(target) is None

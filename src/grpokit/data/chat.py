@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -119,7 +121,7 @@ def encode_prompt(
     """Token ids of the prompt rendered with the chat template, ready for generation.
 
     Over-long prompts are cut from the left, keeping the end (the question and the generation
-    prompt) as TRL does. A tokenizer without a chat template is refused (see
+    prompt) as TRL does. A BOS goes first where the tokenizer adds one (:func:`bos_prefix`). A tokenizer without a chat template is refused (see
     :data:`PLAIN_TEMPLATE` and ``model.chat_template``) rather than guessed at.
     ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
     variables, e.g. ``{"enable_thinking": False}`` for Qwen3. ``tools``: the JSON schemas of the
@@ -135,9 +137,37 @@ def encode_prompt(
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
         raise UserError(f"prompt {prompt!r} encodes to no tokens")
-    if max_prompt_length is not None and len(ids) > max_prompt_length:
-        ids = ids[-max_prompt_length:]
-    return ids
+    bos = bos_prefix(tokenizer)
+    if ids[: len(bos)] == bos:  # the template wrote it (Gemma's, Llama 3's)
+        bos = []
+    if max_prompt_length is not None and len(ids) + len(bos) > max_prompt_length:
+        ids = ids[len(ids) + len(bos) - max_prompt_length :]
+    return bos + ids
+
+
+_BOS: weakref.WeakKeyDictionary[Any, list[int]] = weakref.WeakKeyDictionary()
+
+
+def bos_prefix(tokenizer: Any) -> list[int]:
+    """``[bos_token_id]`` where the tokenizer puts a BOS before any text it encodes, else ``[]``.
+
+    The rendered prompt is encoded without special tokens (the template writes the ones it
+    wants), so a tokenizer that adds a BOS by itself (Gemma's: ``add_bos_token`` in its
+    tokenizer_config.json and ``tokenizer.ggml.add_bos_token`` in its GGUF) would lose it where
+    llama.cpp's server and transformers' ``tokenizer(text)`` keep it: a plain-template Gemma
+    answered "47 + 38" with 57 without it and 49 with it. :func:`encode_prompt` adds it unless
+    the template already wrote it, as the servers that run the exported model do.
+    """
+    try:
+        return _BOS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    bos = getattr(tokenizer, "bos_token_id", None)
+    probe: list[int] = tokenizer("a", add_special_tokens=True)["input_ids"]
+    found = [int(bos)] if bos is not None and probe[:1] == [bos] else []
+    with contextlib.suppress(TypeError):
+        _BOS[tokenizer] = found
+    return found
 
 
 def prompt_text(prompt: Prompt) -> str:
@@ -186,6 +216,6 @@ def prompts_past_context(
         chunk = texts[start : start + 256]
         encoded = tokenizer([t for _, t in chunk], add_special_tokens=False)["input_ids"]
         for (i, _), ids in zip(chunk, encoded, strict=True):
-            if len(ids) > room:
+            if len(ids) + len(bos_prefix(tokenizer)) > room:
                 out.append((i, f"{len(ids)} tokens"))
     return sorted(out)

@@ -1,5 +1,5 @@
-"""Where a model's files are, and its tokenizer: the embedded default's converted directory, a
-local directory, or a hub name. Below everything that loads a model (the policy in
+"""Where a model's files are, and its tokenizer: the converted directory of the embedded default,
+of a named offline model or of a GGUF file, a local directory, or a hub name. Below everything that loads a model (the policy in
 :mod:`grpokit.models`, a reward model, a local judge), so that each finds models the same way.
 """
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
+from grpokit.model_files.convert import gguf_model_dir
 from grpokit.model_files.embedded import EMBEDDED_MODEL, embedded_model_dir
+from grpokit.model_files.named import NAMED_MODELS, named_model, named_model_dir
 
 # A hub id is "name" or "owner/name" made of these characters; anything else is a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -20,13 +22,17 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 def resolve_model_path(name_or_path: str) -> str:
     """Where to load a model from.
 
-    The embedded name gives its converted cache directory (converting on first use); an existing
-    local directory is returned as is; a string shaped like a hub id (``owner/name``) is passed
-    through for transformers to fetch. Anything else raises :class:`UserError`.
+    The embedded name, a named offline model (:data:`~grpokit.model_files.named.NAMED_MODELS`)
+    and a ``.gguf`` file give their converted cache directory (converting on first use); an
+    existing local directory is returned as is; a string shaped like a hub id (``owner/name``) is
+    passed through for transformers to fetch. Anything else raises :class:`UserError`.
     """
     name = name_or_path.strip()
     if name.lower() == EMBEDDED_MODEL:
         return str(embedded_model_dir())
+    named = named_model(name)
+    if named is not None:
+        return str(named_model_dir(named))
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -37,22 +43,22 @@ def resolve_model_path(name_or_path: str) -> str:
             )
         return str(path)
     if path.is_file():
-        if path.suffix == ".gguf":
-            raise UserError(
-                f"Model '{name_or_path}' is a GGUF file: it loads quantised and cannot be "
-                "trained. Convert it once with "
-                "grpokit.model_files.embedded.convert_gguf(path, out_dir) and use out_dir."
-            )
+        if path.suffix.lower() == ".gguf":
+            return str(gguf_model_dir(path))
         raise UserError(
-            f"Model '{name_or_path}' is a file; give a model directory (with config.json), a hub "
-            f"name, or the embedded default '{EMBEDDED_MODEL}'."
+            f"Model '{name_or_path}' is a file but not a .gguf; give a GGUF file, a model "
+            f"directory (with config.json), a hub name, or a named model ({_names()})."
         )
     if name.startswith((".", "/", "~")) or not _HUB_ID.match(name):
         raise UserError(
-            f"Model '{name_or_path}' does not exist: no such directory, and it is not a hub name "
-            f"(owner/name). Check the path, or use the embedded default '{EMBEDDED_MODEL}'."
+            f"Model '{name_or_path}' does not exist: no such directory or file, and it is not a "
+            f"hub name (owner/name). Check the path, or use a named model ({_names()})."
         )
     return name
+
+
+def _names() -> str:
+    return ", ".join(NAMED_MODELS) + "; `grpokit models` lists them"
 
 
 def hub_error(name_or_path: str, exc: Exception) -> UserError:
@@ -71,7 +77,10 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """
     from transformers import AutoTokenizer
 
-    resolved = resolve_model_path(name_or_path)
+    # A tokenizer saved on its own (beside a LoRA adapter) is a tokenizer directory too.
+    given = Path(name_or_path).expanduser()
+    has_own = (given / "tokenizer_config.json").is_file()
+    resolved = str(given) if has_own else resolve_model_path(name_or_path)
     try:
         tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(resolved)
     except (OSError, ValueError) as exc:

@@ -99,7 +99,8 @@ def resolve_model(
 ) -> ModelSpec:
     """Turn a model argument into what to load.
 
-    Accepted: ``[LABEL=]X`` where X is the embedded model's name, a hub name, a model directory
+    Accepted: ``[LABEL=]X`` where X is a named model (the embedded default, a named offline model),
+    a GGUF file, a hub name, a model directory
     (config.json), a grpokit checkpoint (``checkpoint-N/`` or its ``model/``; a LoRA adapter is
     merged into the base model named in its grpokit_policy.json), or a run directory (its latest
     checkpoint). ``option`` names the argument in error messages.
@@ -114,8 +115,11 @@ def resolve_model(
             raise UserError(f"{option} {arg}: no such directory")
         return ModelSpec(label or arg.rsplit("/", 1)[-1], arg, None, arg)
     if not path.is_dir():
+        if path.suffix.lower() == ".gguf":  # converted once into the cache when loaded
+            return ModelSpec(label or path.stem, str(path), None, arg)
         raise UserError(
-            f"{option} {arg}: expected a model, checkpoint or run directory, got a file"
+            f"{option} {arg}: expected a model, checkpoint or run directory or a .gguf file, "
+            "got another file"
         )
     run_dir: Path | None = None
     latest = latest_checkpoint(path)

@@ -41,7 +41,18 @@ from grpokit.cli_options import out_option
     show_default=True,
     help="Weights' dtype of an hf export.",
 )
-def export_cmd(checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str) -> None:
+@click.option(
+    "--check",
+    "check",
+    type=click.IntRange(min=0),
+    default=4,
+    show_default=True,
+    help="After writing, compare greedy completions of this many held-out prompts (the run's "
+    "data.heldout where the checkpoint has a run) from the checkpoint and from the export, in "
+    "transformers (hf) or llama.cpp (gguf): 'k of n identical', stored beside the export, "
+    "with a warning when a quantisation loses the trained format. 0 skips it.",
+)
+def export_cmd(checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str, check: int) -> None:
     """Export CHECKPOINT (a checkpoint-N/, a run directory for its latest checkpoint, or a model
     directory) for use outside grpokit.
 
@@ -52,14 +63,80 @@ def export_cmd(checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str) -
       grpokit export runs/demo/grpo --format gguf --quantize q4_k_m --out demo-q4.gguf
       grpokit export runs/demo/grpo/checkpoint-24 --format hf --out demo-hf/
     """
-    from grpokit.models.export import export_checkpoint
+    from grpokit.models.export import export_loaded, load_export_source
 
-    path = export_checkpoint(
+    def log(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    loaded = load_export_source(
         checkpoint,
         fmt=fmt,  # type: ignore[arg-type]
         out=out,
         outtype=outtype,  # type: ignore[arg-type]
         dtype=dtype,  # type: ignore[arg-type]
-        log=lambda msg: click.echo(msg, err=True),
     )
+    path = export_loaded(loaded, fmt=fmt, out=out, outtype=outtype, log=log)  # type: ignore[arg-type]
     click.echo(f"exported: {path}")
+    if check:
+        from grpokit.evaluate.fidelity import check_export, fidelity_prompts
+
+        prompts, system_prompt, tags = fidelity_prompts(_run_config(checkpoint), check)
+        result = check_export(
+            loaded,
+            path,
+            fmt=fmt,
+            outtype=outtype if fmt == "gguf" else dtype,
+            prompts=prompts,
+            system_prompt=system_prompt,
+            format_tags=tags,
+            log=log,
+        )
+        click.echo(result.summary)
+
+
+def _run_config(checkpoint: str) -> object | None:
+    """The config of the run ``checkpoint`` belongs to, or None (a bare model directory)."""
+    from grpokit.config import load_config
+    from grpokit.models.checkpoints import resolve_model
+
+    run_dir = resolve_model(checkpoint, option="CHECKPOINT").run_dir
+    if run_dir is None or not (run_dir / "config.yaml").is_file():
+        return None
+    return load_config(run_dir / "config.yaml")
+
+
+@click.command("models")
+@click.option(
+    "--prepare",
+    "prepare",
+    is_flag=True,
+    help="Join each NAME's parts and convert it into the cache now (as its first use would), "
+    "so a later run does not wait; scripts/setup.sh models calls this.",
+)
+@click.argument("names", nargs=-1)
+def models_cmd(prepare: bool, names: tuple[str, ...]) -> None:
+    """The named offline models: which are installed and converted, and what each costs.
+
+    A config names one in model.name_or_path. Any GGUF file works there too (converted once into
+    the cache), as does a Hugging Face model directory.
+
+    \b
+    Examples:
+      grpokit models
+      scripts/setup.sh models qwen2.5-coder-0.5b-instruct
+      grpokit train cfg.yaml --set model.name_or_path=qwen2.5-coder-0.5b-instruct
+    """
+    from grpokit.errors import UserError
+    from grpokit.model_files.named import NAMED_MODELS, model_table, named_model, prepare_model
+
+    unknown = [n for n in names if named_model(n) is None]
+    if unknown:
+        raise UserError(
+            f"grpokit models: unknown model(s) {', '.join(unknown)}; known: "
+            f"{', '.join(NAMED_MODELS)}"
+        )
+    if prepare:
+        for name in names or tuple(NAMED_MODELS):
+            click.echo(prepare_model(NAMED_MODELS[name]))
+        return
+    click.echo(model_table([NAMED_MODELS[n] for n in names] if names else None))

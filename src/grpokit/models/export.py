@@ -89,7 +89,8 @@ def origin_gguf(name_or_path: str, init_from: str | None = None) -> Path | None:
     names its base model, and a directory converted from a GGUF (the embedded model) records its
     source file.
     """
-    from grpokit.model_files.embedded import EMBEDDED_MODEL, source_gguf
+    from grpokit.model_files.embedded import source_gguf
+    from grpokit.model_files.named import named_model
     from grpokit.model_files.resolve import resolve_model_path
 
     seen: set[str] = set()
@@ -99,7 +100,7 @@ def origin_gguf(name_or_path: str, init_from: str | None = None) -> Path | None:
         if name in seen:
             continue
         seen.add(name)
-        if name.strip().lower() == EMBEDDED_MODEL:
+        if named_model(name) is not None:
             name = resolve_model_path(name)
         directory = Path(name).expanduser()
         if not directory.is_dir():
@@ -177,20 +178,45 @@ def export_checkpoint(
         dtype: weights' dtype of the HF export.
         log: where progress notes go.
     """
+    return export_loaded(
+        load_export_source(checkpoint, fmt=fmt, out=out, outtype=outtype, dtype=dtype),
+        fmt=fmt,
+        out=out,
+        outtype=outtype,
+        log=log,
+    )
+
+
+def load_export_source(
+    checkpoint: str, *, fmt: ExportFormat, out: Path, outtype: GGUFType, dtype: DType
+) -> LoadedCheckpoint:
+    """The checkpoint loaded for :func:`export_loaded`, after the arguments are checked (a wrong
+    format, type or ``out`` fails before the model loads). A GGUF is written from float32."""
     if fmt not in ("hf", "gguf"):
         raise UserError(f"--format {fmt}: use hf or gguf.")
     if fmt == "gguf":
-        check_outtype(outtype)  # before the model loads
+        check_outtype(outtype)
+        out = Path(out).expanduser()
+        if not out.is_dir():
+            gguf_path(out, outtype, "")
+    return load_merged(checkpoint, dtype="float32" if fmt == "gguf" else dtype)
+
+
+def export_loaded(
+    loaded: LoadedCheckpoint,
+    *,
+    fmt: ExportFormat,
+    out: Path,
+    outtype: GGUFType = "f16",
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Write a loaded checkpoint (:func:`load_export_source`) as ``fmt``; returns the path."""
     out = Path(out).expanduser()
     if fmt == "gguf":
-        if not out.is_dir():
-            gguf_path(out, outtype, "")  # a wrong --out fails before the model loads
-        loaded = load_merged(checkpoint, dtype="float32")
         target = gguf_path(out, outtype, loaded.label)
         source = origin_gguf(loaded.base_name_or_path, loaded.init_from)
         if source is not None:
             log(f"carrying the metadata of {source.name} over")
         return write_gguf(loaded.model, loaded.tokenizer, target, outtype=outtype, source=source,
                           log=log)  # fmt: skip
-    loaded = load_merged(checkpoint, dtype=dtype)
     return export_hf(loaded, out)

@@ -149,6 +149,10 @@ def _apply_init_from(
         else:
             tokenizer_dir = resolve_model_path(model_name)
             base = _load_causal_lm(model_name, tokenizer_dir, dtype)
+        # The adapter's own tokenizer is the one its run prompted with (model.chat_template
+        # applied); the base's would export and evaluate the model with another template.
+        if (init_from / "tokenizer_config.json").is_file():
+            tokenizer_dir = str(init_from)
         return _merge_adapter(base, init_from), tokenizer_dir
     if (init_from / "config.json").is_file():
         model = _load_causal_lm(str(init_from), str(init_from), dtype)
