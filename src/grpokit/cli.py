@@ -92,7 +92,9 @@ def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool)
     "directory: change what may change mid-run, e.g. --set training.max_steps=200."
 )
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run directory.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (for logs and CI).")
+@click.option(
+    "--no-progress", is_flag=True, help="No live progress bar: a line per step (for logs and CI)."
+)
 @click.option(
     "--nproc",
     type=click.IntRange(min=1),

@@ -81,6 +81,20 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     return out
 
 
+def sampled_tokens(rollout: RolloutBatch) -> list[int]:
+    """Tokens the model sampled in each completion. With tools, as in TRL, the tool messages'
+    tokens are left out: the model did not generate them."""
+    if rollout.tool_mask is None:
+        return [len(c) for c in rollout.completion_ids]
+    return [sum(m) for m in rollout.tool_mask]
+
+
+def generation_rate(tokens: int, seconds: float) -> dict[str, float]:
+    """``generate/tokens_per_second``: completion tokens sampled per second of rollout (with
+    tools, the tools' time included); empty when no time was measured."""
+    return {"generate/tokens_per_second": tokens / seconds} if seconds > 0 else {}
+
+
 def rollout_metrics(
     scored: ScoredBatch,
     max_values: list[float | None],
@@ -94,13 +108,7 @@ def rollout_metrics(
     s = scored.scores
     total = s.total
     valid = total[~torch.isnan(total)]
-    rollout = scored.rollout
-    # With tools, as in TRL: only the tokens the model sampled count, not the tool messages'.
-    if rollout.tool_mask is None:
-        counts = [len(c) for c in rollout.completion_ids]
-    else:
-        counts = [sum(m) for m in rollout.tool_mask]
-    lengths = torch.tensor(counts, dtype=torch.float32)
+    lengths = torch.tensor(sampled_tokens(scored.rollout), dtype=torch.float32)
     truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
     terminated = lengths[~truncated]
     g = scored.group_size
@@ -273,9 +281,13 @@ def completion_records(
 
 
 def step_summary(record: dict[str, Any]) -> str:
-    """The few numbers a progress line shows for a step: reward, KL, equal-reward share."""
+    """The few numbers a progress line shows for a step: reward, KL, equal-reward share and the
+    generation speed."""
     parts = [f"reward {record.get('reward', math.nan):.3f}"]
     if "kl" in record:
         parts.append(f"kl {record['kl']:.4f}")
     parts.append(f"zero-std {record.get('frac_reward_zero_std', 0):.2f}")
+    rate = record.get("generate/tokens_per_second")
+    if rate is not None and math.isfinite(rate):
+        parts.append(f"gen {rate:.1f} tok/s" if rate < 100 else f"gen {rate:.0f} tok/s")
     return "  ".join(parts)

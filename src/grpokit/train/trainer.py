@@ -93,8 +93,10 @@ from grpokit.train.step_metrics import (
     completion_records,
     forecast_metrics,
     forecast_summary,
+    generation_rate,
     memory_metrics,
     rollout_metrics,
+    sampled_tokens,
     step_summary,
 )
 
@@ -148,6 +150,8 @@ class GRPOTrainer:
         if not self.dist.is_main:  # only rank 0 talks
             self.log = lambda message: None
             self.show_progress = False
+        # A live bar on a terminal; otherwise (progress off, a log file, CI) a line per step.
+        self.live_bar = self.show_progress and on_terminal()
         # Sharding over one process would save nothing, so the same config runs on a laptop.
         self.sharded = self.args.fsdp and self.dist.enabled
         if self.args.fsdp and not self.dist.enabled:
@@ -332,7 +336,7 @@ class GRPOTrainer:
         want_groups = a.prompts_per_step
         kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
         metrics = {"time/generate": 0.0, "time/score": 0.0}
-        n_groups = 0
+        n_groups = generated = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
         later_rounds = -(-(self.total_steps - self.state.global_step) // a.num_iterations) - 1
         for _ in range(rounds):
@@ -342,6 +346,7 @@ class GRPOTrainer:
             self.state.generation_round += 1
             metrics["time/generate"] += scored.generate_seconds
             metrics["time/score"] += scored.score_seconds
+            generated += sum(sampled_tokens(scored.rollout))
             metrics |= drawn.metrics
             advantages = self._local_advantages(scored.scores.total)
             keep = torch.ones(len(scored.rows), dtype=torch.bool)
@@ -351,6 +356,7 @@ class GRPOTrainer:
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
                 break
+        metrics |= generation_rate(generated, metrics["time/generate"])
         first, first_advantages, _ = kept[0]
         resume_at = (drawn.epoch, drawn.position)
         return Collected(self._experience(kept), first, first_advantages, metrics, resume_at)
@@ -690,10 +696,10 @@ class GRPOTrainer:
         save_every = a.save_interval(self.steps_per_epoch)
         self._last_save = time.monotonic()
         with (
-            # A live bar on a terminal; in a log (CI, SLURM) a metrics line every logging_steps.
+            # A live bar on a terminal; in a log (CI, SLURM, nohup) a metrics line every step.
             progress(
                 "GRPO", self.total_steps, done=self.state.global_step,
-                enabled=self.show_progress and on_terminal(), log=self.log,
+                enabled=self.live_bar, log=self.log,
             ) as bar,
             stop_guard() as stopped,
             reward_warnings_to(self.log),
@@ -767,7 +773,9 @@ class GRPOTrainer:
                     sink.log(step, record)
             self.history.append({"step": step, **record})
             bar.advance(1, step_summary(record))
-            if reported and self.show_progress and not on_terminal():
+            # Without the bar, a line every step: waiting logging_steps for the first sign of
+            # life leaves a log looking stuck, and a step takes seconds, not milliseconds.
+            if not self.live_bar:
                 eta = bar.eta()
                 left = f", about {eta_text(eta)} left" if eta is not None else ""
                 self.log(f"step {step}/{self.total_steps}: {step_summary(record)}{left}")
