@@ -142,11 +142,16 @@ def train(
         sys.exit(launch(nproc, args))
 
     from grpokit.evaluate.report import build_report
+    from grpokit.preflight.run import advice_on_steps
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():
         result = resume_run(
-            config, list(overrides), progress=not no_progress, build_report=build_report
+            config,
+            list(overrides),
+            progress=not no_progress,
+            build_report=build_report,
+            advise=advice_on_steps,
         )
     else:
         result = train_from_config(
@@ -155,6 +160,7 @@ def train(
             output_dir=output_dir,
             progress=not no_progress,
             build_report=build_report,
+            advise=advice_on_steps,
         )
     click.echo(f"done: {result.global_step} steps; checkpoint {result.checkpoint}")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}")

@@ -76,6 +76,7 @@ from grpokit.train.failures import (
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs
 from grpokit.train.fsdp import LockStep, full_state, gathered
+from grpokit.train.no_signal import Advice, NoSignalWatch, no_signal_warning
 from grpokit.train.rollouts import Rollouts
 from grpokit.train.setup import (
     build_engine,
@@ -139,9 +140,15 @@ class GRPOTrainer:
         progress: bool = True,
         log: Callable[[str], None] = print,
         build_report: ReportBuilder | None = None,
+        advise: Advice | None = None,
     ) -> None:
+        """``advise``: what to say when steps in a row have no learning signal (the command
+        passes preflight's advice; without it the warning points to `grpokit preflight`)."""
         self.run_dir = (run_dir or cfg.output_dir).resolve()
         self.log = log
+        self.advise = advise
+        self.no_signal = NoSignalWatch()
+        self._warn_no_signal = False  # the round just run completed a streak without signal
         self.show_progress = progress
         seed_everything(cfg.training.seed)
         self.dist, self.device = init_distributed(resolve_device(cfg.model.device))
@@ -587,6 +594,12 @@ class GRPOTrainer:
             + sum(len(c) for c in scored.rollout.completion_ids)
         )
         shared = reduce_metrics(shared, self.dist)
+        # No group with a reward spread on any rank: every advantage is 0. (With dynamic
+        # sampling a later round may have found groups with one; exp then holds them.)
+        flat = exp is None or (
+            not self.args.dynamic_sampling and shared["frac_reward_zero_std"] >= 1.0
+        )
+        self._warn_no_signal = self.no_signal.update(flat, scored, len(updates))
         out = []
         for metrics in updates:
             self.state.global_step += 1
@@ -779,6 +792,10 @@ class GRPOTrainer:
                 eta = bar.eta()
                 left = f", about {eta_text(eta)} left" if eta is not None else ""
                 self.log(f"step {step}/{self.total_steps}: {step_summary(record)}{left}")
+        if self._warn_no_signal and self.dist.is_main:
+            batches = self.no_signal.batches
+            advice = self.advise(self.cfg, self.sampler, batches) if self.advise else None
+            self.log(no_signal_warning(self.state.global_step, self.no_signal.streak, advice))
 
     def _failed(self, exc: Exception) -> RunFailed:
         """Save what can be saved after ``exc`` and say what happened and how to go on."""
