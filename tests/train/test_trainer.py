@@ -190,6 +190,23 @@ def test_off_a_terminal_every_step_prints_a_line_with_the_generation_speed(
         assert f"step {record['step']}/3: {step_summary(record)}" in steps[record["step"] - 1]
 
 
+def test_the_end_of_run_hint_names_eval_steps_alone_when_the_heldout_set_is_there(
+    make_config: Callable[..., GRPOKitConfig],
+) -> None:
+    """data.heldout is set; eval_steps 5 > the 2 steps run: no held-out check, and the forecast
+    line says why without asking for data.heldout."""
+    lines: list[str] = []
+    format_reward = {"type": "xml_format", "name": "format", "tags": ["answer"]}  # has a maximum
+    cfg = make_config(rewards=[format_reward], eval_steps=5)
+    assert cfg.data.heldout is not None
+    GRPOTrainer(cfg, progress=False, log=lines.append).train()
+    (line,) = [x for x in lines if x.startswith("  format: pass rate")]
+    assert line.endswith(
+        "; no held-out check logged (the held-out eval runs every 5 steps "
+        "(training.eval_steps), more than the run's 2: set training.eval_steps to at most 2)"
+    )
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(
     make_config: Callable[..., GRPOKitConfig], tmp_path: Path
 ) -> None:

@@ -231,14 +231,38 @@ def forecast_metrics(
     return out
 
 
-def forecast_summary(history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Lines for the end of a run: each forecast beside the held-out pass rate it predicted."""
+def heldout_hint(*, heldout: bool, eval_steps: int | None, eval_interval: int, steps: int) -> str:
+    """Why a run logged no held-out pass rate, naming only what is missing or wrong.
+
+    heldout: data.heldout is set. eval_steps: as configured (None: logging_steps).
+    eval_interval: steps between held-out evals (0: off). steps: the steps the run took.
+    """
+    if not heldout:
+        return "set data.heldout" + ("" if eval_interval else " and training.eval_steps")
+    if not eval_interval:
+        return "set training.eval_steps"
+    if eval_interval > steps:
+        setting = (
+            "training.eval_steps"
+            if eval_steps is not None
+            else "training.logging_steps, eval_steps' default"
+        )
+        return (
+            f"the held-out eval runs every {eval_interval} steps ({setting}), more than the "
+            f"run's {steps}: set training.eval_steps to at most {steps}"
+        )
+    return "no held-out pass rate of it in the run's evals"
+
+
+def forecast_summary(history: Sequence[Mapping[str, Any]], *, no_heldout: str) -> list[str]:
+    """Lines for the end of a run: each forecast beside the held-out pass rate it predicted;
+    ``no_heldout`` (:func:`heldout_hint`) says why there is none."""
     lines = []
     for check in forecast_checks(history):
         start = "?" if check.p_ref is None else f"{check.p_ref:.0%}"
         line = f"  {check.name}: pass rate {start} at the start, forecast {check.forecast:.0%}"
         if check.heldout_last is None:
-            line += "; no held-out check logged (set data.heldout and eval_steps)"
+            line += f"; no held-out check logged ({no_heldout})"
         else:
             first = "" if check.heldout_first is None else f"{check.heldout_first:.0%} -> "
             line += f"; held out {first}{check.heldout_last:.0%} (step {check.heldout_step})"

@@ -95,6 +95,7 @@ from grpokit.train.step_metrics import (
     forecast_metrics,
     forecast_summary,
     generation_rate,
+    heldout_hint,
     memory_metrics,
     rollout_metrics,
     sampled_tokens,
@@ -743,7 +744,13 @@ class GRPOTrainer:
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
         if self.dist.is_main:
-            for line in forecast_summary(self.history):
+            hint = heldout_hint(
+                heldout=bool(self.cfg.data.heldout),
+                eval_steps=a.eval_steps,
+                eval_interval=a.eval_interval,
+                steps=self.state.global_step,
+            )
+            for line in forecast_summary(self.history, no_heldout=hint):
                 self.log(line)
         self.close()
         return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
