@@ -92,7 +92,9 @@ def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool)
     "directory: change what may change mid-run, e.g. --set training.max_steps=200."
 )
 @click.option("--output-dir", type=click.Path(path_type=Path), help="Run directory.")
-@click.option("--no-progress", is_flag=True, help="No progress bar (for logs and CI).")
+@click.option(
+    "--no-progress", is_flag=True, help="No live progress bar: a line per step (for logs and CI)."
+)
 @click.option(
     "--nproc",
     type=click.IntRange(min=1),
@@ -140,11 +142,16 @@ def train(
         sys.exit(launch(nproc, args))
 
     from grpokit.evaluate.report import build_report
+    from grpokit.preflight.run import advice_on_steps
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():
         result = resume_run(
-            config, list(overrides), progress=not no_progress, build_report=build_report
+            config,
+            list(overrides),
+            progress=not no_progress,
+            build_report=build_report,
+            advise=advice_on_steps,
         )
     else:
         result = train_from_config(
@@ -153,6 +160,7 @@ def train(
             output_dir=output_dir,
             progress=not no_progress,
             build_report=build_report,
+            advise=advice_on_steps,
         )
     click.echo(f"done: {result.global_step} steps; checkpoint {result.checkpoint}")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}")

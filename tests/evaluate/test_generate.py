@@ -148,6 +148,37 @@ def test_generate_reads_a_prompt_file_and_checks_reward_columns(
     assert "solution" in result.output
 
 
+def test_prompt_texts_are_sampled_and_scored_by_the_rewards_that_need_no_column(
+    config: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """--prompt texts have no columns: a reward that reads one (and one gated on it) does not
+    score them, and the output says so, instead of refusing to sample."""
+    doc = yaml.safe_load(config.read_text())
+    doc["rewards"] += [
+        {"type": "math_answer", "name": "answer", "answer_column": "solution"},
+        {"type": "regex_match", "name": "digit_if_right", "pattern": "[0-9]",
+         "gate": {"reward": "answer", "min": 1.0}},
+    ]  # fmt: skip
+    config.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "samples.jsonl"
+    args = ["generate", "--model", str(tiny_model_dir), "--prompt", "What is 2+3?",
+            "--samples", "2", "--config", str(config), "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert (
+        "not scored: reward 'answer' needs the column(s) solution, which --prompt texts lack"
+        in (result.output)
+    )
+    assert "not scored: reward 'digit_if_right' depends on 'answer', which is not scored" in (
+        result.output
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 2
+    for r in records:  # the two rewards that need no column scored the text shown
+        assert set(r["rewards"]) == {"e", "has_digit"}
+        assert r["rewards"]["has_digit"] == (1.0 if any(c.isdigit() for c in r["text"]) else 0.0)
+
+
 def test_prompt_sources_are_exclusive_and_required(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="not both"):
         prompt_rows(tmp_path / "p.jsonl", ["hi"])

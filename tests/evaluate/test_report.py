@@ -228,6 +228,44 @@ def test_report_with_eval_table(run_dir: Path, tmp_path: Path) -> None:
         build_report(run_dir, eval_dir=tmp_path)
 
 
+def test_report_with_eval_shows_the_eval_s_warnings(tmp_path: Path) -> None:
+    """A run whose training fired no monitor, with an eval that warned: the report says so,
+    not "No monitor fired." alone."""
+    run = tmp_path / "quiet"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "reward": 0.1 * s, "loss": 0.0}) + "\n" for s in range(1, 4))
+    )
+    warned = _eval_result().model_copy(
+        update={
+            "alerts": [
+                {
+                    "rule": "repetition",
+                    "model": "trained",
+                    "value": 0.41,
+                    "message": "trained: repeated n-gram share 0.41 vs 0.05 for base",
+                },
+                {
+                    "rule": "group_dominance",
+                    "model": "trained",
+                    "value": 0.75,
+                    "message": "trained: one text fills 75% of a prompt's samples",
+                },
+            ]  # fmt: skip
+        }
+    )
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    (eval_dir / "eval.json").write_text(warned.model_dump_json(), encoding="utf-8")
+    html = build_report(run, eval_dir=eval_dir, out=tmp_path / "r.html").read_text("utf-8")
+    alerts = html.split('<section id="alerts">')[1].split("</section>")[0]
+    assert "No monitor fired." not in alerts
+    assert "No monitor fired during training." in alerts
+    assert "2 warning(s) on the eval samples" in alerts
+    assert "repeated n-gram share 0.41 vs 0.05 for base" in alerts
+    assert esc("one text fills 75% of a prompt's samples") in alerts
+
+
 def test_compare_overlays_runs_and_lists_config_differences(tmp_path: Path) -> None:
     a = make_run(tmp_path / "a" / "run", beta=0.0, seed=1)
     b = make_run(tmp_path / "b" / "run", beta=0.04, seed=2, steps=20)

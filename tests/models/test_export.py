@@ -378,3 +378,19 @@ def test_embedded_model_after_lora_training_exports_to_matching_gguf(tmp_path: P
             )
     finally:
         llm.close()
+
+
+def test_gguf_file_is_readable_by_others_under_umask_022(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Written to a temporary file and renamed: it gets open()'s mode, not mkstemp's 0600, so
+    that a server running as another account can read it."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        out = export_checkpoint(str(tiny_model_dir), fmt="gguf", out=tmp_path / "m.gguf", log=print)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(Path(out).stat().st_mode) == 0o644

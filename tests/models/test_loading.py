@@ -302,3 +302,21 @@ def test_save_replaces_atomically(tiny_model_dir: Path, tmp_path: Path) -> None:
     torch.testing.assert_close(logits_of(reloaded.model), logits_of(policy.model))
     assert not torch.allclose(logits_of(reloaded.model), first, atol=1e-3)
     assert reloaded.tokenizer.chat_template == policy.tokenizer.chat_template
+
+
+def test_saved_checkpoint_is_readable_by_others_under_umask_022(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Saved under a temporary directory and renamed: the directory gets mkdir's mode, not
+    mkdtemp's 0700, so that another account can load or serve it."""
+    import os
+    import stat
+
+    policy = load_policy(str(tiny_model_dir), lora=LORA, need_reference=False)
+    old = os.umask(0o022)
+    try:
+        policy.save(tmp_path / "adapter")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "adapter").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "adapter" / POLICY_FILE).stat().st_mode) == 0o644

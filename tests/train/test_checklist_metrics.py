@@ -10,7 +10,7 @@ import pytest
 
 from grpokit.config import GRPOKitConfig
 from grpokit.core.forecast import forecast_for_reward
-from grpokit.train.step_metrics import forecast_metrics, forecast_summary
+from grpokit.train.step_metrics import forecast_metrics, forecast_summary, heldout_hint
 from grpokit.train.trainer import GRPOTrainer
 
 
@@ -67,7 +67,22 @@ def test_forecast_metrics_for_parts_and_the_summary() -> None:
             0.25, beta=0.04, std_normalized=True
         ),
     }
-    lines = forecast_summary([{"step": 1, **metrics, **out}])
-    assert lines[1].endswith("; no held-out check logged (set data.heldout and eval_steps)")
+    lines = forecast_summary([{"step": 1, **metrics, **out}], no_heldout="set data.heldout")
+    assert lines[1].endswith("; no held-out check logged (set data.heldout)")
     assert lines[2].startswith("  checklist/price: pass rate 25% at the start, forecast ")
-    assert forecast_summary([{"reward": 1.0}]) == []
+    assert forecast_summary([{"reward": 1.0}], no_heldout="") == []
+
+
+def test_the_heldout_hint_names_only_what_is_missing_or_wrong() -> None:
+    def hint(heldout: bool, eval_steps: int | None, interval: int) -> str:
+        return heldout_hint(heldout=heldout, eval_steps=eval_steps, eval_interval=interval, steps=3)
+
+    assert hint(False, None, 0) == "set data.heldout and training.eval_steps"
+    assert hint(False, 2, 2) == "set data.heldout"
+    assert hint(True, None, 0) == "set training.eval_steps"
+    assert hint(True, 5, 5) == (
+        "the held-out eval runs every 5 steps (training.eval_steps), more than the run's 3: "
+        "set training.eval_steps to at most 3"
+    )
+    # eval_strategy: steps without eval_steps: logging_steps sets the interval.
+    assert "(training.logging_steps, eval_steps' default)" in hint(True, None, 10)

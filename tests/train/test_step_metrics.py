@@ -9,7 +9,12 @@ from pathlib import Path
 import torch
 
 from grpokit.rewards.compose import RewardScores
-from grpokit.train.step_metrics import memory_metrics, solved_group_mask
+from grpokit.train.step_metrics import (
+    generation_rate,
+    memory_metrics,
+    solved_group_mask,
+    step_summary,
+)
 
 
 def _scores(rows: list[list[float]]) -> RewardScores:
@@ -55,3 +60,13 @@ def test_memory_metrics_report_the_peak_so_far() -> None:
     del block
     after = memory_metrics(torch.device("cpu"))["memory/max_rss_gib"]
     assert after >= held - 1e-3 and after >= before["memory/max_rss_gib"]
+
+
+def test_the_progress_line_shows_the_generation_speed() -> None:
+    record = {"reward": 0.5, "frac_reward_zero_std": 0.25}
+    assert step_summary(record) == "reward 0.500  zero-std 0.25"
+    record |= generation_rate(tokens=332, seconds=8.0)
+    assert record["generate/tokens_per_second"] == 41.5
+    assert step_summary(record) == "reward 0.500  zero-std 0.25  gen 41.5 tok/s"
+    assert step_summary(record | generation_rate(2718, 2.0)).endswith("gen 1359 tok/s")
+    assert generation_rate(100, 0.0) == {}  # nothing measured: no rate, not a division by 0

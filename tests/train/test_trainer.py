@@ -14,6 +14,7 @@ import torch
 
 from grpokit.config import GRPOKitConfig
 from grpokit.train.run import resume_run
+from grpokit.train.step_metrics import step_summary
 from grpokit.train.trainer import GRPOTrainer
 
 TRL_METRICS = {
@@ -166,6 +167,44 @@ def test_a_round_without_signal_still_counts_num_iterations_steps(
     # One pass over the 8 prompts in 4 generation rounds, not two passes in 8 rounds.
     assert trainer.state.generation_round == 4
     assert result.history[-1]["epoch"] == pytest.approx(1.0)
+
+
+def test_off_a_terminal_every_step_prints_a_line_with_the_generation_speed(
+    make_config: Callable[..., GRPOKitConfig],
+) -> None:
+    """In a log (CI, nohup) a line per step, not only every logging_steps; each names the
+    tokens per second generated, which metrics.jsonl holds as generate/tokens_per_second."""
+    lines: list[str] = []
+    cfg = make_config(max_steps=3, logging_steps=50)
+    trainer = GRPOTrainer(cfg, progress=True, log=lines.append)
+    assert not trainer.live_bar  # pytest captures stderr: not a terminal
+    result = trainer.train()
+    steps = [x for x in lines if x.startswith("step ")]
+    assert [x.split(":")[0] for x in steps] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert all(" tok/s" in x for x in steps)
+    for record in result.history:
+        rate, seconds = record["generate/tokens_per_second"], record["time/generate"]
+        # The completion tokens sampled (prompts_per_step x G of them) over the rollout time.
+        completions = cfg.training.prompts_per_step * cfg.training.num_generations
+        assert rate * seconds == pytest.approx(record["completions/mean_length"] * completions)
+        assert f"step {record['step']}/3: {step_summary(record)}" in steps[record["step"] - 1]
+
+
+def test_the_end_of_run_hint_names_eval_steps_alone_when_the_heldout_set_is_there(
+    make_config: Callable[..., GRPOKitConfig],
+) -> None:
+    """data.heldout is set; eval_steps 5 > the 2 steps run: no held-out check, and the forecast
+    line says why without asking for data.heldout."""
+    lines: list[str] = []
+    format_reward = {"type": "xml_format", "name": "format", "tags": ["answer"]}  # has a maximum
+    cfg = make_config(rewards=[format_reward], eval_steps=5)
+    assert cfg.data.heldout is not None
+    GRPOTrainer(cfg, progress=False, log=lines.append).train()
+    (line,) = [x for x in lines if x.startswith("  format: pass rate")]
+    assert line.endswith(
+        "; no held-out check logged (the held-out eval runs every 5 steps "
+        "(training.eval_steps), more than the run's 2: set training.eval_steps to at most 2)"
+    )
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(

@@ -541,8 +541,8 @@ class TrainingConfig(_Strict):
     logging_steps: int = Field(
         10,
         ge=1,
-        description="Print a metrics line and report to report_to every N steps "
-        "(metrics.jsonl gets every step).",
+        description="Report to report_to every N steps (metrics.jsonl gets every step, and "
+        "the console a line per step, or a live bar on a terminal).",
         json_schema_extra=_LOG,
     )
     report_to: list[ReportTo] = Field(

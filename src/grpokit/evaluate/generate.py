@@ -10,8 +10,8 @@ For the statistics of a real comparison (intervals, pass@k, paired differences) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from grpokit.data.prompts import PromptRow, check_columns, load_prompts
 from grpokit.errors import UserError
 from grpokit.files import write_jsonl as write_records
 from grpokit.rewards.compose import RewardSet
+from grpokit.rewards.spec import RewardSpec, gate_order
 from grpokit.rollout.base import SamplingParams
 from grpokit.sampling import (
     Sample,
@@ -45,6 +46,8 @@ class GenerateResult:
     sampling: dict[str, float | int]
     reward_names: list[str]
     samples: list[Sample]
+    unscored: dict[str, str] = field(default_factory=dict)
+    """Configured rewards that did not score, each with why (a column the prompts lack)."""
 
     def of(self, label: str, prompt_index: int) -> list[Sample]:
         """The samples of one model for one prompt, in sample order."""
@@ -77,6 +80,24 @@ def prompt_rows(
     return rows
 
 
+def scorable(
+    specs: Sequence[RewardSpec], columns_of: Mapping[str, frozenset[str]], have: set[str]
+) -> tuple[list[RewardSpec], dict[str, str]]:
+    """The rewards that can score prompts with the columns ``have``, and why each other one
+    cannot: it reads a column they lack, or it depends (a gate, a reward it reads) on one that
+    cannot score."""
+    why: dict[str, str] = {}
+    for spec in (specs[i] for i in gate_order(specs)):
+        name = spec.display_name
+        absent = sorted(columns_of[name] - have)
+        lost = [d for d in spec.depends_on if d in why]
+        if absent:
+            why[name] = f"needs the column(s) {', '.join(absent)}"
+        elif lost:
+            why[name] = f"depends on {lost[0]!r}, which is not scored"
+    return [s for s in specs if s.display_name not in why], why
+
+
 def generate_samples(
     models: Sequence[str],
     rows: list[PromptRow],
@@ -92,6 +113,7 @@ def generate_samples(
     model_config: ModelConfig | None = None,
     config: GRPOKitConfig | None = None,
     log: Callable[[str], None] = print,
+    unscored: Mapping[str, str] | None = None,
 ) -> GenerateResult:
     """Sample ``samples`` completions per prompt from each model (one model in memory at a time).
 
@@ -110,6 +132,8 @@ def generate_samples(
             float32.
         config: the whole config, when there is one: its tools and environment (the models may
             call them; each sample then keeps its transcript) and its chat template variables.
+        unscored: configured rewards left out of ``reward_set``, with why (shown with the
+            results).
     """
     if not models:
         raise UserError("give at least one --model")
@@ -152,6 +176,7 @@ def generate_samples(
         sampling=asdict(sampling),
         reward_names=list(reward_set.names) if reward_set is not None else [],
         samples=out,
+        unscored=dict(unscored or {}),
     )
 
 
@@ -172,7 +197,9 @@ def run_generate(
 
     With ``config``, its sampling settings, system prompt, prompt column, prompt length and model
     settings are used and its rewards score the samples; without one, plain sampling (128 new
-    tokens). ``overrides`` (SamplingParams fields; None: not given) and ``system_prompt`` and
+    tokens). ``--prompt`` texts have no columns: a reward that reads one does not score them (nor
+    do the rewards that depend on it), and the results say so. A prompt file must hold the
+    columns its rewards read. ``overrides`` (SamplingParams fields; None: not given) and ``system_prompt`` and
     ``device`` (None: not given) take precedence over both.
     """
     from dataclasses import replace
@@ -204,6 +231,19 @@ def run_generate(
         except ValueError as exc:
             raise UserError(f"sampling settings: {exc}") from exc
         rows = prompt_rows(prompts_file, texts, prompt_column=prompt_column)
+        unscored: dict[str, str] = {}
+        if cfg is not None and reward_set is not None and prompts_file is None:
+            # Rebuilt from the rewards that can score: each reward's columns are known once
+            # built, and the set's gates must name rewards in it.
+            kept, unscored = scorable(cfg.rewards, reward_set.columns_of, set())
+            if unscored:
+                reward_set.close()
+                reward_set = None
+                if kept:
+                    reward_set = build_reward_set(
+                        kept, BuildContext(base_dir=cfg.config_dir, run_dir=None, seed=seed)
+                    )
+            unscored = {n: f"{why}, which --prompt texts lack" for n, why in unscored.items()}
         return generate_samples(
             models,
             rows,
@@ -217,6 +257,7 @@ def run_generate(
             model_config=model_config,
             config=cfg,
             log=log,
+            unscored=unscored,
         )
     finally:
         if reward_set is not None:
@@ -268,6 +309,8 @@ def render(result: GenerateResult, console: Any) -> None:
             means = result.reward_means(label)
             summary.add_row(escape(label), *(_fmt(v) for v in means.values()))
         console.print(summary)
+    for name, why in result.unscored.items():
+        console.print(f"not scored: reward {escape(repr(name))} {escape(why)}")
 
 
 def write_jsonl(result: GenerateResult, path: Path) -> Path:

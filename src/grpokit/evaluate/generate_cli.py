@@ -30,8 +30,8 @@ from grpokit.cli_options import (
 @click.option("--prompt", "texts", multiple=True, help="A prompt text (repeatable).")
 @click.option("--samples", type=int, default=2, show_default=True, help="Samples per prompt (K).")
 @config_option(
-    "A grpokit config: its rewards score the samples, and its system prompt and sampling "
-    "settings are used (unless given below)."
+    "A grpokit config: its rewards score the samples (not --prompt texts where a reward reads "
+    "a column), and its system prompt and sampling settings are used (unless given below)."
 )
 @seed_option("Sampling seed (all models).")
 @click.option("--temperature", type=float, default=None, help="Default: the config's, else 1.0.")

@@ -251,14 +251,30 @@ def review_section(run_dir: Path) -> str | None:
     return agreement_html(agreement(found.samples, store), len(store.labels()), store.reviewers())
 
 
-def alerts_html(alerts: Sequence[dict[str, Any]]) -> str:
-    if not alerts:
-        return '<p class="muted">No monitor fired.</p>'
-    rows = [[a.get("step"), a.get("rule"), a.get("value"), a.get("message", "")] for a in alerts]
-    return (
-        f'<div class="alert">{len(alerts)} monitor alert(s); red dotted lines mark them on the '
-        f"plots.</div>" + table(["step", "rule", "value", "message"], rows)
-    )
+def alerts_html(
+    alerts: Sequence[dict[str, Any]], eval_alerts: Sequence[dict[str, Any]] = ()
+) -> str:
+    """The training monitors' alerts, and with ``--eval`` the warnings the same monitors gave on
+    the eval's samples (each model against the base: repetition, one text filling a group ...),
+    which a reader looking for what went wrong expects here, not only in eval.md."""
+    parts: list[str] = []
+    if alerts:
+        rows = [[a.get("step"), a.get("rule"), a.get("value"), a.get("message", "")]
+                for a in alerts]  # fmt: skip
+        parts.append(
+            f'<div class="alert">{len(alerts)} monitor alert(s); red dotted lines mark them on '
+            f"the plots.</div>" + table(["step", "rule", "value", "message"], rows)
+        )
+    elif eval_alerts:
+        parts.append('<p class="muted">No monitor fired during training.</p>')
+    if eval_alerts:
+        rows = [[a.get("model"), a.get("rule"), a.get("value"), a.get("message", "")]
+                for a in eval_alerts]  # fmt: skip
+        parts.append(
+            f'<div class="alert">{len(eval_alerts)} warning(s) on the eval samples, each model '
+            f"against the base.</div>" + table(["model", "rule", "value", "message"], rows)
+        )
+    return "".join(parts) or '<p class="muted">No monitor fired.</p>'
 
 
 def _figure(name: str, fig: Figure | None, report_dir: Path, written: list[Path], alt: str) -> str:
@@ -383,7 +399,8 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
                 _figure("heldout", heldout, report_dir, pngs, "held-out"),
             )
         )
-    parts.append(section("alerts", "Monitor alerts", alerts_html(alerts)))
+    eval_alerts = evaluation.alerts if evaluation is not None else []
+    parts.append(section("alerts", "Monitor alerts", alerts_html(alerts, eval_alerts)))
     parts.append(section("samples", "Samples: early vs late", samples_html(run.completions)))
     review = review_section(run_dir)
     if review is not None:

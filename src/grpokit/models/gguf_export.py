@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from grpokit.errors import UserError
+from grpokit.files import set_default_mode
 from grpokit.models.gguf_arch import (
     ARCHITECTURES,
     KV,
@@ -452,6 +453,7 @@ def write_gguf(
         writer.close()
         if quantized:
             quantize_gguf(temporaries[0], temporaries[1], outtype, log=log)
+        set_default_mode(temporaries[-1])  # mkstemp's 0600 would keep it from a server's account
         os.replace(temporaries[-1], out)
     finally:
         for tmp in temporaries:

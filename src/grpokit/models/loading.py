@@ -24,6 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
+from grpokit.files import set_default_mode
 from grpokit.model_files.embedded import EMBEDDED_MODEL
 from grpokit.model_files.resolve import hub_error, load_tokenizer, pad_token_id, resolve_model_path
 from grpokit.models.attention import use_float32_attention_backward
@@ -286,6 +287,7 @@ class Policy:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+        set_default_mode(tmp)  # mkdtemp's 0700 would hide the checkpoint from other accounts
         try:
             kind = "adapter" if self.uses_adapter and not merged else "full"
             if self.uses_adapter and merged:

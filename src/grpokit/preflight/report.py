@@ -166,9 +166,26 @@ def forecast_lines(m: Measurement) -> list[str]:
     return lines
 
 
+def completions_line(m: Measurement) -> str:
+    """Lengths, truncation, entropy and distinctness of the samples, in one line. The length of
+    the completions that ended by EOS is a mean, said as one: "ended by EOS 31" read as a count."""
+    s, c = m.settings, m.completions
+    if c.mean_terminated_length is None:
+        eos = "none ended by EOS"
+    else:
+        eos = f"mean {c.mean_terminated_length:.0f} of those ended by EOS"
+    ent = "-" if c.entropy is None else f"{c.entropy:.2f}"
+    return (
+        f"completions: mean length {c.mean_length:.0f} tokens (min {c.min_length}, max "
+        f"{c.max_length}; {eos}); truncated at {s.max_completion_length}: "
+        f"{c.truncated_share:.0%}; entropy {ent} nats/token; distinct per group "
+        f"{c.distinct_share:.0%}"
+    )
+
+
 def render(m: Measurement, v: Verdict, console: Console, *, title: str = "preflight") -> None:
     """Print the table, the forecast and the verdict with its advice."""
-    s, c = m.settings, m.completions
+    s = m.settings
     table = Table(
         title=f"{title}: {s.prompts} prompts x {s.generations} generations = {s.samples} samples, "
         f"temperature {s.temperature:g}"
@@ -188,14 +205,7 @@ def render(m: Measurement, v: Verdict, console: Console, *, title: str = "prefli
         style="bold",
     )
     console.print(table)
-    term = "-" if c.mean_terminated_length is None else f"{c.mean_terminated_length:.0f}"
-    ent = "-" if c.entropy is None else f"{c.entropy:.2f}"
-    console.print(
-        f"completions: length mean {c.mean_length:.0f} (min {c.min_length}, max {c.max_length}, "
-        f"ended by EOS {term}) tokens; truncated at {s.max_completion_length}: "
-        f"{c.truncated_share:.0%}; entropy {ent} nats/token; distinct per group "
-        f"{c.distinct_share:.0%}"
-    )
+    console.print(completions_line(m), markup=False)
     console.print(
         f"flat groups = share of the {s.prompts} groups whose values are all equal: they give no "
         "gradient (the total column is what training sees, TRL's frac_reward_zero_std)."

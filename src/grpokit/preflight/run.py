@@ -15,6 +15,7 @@ from grpokit.preflight.measure import Measurement, measure
 from grpokit.preflight.report import preflight_json, render
 from grpokit.preflight.sampling import reward_infos, sampling_settings
 from grpokit.preflight.verdict import Verdict, decide
+from grpokit.sampling import Sampler, ScoredBatch
 from grpokit.sampling.groups import choose_prompts, open_sampler, sample_groups
 
 DEFAULT_PROMPTS = 8
@@ -89,3 +90,14 @@ def run_preflight(
     write_json(path, doc)
     console.print(f"written: {path}", markup=False)
     return PreflightResult(m, v, path, doc)
+
+
+def advice_on_steps(cfg: GRPOKitConfig, sampler: Sampler, batches: list[ScoredBatch]) -> list[str]:
+    """preflight's reasons and advice on a training run's own samples (steps whose every group
+    had equal rewards): the trainer's warning then says what to do in the words and with the
+    numbers `grpokit preflight` would print."""
+    g = batches[0].group_size
+    prompts = sum(len(b.rows) for b in batches)
+    settings = sampling_settings(sampler, cfg, prompts, g, cfg.training.seed)
+    verdict = decide(measure(batches, reward_infos(cfg, sampler.rewards), settings))
+    return [*verdict.reasons, *verdict.advice]

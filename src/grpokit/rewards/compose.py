@@ -86,6 +86,10 @@ class RewardSet:
         self.weights: list[float] = [e.weight for e in entries]
         self.max_values: list[float | None] = [e.max_value for e in entries]
         self.required_columns: set[str] = set().union(*(e.fn.required_columns for e in entries))
+        self.columns_of: dict[str, frozenset[str]] = {
+            e.name: frozenset(e.fn.required_columns) for e in entries
+        }
+        """Per reward, the dataset columns it reads."""
         self._index = {name: j for j, name in enumerate(self.names)}
         owners: dict[str, str] = {}
         for entry in entries:

@@ -21,6 +21,7 @@ from grpokit.config import GRPOKitConfig, load_config, read_config_data, validat
 from grpokit.errors import UserError
 from grpokit.models.loading import check_context_length
 from grpokit.monitor.trackers import ReportBuilder
+from grpokit.train.no_signal import Advice
 from grpokit.train.run_lock import run_lock
 from grpokit.train.trainer import GRPOTrainer, TrainResult
 
@@ -100,12 +101,16 @@ def train_from_config(
     output_dir: Path | None = None,
     progress: bool = True,
     build_report: ReportBuilder | None = None,
+    advise: Advice | None = None,
 ) -> TrainResult:
-    """Train from a config file; ``build_report`` writes the HTML report the trackers upload."""
+    """Train from a config file; ``build_report`` writes the HTML report the trackers upload,
+    ``advise`` says what to do when steps have no learning signal (see :class:`GRPOTrainer`)."""
     cfg = load_config(config, overrides)
     _check_can_run(cfg, config)
     with run_lock((output_dir or cfg.output_dir).resolve()):
-        trainer = GRPOTrainer(cfg, run_dir=output_dir, progress=progress, build_report=build_report)
+        trainer = GRPOTrainer(
+            cfg, run_dir=output_dir, progress=progress, build_report=build_report, advise=advise
+        )
         return trainer.train()
 
 
@@ -150,6 +155,7 @@ def resume_run(
     *,
     progress: bool = True,
     build_report: ReportBuilder | None = None,
+    advise: Advice | None = None,
 ) -> TrainResult:
     """Continue a run from its latest checkpoint, with the config it was started with and the
     ``--set`` changes that can apply mid-run (see :data:`RESUMABLE`)."""
@@ -178,7 +184,12 @@ def resume_run(
     _check_can_run(cfg, cfg_path)
     with run_lock(run_dir.resolve()):
         trainer = GRPOTrainer(
-            cfg, run_dir=run_dir, resume=True, progress=progress, build_report=build_report
+            cfg,
+            run_dir=run_dir,
+            resume=True,
+            progress=progress,
+            build_report=build_report,
+            advise=advise,
         )
         if changes and os.environ.get("RANK", "0") == "0":  # one writer under a launcher
             # From the step resumed at: the newest intact checkpoint's.

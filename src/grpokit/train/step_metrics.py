@@ -81,6 +81,20 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     return out
 
 
+def sampled_tokens(rollout: RolloutBatch) -> list[int]:
+    """Tokens the model sampled in each completion. With tools, as in TRL, the tool messages'
+    tokens are left out: the model did not generate them."""
+    if rollout.tool_mask is None:
+        return [len(c) for c in rollout.completion_ids]
+    return [sum(m) for m in rollout.tool_mask]
+
+
+def generation_rate(tokens: int, seconds: float) -> dict[str, float]:
+    """``generate/tokens_per_second``: completion tokens sampled per second of rollout (with
+    tools, the tools' time included); empty when no time was measured."""
+    return {"generate/tokens_per_second": tokens / seconds} if seconds > 0 else {}
+
+
 def rollout_metrics(
     scored: ScoredBatch,
     max_values: list[float | None],
@@ -94,13 +108,7 @@ def rollout_metrics(
     s = scored.scores
     total = s.total
     valid = total[~torch.isnan(total)]
-    rollout = scored.rollout
-    # With tools, as in TRL: only the tokens the model sampled count, not the tool messages'.
-    if rollout.tool_mask is None:
-        counts = [len(c) for c in rollout.completion_ids]
-    else:
-        counts = [sum(m) for m in rollout.tool_mask]
-    lengths = torch.tensor(counts, dtype=torch.float32)
+    lengths = torch.tensor(sampled_tokens(scored.rollout), dtype=torch.float32)
     truncated = torch.tensor([r == "length" for r in scored.rollout.finish_reason])
     terminated = lengths[~truncated]
     g = scored.group_size
@@ -223,14 +231,38 @@ def forecast_metrics(
     return out
 
 
-def forecast_summary(history: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Lines for the end of a run: each forecast beside the held-out pass rate it predicted."""
+def heldout_hint(*, heldout: bool, eval_steps: int | None, eval_interval: int, steps: int) -> str:
+    """Why a run logged no held-out pass rate, naming only what is missing or wrong.
+
+    heldout: data.heldout is set. eval_steps: as configured (None: logging_steps).
+    eval_interval: steps between held-out evals (0: off). steps: the steps the run took.
+    """
+    if not heldout:
+        return "set data.heldout" + ("" if eval_interval else " and training.eval_steps")
+    if not eval_interval:
+        return "set training.eval_steps"
+    if eval_interval > steps:
+        setting = (
+            "training.eval_steps"
+            if eval_steps is not None
+            else "training.logging_steps, eval_steps' default"
+        )
+        return (
+            f"the held-out eval runs every {eval_interval} steps ({setting}), more than the "
+            f"run's {steps}: set training.eval_steps to at most {steps}"
+        )
+    return "no held-out pass rate of it in the run's evals"
+
+
+def forecast_summary(history: Sequence[Mapping[str, Any]], *, no_heldout: str) -> list[str]:
+    """Lines for the end of a run: each forecast beside the held-out pass rate it predicted;
+    ``no_heldout`` (:func:`heldout_hint`) says why there is none."""
     lines = []
     for check in forecast_checks(history):
         start = "?" if check.p_ref is None else f"{check.p_ref:.0%}"
         line = f"  {check.name}: pass rate {start} at the start, forecast {check.forecast:.0%}"
         if check.heldout_last is None:
-            line += "; no held-out check logged (set data.heldout and eval_steps)"
+            line += f"; no held-out check logged ({no_heldout})"
         else:
             first = "" if check.heldout_first is None else f"{check.heldout_first:.0%} -> "
             line += f"; held out {first}{check.heldout_last:.0%} (step {check.heldout_step})"
@@ -273,9 +305,13 @@ def completion_records(
 
 
 def step_summary(record: dict[str, Any]) -> str:
-    """The few numbers a progress line shows for a step: reward, KL, equal-reward share."""
+    """The few numbers a progress line shows for a step: reward, KL, equal-reward share and the
+    generation speed."""
     parts = [f"reward {record.get('reward', math.nan):.3f}"]
     if "kl" in record:
         parts.append(f"kl {record['kl']:.4f}")
     parts.append(f"zero-std {record.get('frac_reward_zero_std', 0):.2f}")
+    rate = record.get("generate/tokens_per_second")
+    if rate is not None and math.isfinite(rate):
+        parts.append(f"gen {rate:.1f} tok/s" if rate < 100 else f"gen {rate:.0f} tok/s")
     return "  ".join(parts)

@@ -76,6 +76,7 @@ from grpokit.train.failures import (
 )
 from grpokit.train.forward import TokenBatch, completion_logprobs
 from grpokit.train.fsdp import LockStep, full_state, gathered
+from grpokit.train.no_signal import Advice, NoSignalWatch, no_signal_warning
 from grpokit.train.rollouts import Rollouts
 from grpokit.train.setup import (
     build_engine,
@@ -93,8 +94,11 @@ from grpokit.train.step_metrics import (
     completion_records,
     forecast_metrics,
     forecast_summary,
+    generation_rate,
+    heldout_hint,
     memory_metrics,
     rollout_metrics,
+    sampled_tokens,
     step_summary,
 )
 
@@ -137,9 +141,15 @@ class GRPOTrainer:
         progress: bool = True,
         log: Callable[[str], None] = print,
         build_report: ReportBuilder | None = None,
+        advise: Advice | None = None,
     ) -> None:
+        """``advise``: what to say when steps in a row have no learning signal (the command
+        passes preflight's advice; without it the warning points to `grpokit preflight`)."""
         self.run_dir = (run_dir or cfg.output_dir).resolve()
         self.log = log
+        self.advise = advise
+        self.no_signal = NoSignalWatch()
+        self._warn_no_signal = False  # the round just run completed a streak without signal
         self.show_progress = progress
         seed_everything(cfg.training.seed)
         self.dist, self.device = init_distributed(resolve_device(cfg.model.device))
@@ -148,6 +158,8 @@ class GRPOTrainer:
         if not self.dist.is_main:  # only rank 0 talks
             self.log = lambda message: None
             self.show_progress = False
+        # A live bar on a terminal; otherwise (progress off, a log file, CI) a line per step.
+        self.live_bar = self.show_progress and on_terminal()
         # Sharding over one process would save nothing, so the same config runs on a laptop.
         self.sharded = self.args.fsdp and self.dist.enabled
         if self.args.fsdp and not self.dist.enabled:
@@ -332,7 +344,7 @@ class GRPOTrainer:
         want_groups = a.prompts_per_step
         kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
         metrics = {"time/generate": 0.0, "time/score": 0.0}
-        n_groups = 0
+        n_groups = generated = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
         later_rounds = -(-(self.total_steps - self.state.global_step) // a.num_iterations) - 1
         for _ in range(rounds):
@@ -342,6 +354,7 @@ class GRPOTrainer:
             self.state.generation_round += 1
             metrics["time/generate"] += scored.generate_seconds
             metrics["time/score"] += scored.score_seconds
+            generated += sum(sampled_tokens(scored.rollout))
             metrics |= drawn.metrics
             advantages = self._local_advantages(scored.scores.total)
             keep = torch.ones(len(scored.rows), dtype=torch.bool)
@@ -351,6 +364,7 @@ class GRPOTrainer:
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
                 break
+        metrics |= generation_rate(generated, metrics["time/generate"])
         first, first_advantages, _ = kept[0]
         resume_at = (drawn.epoch, drawn.position)
         return Collected(self._experience(kept), first, first_advantages, metrics, resume_at)
@@ -581,6 +595,12 @@ class GRPOTrainer:
             + sum(len(c) for c in scored.rollout.completion_ids)
         )
         shared = reduce_metrics(shared, self.dist)
+        # No group with a reward spread on any rank: every advantage is 0. (With dynamic
+        # sampling a later round may have found groups with one; exp then holds them.)
+        flat = exp is None or (
+            not self.args.dynamic_sampling and shared["frac_reward_zero_std"] >= 1.0
+        )
+        self._warn_no_signal = self.no_signal.update(flat, scored, len(updates))
         out = []
         for metrics in updates:
             self.state.global_step += 1
@@ -690,10 +710,10 @@ class GRPOTrainer:
         save_every = a.save_interval(self.steps_per_epoch)
         self._last_save = time.monotonic()
         with (
-            # A live bar on a terminal; in a log (CI, SLURM) a metrics line every logging_steps.
+            # A live bar on a terminal; in a log (CI, SLURM, nohup) a metrics line every step.
             progress(
                 "GRPO", self.total_steps, done=self.state.global_step,
-                enabled=self.show_progress and on_terminal(), log=self.log,
+                enabled=self.live_bar, log=self.log,
             ) as bar,
             stop_guard() as stopped,
             reward_warnings_to(self.log),
@@ -724,7 +744,13 @@ class GRPOTrainer:
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
         if self.dist.is_main:
-            for line in forecast_summary(self.history):
+            hint = heldout_hint(
+                heldout=bool(self.cfg.data.heldout),
+                eval_steps=a.eval_steps,
+                eval_interval=a.eval_interval,
+                steps=self.state.global_step,
+            )
+            for line in forecast_summary(self.history, no_heldout=hint):
                 self.log(line)
         self.close()
         return TrainResult(self.run_dir, self.state.global_step, ckpt, self.history)
@@ -767,10 +793,16 @@ class GRPOTrainer:
                     sink.log(step, record)
             self.history.append({"step": step, **record})
             bar.advance(1, step_summary(record))
-            if reported and self.show_progress and not on_terminal():
+            # Without the bar, a line every step: waiting logging_steps for the first sign of
+            # life leaves a log looking stuck, and a step takes seconds, not milliseconds.
+            if not self.live_bar:
                 eta = bar.eta()
                 left = f", about {eta_text(eta)} left" if eta is not None else ""
                 self.log(f"step {step}/{self.total_steps}: {step_summary(record)}{left}")
+        if self._warn_no_signal and self.dist.is_main:
+            batches = self.no_signal.batches
+            advice = self.advise(self.cfg, self.sampler, batches) if self.advise else None
+            self.log(no_signal_warning(self.state.global_step, self.no_signal.streak, advice))
 
     def _failed(self, exc: Exception) -> RunFailed:
         """Save what can be saved after ``exc`` and say what happened and how to go on."""

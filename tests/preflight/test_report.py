@@ -1,0 +1,25 @@
+"""The lines `grpokit preflight` prints that are not the verdict's."""
+
+from __future__ import annotations
+
+from grpokit.preflight.measure import CompletionStats, Measurement, SamplingSettings
+from grpokit.preflight.report import completions_line
+
+
+def _measurement(mean_terminated_length: float | None) -> Measurement:
+    return Measurement(
+        settings=SamplingSettings(8, 8, 1.0, 1.0, 0, 64, 0.04, "group", None, 0),
+        infos=[],
+        rewards=[],
+        total_mean=0.0,
+        total_zero_variance_share=1.0,
+        completions=CompletionStats(40.0, 12, 64, 0.25, mean_terminated_length, 1.8, 0.9),
+    )
+
+
+def test_the_length_of_completions_ended_by_eos_reads_as_a_mean_not_a_count() -> None:
+    assert completions_line(_measurement(35.0)) == (
+        "completions: mean length 40 tokens (min 12, max 64; mean 35 of those ended by EOS); "
+        "truncated at 64: 25%; entropy 1.80 nats/token; distinct per group 90%"
+    )
+    assert "(min 12, max 64; none ended by EOS)" in completions_line(_measurement(None))
