@@ -472,3 +472,40 @@ def test_the_context_check_counts_the_tools_schemas(tmp_path: Path, tiny_model_d
     # With max_prompt_length the prompt is cut instead, and said so: counted with the tools too.
     start(training__max_prompt_length=alone)
     assert any(m.startswith("1 of 2 data.train prompts are longer than") for m in logged)
+
+
+BARE = json.dumps({"name": "calculator", "arguments": {"a": 6, "b": 7}})
+
+
+def bare_reply(context: str, j: int) -> str:
+    """Calls written as Qwen2.5-Coder wrote them: bare JSON, or in a json code block."""
+    if context.rstrip().endswith("assistant") and "<|im_start|>tool" in context:
+        return "It is 42."
+    return [BARE, f"```json\n{BARE}\n```", "It is 41.", "I do not know."][j]
+
+
+@pytest.mark.parametrize("lenient", [False, True], ids=["strict", "lenient"])
+def test_calls_outside_the_format_are_logged_warned_about_or_run(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, lenient: bool
+) -> None:
+    scripted_engines(monkeypatch, bare_reply)
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            tiny_model_dir,
+            training__max_steps=2,
+            training__tool_call_lenient=lenient,
+        )
+    )
+    logged: list[str] = []
+    result = GRPOTrainer(cfg, progress=False, log=logged.append).train()
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["tools/unparsed_frequency"] for m in lines] == [0.5, 0.5]
+    warnings = [w for w in logged if "outside the tool-call format" in w]
+    if lenient:  # run as calls (and rewarded), still counted; nothing to warn about
+        assert [m["tools/call_frequency"] for m in lines] == [0.5, 0.5]
+        assert [m["reward"] for m in lines] == [0.5, 0.5] and warnings == []
+    else:  # not run, never rewarded: said once, with what to do
+        assert [m["tools/call_frequency"] for m in lines] == [0.0, 0.0]
+        assert [m["reward"] for m in lines] == [0.0, 0.0]
+        assert len(warnings) == 1 and "training.tool_call_lenient: true" in warnings[0]

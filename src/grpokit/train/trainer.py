@@ -96,6 +96,7 @@ from grpokit.train.step_metrics import (
     memory_metrics,
     rollout_metrics,
     step_summary,
+    unparsed_warning,
 )
 
 
@@ -238,6 +239,7 @@ class GRPOTrainer:
         self._before_step: tuple[TrainerState, dict[str, Any]] | None = None
         self._weights_changed = False
         self._last_save = time.monotonic()
+        self._warned_unparsed = False  # calls outside the tool-call format: said once a run
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
@@ -581,6 +583,10 @@ class GRPOTrainer:
             + sum(len(c) for c in scored.rollout.completion_ids)
         )
         shared = reduce_metrics(shared, self.dist)
+        warning = unparsed_warning(shared, lenient=self.args.tool_call_lenient)
+        if warning is not None and not self._warned_unparsed:
+            self._warned_unparsed = True
+            self.log(f"warning: {warning}")
         out = []
         for metrics in updates:
             self.state.global_step += 1
