@@ -583,7 +583,8 @@ TRL_TOOL_API: dict[str, tuple[str, str, str]] = {
         "tokenizer",
         "accepted",
         "must render `tools` and 'tool' messages (else exit 2 naming model.chat_template; "
-        "`model.chat_template: hermes` gives one). TRL swaps a template that re-renders earlier "
+        "`model.chat_template: hermes` gives one, `auto` the model's own where it shows tools "
+        "and hermes where it does not). TRL swaps a template that re-renders earlier "
         "turns for a training template; grpokit never re-renders: the next turn's input is the "
         "previous input's ids, the sampled ids and the tool message's ids.",
     ),

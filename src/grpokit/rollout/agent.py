@@ -172,7 +172,8 @@ def check_tool_template(
     kwargs = dict(chat_template_kwargs or {})
     fix = (
         f"set {where} to a chat template with tool support (one that renders `tools` and "
-        "'tool' messages, such as Qwen2.5's or Llama 3.1's)"
+        "'tool' messages, such as Qwen2.5's or Llama 3.1's), or to 'auto' for grpokit's "
+        "ChatML one with <tool_call> tags on a ChatML model"
     )
     try:
         plain = tokenizer.apply_chat_template(
