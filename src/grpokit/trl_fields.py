@@ -501,6 +501,8 @@ GRPOKIT_ONLY: dict[str, str] = {
     "tool_call_format": "how tool calls are read (TRL reads them with the tokenizer's response "
     "schema)",
     "tool_call_regex": "a pattern of your own for tool calls",
+    "tool_call_lenient": "tool calls written outside the format (bare JSON, a json code block) "
+    "run and counted",
     "tool_timeout": "a tool call's time limit",
     "tool_max_result_chars": "a tool result's length limit",
     "vllm_lora_sync": "a LoRA adapter synced to vLLM alone or merged into dense weights",
@@ -581,7 +583,8 @@ TRL_TOOL_API: dict[str, tuple[str, str, str]] = {
         "tokenizer",
         "accepted",
         "must render `tools` and 'tool' messages (else exit 2 naming model.chat_template; "
-        "`model.chat_template: hermes` gives one). TRL swaps a template that re-renders earlier "
+        "`model.chat_template: hermes` gives one, `auto` the model's own where it shows tools "
+        "and hermes where it does not). TRL swaps a template that re-renders earlier "
         "turns for a training template; grpokit never re-renders: the next turn's input is the "
         "previous input's ids, the sampled ids and the tool message's ids.",
     ),
@@ -589,8 +592,9 @@ TRL_TOOL_API: dict[str, tuple[str, str, str]] = {
         "logged",
         "accepted",
         "tools/call_frequency and tools/failure_frequency (TRL's names), with tools/<name>/calls, "
-        "turns/mean and turns/max; tool tokens are masked out of the loss, the KL and the "
-        "entropy.",
+        "turns/mean and turns/max, and grpokit's tools/unparsed_frequency (calls written "
+        "outside the format; run only with training.tool_call_lenient); tool tokens are masked "
+        "out of the loss, the KL and the entropy.",
     ),
     "use_vllm": (
         "GRPOConfig",

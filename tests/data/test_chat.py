@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
 from grpokit.cli import main
-from grpokit.data.chat import PLAIN_TEMPLATE, apply_template_setting, encode_prompt
+from grpokit.data.chat import (
+    HERMES_TEMPLATE,
+    PLAIN_TEMPLATE,
+    apply_template_setting,
+    encode_prompt,
+    shows_tools,
+)
 from grpokit.errors import UserError
+from tests.rollout.tool_helpers import LLAMA3_TEMPLATE, QWEN25_TEMPLATE
 
 
 @pytest.fixture
@@ -110,3 +118,32 @@ def test_a_tokenizer_that_adds_no_bos_gets_none(tiny_model_dir: Path) -> None:
     assert bos_prefix(tok) == []
     text = render_prompt(tok, "Hi")
     assert encode_prompt(tok, "Hi") == tok(text, add_special_tokens=False)["input_ids"]
+
+
+LLAMA2_CHAT = (  # no tools, not ChatML: auto leaves it for the tool check to refuse by name
+    "{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+    "{% else %} {{ m['content'] }}{% endif %}{% endfor %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("own", "expected"),
+    [
+        (QWEN25_TEMPLATE, QWEN25_TEMPLATE),  # Qwen2.5's own shows tools: kept
+        (LLAMA3_TEMPLATE, LLAMA3_TEMPLATE),
+        (None, HERMES_TEMPLATE),  # the tiny model's own: SmolLM2's ChatML, without tools
+        (LLAMA2_CHAT, LLAMA2_CHAT),
+    ],
+    ids=["qwen2.5", "llama3", "smollm2", "llama2"],
+)
+def test_auto_keeps_a_models_own_tool_template(
+    tmp_path: Path, tiny_tokenizer: Any, own: str | None, expected: str
+) -> None:
+    if own is not None:
+        tiny_tokenizer.chat_template = own
+    apply_template_setting(tiny_tokenizer, "auto", tmp_path)
+    assert tiny_tokenizer.chat_template == expected
+    assert shows_tools(tiny_tokenizer) == (expected != LLAMA2_CHAT)
+    tiny_tokenizer.chat_template = None
+    apply_template_setting(tiny_tokenizer, "auto", tmp_path)  # none of its own: left without
+    assert tiny_tokenizer.chat_template is None

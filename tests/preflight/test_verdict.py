@@ -12,6 +12,8 @@ from grpokit.preflight.measure import (
     RewardInfo,
     RewardStats,
     SamplingSettings,
+    ToolInfo,
+    ToolStats,
 )
 from grpokit.preflight.verdict import decide, mixed_group_probability
 
@@ -41,6 +43,7 @@ def _measurement(
     system_prompt: str | None = SYSTEM,
     temperature: float = 1.0,
     partial: list[PartialCredit] | None = None,
+    tools: ToolStats | None = None,
 ) -> Measurement:
     infos = [
         RewardInfo("format", "xml_format", tags=("thinking", "answer")),
@@ -54,6 +57,7 @@ def _measurement(
         total_zero_variance_share=zv,
         completions=CompletionStats(40.0, 12, 64, truncated, 35.0, 1.8, distinct),
         partial_credit=partial or [],
+        tools=tools,
     )
 
 
@@ -149,3 +153,76 @@ def test_mixed_group_probability_hand_values() -> None:
     assert mixed_group_probability(0.5, 2) == pytest.approx(0.5)
     assert mixed_group_probability(0.0, 8) == 0.0
     assert mixed_group_probability(1.0, 8) == 0.0
+
+
+def _tools(
+    calling: int,
+    unparsed: int = 0,
+    *,
+    lenient: bool = False,
+    fmt: str = "hermes",
+    template: str | None = None,
+    replaced: bool = False,
+) -> ToolStats:
+    """64 completions of which ``calling`` called the calculator (once each, none failed) and
+    ``unparsed`` wrote a call outside the format."""
+    info = ToolInfo(("calculator",), fmt, lenient, template, replaced)
+    return ToolStats(info, 64, calling, calling, 0, unparsed, unparsed)
+
+
+def test_a_tool_never_called_is_a_cold_start_though_the_rewards_say_go() -> None:
+    """The issue's case: answers without the tool vary in reward (GO on the rewards alone),
+    no completion calls the calculator, 15 of 64 write the call as bare JSON."""
+    rewards = [_stats("format", 40, zv=0.25), _stats("answer", 20, zv=0.5)]
+    assert decide(_measurement(rewards, zv=0.25)).status == "go"
+    tools = _tools(0, 15, template="hermes", replaced=True)
+    v = decide(_measurement(rewards, zv=0.25, system_prompt="Be careful.", tools=tools))
+    assert v.status == "cold_start" and v.exit_code == 1
+    assert v.reasons[0].startswith("no completion called a tool: 0/64 called calculator (95% CI")
+    assert "training would teach answering without the tool (cold start)" in v.reasons[0]
+    assert (
+        "15/64 completions wrote 15 call(s) of calculator outside the hermes format"
+        in (v.reasons[1])
+    )
+    assert "not run, training.tool_call_lenient is off" in v.reasons[1]
+    assert (
+        "75% of the 8 groups carry a reward signal, all of it from answers without"
+        in (v.reasons[2])
+    )
+    advice = "\n".join(v.advice)
+    # The format cold start's advice, for the call: demonstrations first.
+    assert v.advice[0].startswith("SFT warm-start on tool-call demonstrations: `grpokit sft")
+    assert "0/64 called a tool" in v.advice[0] and "`--from-rollouts` does not take" in advice
+    assert "training.tool_call_lenient: true: 15/64 completions" in advice
+    assert "model.chat_template: hermes replaces the model's own chat template" in advice
+    assert "`auto` (or no setting) keeps the model's own" in advice
+    assert "temperature 1" in advice and "1.80 nats/token" in advice
+    # 0/64: the Wilson upper bound is 5.66%, 1 - (1 - 0.0566)^8 = 37%.
+    assert "a group holds a call with probability at most G=8: 37%, G=16: 61%" in advice
+    assert '<tool_call>{"name": "calculator", "arguments": {...}}</tool_call>' in advice
+
+
+def test_tool_cold_start_advice_follows_what_was_measured() -> None:
+    rewards = [_stats("format", 0, zv=1.0)]
+    v = decide(_measurement(rewards, zv=1.0, system_prompt=None, tools=_tools(0)))
+    assert v.status == "cold_start"
+    assert any("none of the 8 groups carries a reward signal either" in r for r in v.reasons)
+    advice = "\n".join(v.advice)
+    assert "Lenient parsing (training.tool_call_lenient) would not help yet" in advice
+    assert "replaces the model's own" not in advice
+    assert "there is none; set data.system_prompt" in advice
+    lenient = decide(_measurement(rewards, zv=1.0, tools=_tools(0, lenient=True, fmt="llama3")))
+    assert not any("Lenient" in a for a in lenient.advice)
+    assert any('{"name": "calculator", "parameters": {...}}' in a for a in lenient.advice)
+
+
+def test_calls_outside_the_format_are_warned_about_when_some_calls_run() -> None:
+    rewards = [_stats("format", 40, zv=0.25)]
+    v = decide(_measurement(rewards, zv=0.25, tools=_tools(30, 5)))
+    assert v.status == "go"
+    assert any("5/64 completions wrote 5 call(s)" in r and "not run;" in r for r in v.reasons)
+    v = decide(_measurement(rewards, zv=0.25, tools=_tools(30, 5, lenient=True)))
+    assert any("run only because training.tool_call_lenient is on" in r for r in v.reasons)
+    assert decide(_measurement(rewards, zv=0.25, tools=_tools(30))).reasons == (
+        decide(_measurement(rewards, zv=0.25)).reasons
+    )

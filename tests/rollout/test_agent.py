@@ -128,6 +128,7 @@ def test_masks_token_by_token_and_only_calling_rows_go_on(setup: Any) -> None:
     assert metrics == {
         "tools/call_frequency": 5 / 5,
         "tools/failure_frequency": 2 / 5,
+        "tools/unparsed_frequency": 0.0,
         "turns/mean": 9 / 5,
         "turns/max": 2.0,
         "tools/calculator/calls": 2.0,
@@ -146,6 +147,60 @@ def test_masks_token_by_token_and_only_calling_rows_go_on(setup: Any) -> None:
         {"role": "tool", "name": "broken", "content": broke, "error": True},
         {"role": "assistant", "content": "Done."},
     ]
+
+
+BARE = '{"name": "calculator", "arguments": {"a": 6, "b": 7}}'
+FIRST_OUTSIDE = [BARE, f"```json\n{BARE}\n```", "It is 42.", '{"name": "search", "arguments": {}}']
+
+
+@pytest.mark.parametrize("lenient", [False, True], ids=["strict", "lenient"])
+def test_calls_outside_the_format_are_counted_and_run_only_when_lenient(
+    setup: Any, lenient: bool
+) -> None:
+    """Qwen2.5-Coder's bare JSON and code-block calls: strict, they end the completion unrun
+    but are counted (tools/unparsed_frequency); lenient, they run as calls and are still
+    counted. A JSON object naming no tool of the run is neither."""
+    model, tokenizer, tools = setup
+
+    def reply(context: str, j: int) -> str:
+        return "It is 42." if "<|im_start|>tool" in context else FIRST_OUTSIDE[j]
+
+    engine = ScriptedEngine(model, tokenizer, reply)
+    rollout = _rollout(tokenizer, tools)
+    rollout.lenient = lenient
+    prompt = encode_prompt(tokenizer, "What is 6 times 7?", tools=rollout.schemas)
+    out = rollout.generate(engine, [prompt], 4, SamplingParams(max_completion_length=200))
+
+    assert out.turns is not None
+    assert [t[0].unparsed for t in out.turns] == [1, 1, 0, 0]
+    metrics = tool_metrics(out, TOOL_NAMES)
+    assert metrics["tools/unparsed_frequency"] == 2 / 4
+    if lenient:
+        for b in (0, 1):
+            first, second = out.turns[b]
+            assert [(c.name, c.content, c.failed) for c in first.calls] == [
+                ("calculator", "42", False)
+            ]
+            assert tokenizer.decode(out.completion_ids[b][second.start :]).startswith("It is 42.")
+        assert metrics["tools/call_frequency"] == 2 / 4 and len(engine.calls) == 2
+    else:
+        assert [len(t) for t in out.turns] == [1, 1, 1, 1]
+        assert all(t[0].calls == () for t in out.turns)
+        assert metrics["tools/call_frequency"] == 0.0 and len(engine.calls) == 1
+
+
+def test_a_call_outside_the_format_after_the_last_round_is_counted(setup: Any) -> None:
+    model, tokenizer, tools = setup
+
+    def reply(context: str, j: int) -> str:
+        return BARE if "<|im_start|>tool" in context else hermes_call("calculator", a=6, b=7)
+
+    engine = ScriptedEngine(model, tokenizer, reply)
+    rollout = _rollout(tokenizer, tools, max_iterations=1)
+    prompt = encode_prompt(tokenizer, "What is 6 times 7?", tools=rollout.schemas)
+    out = rollout.generate(engine, [prompt], 1, SamplingParams(max_completion_length=200))
+    assert out.turns is not None
+    assert [(len(t.calls), t.unparsed) for t in out.turns[0]] == [(1, 0), (0, 1)]
 
 
 def test_iteration_limit_stops_a_model_that_keeps_calling(setup: Any) -> None:

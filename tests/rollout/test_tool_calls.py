@@ -8,13 +8,14 @@ from grpokit.rollout.tool_calls import (
     check_pattern,
     detect_format,
     parse_hermes,
+    parse_lenient,
     parse_llama3,
     parse_regex,
     tool_call_parser,
 )
 from grpokit.rollout.tools import ToolCall
 
-from .tool_helpers import HERMES_TEMPLATE, LLAMA3_TEMPLATE
+from .tool_helpers import HERMES_TEMPLATE, LLAMA3_TEMPLATE, QWEN25_TEMPLATE
 
 
 def test_hermes_calls_in_order_with_text_around() -> None:
@@ -82,6 +83,48 @@ def test_regex_pattern_checked(pattern: str) -> None:
 def test_format_detected_from_the_template() -> None:
     assert detect_format(HERMES_TEMPLATE) == "hermes"
     assert detect_format(LLAMA3_TEMPLATE) == "llama3"
+    assert detect_format(QWEN25_TEMPLATE) == "hermes"  # Qwen2.5's own: <tool_call> tags
     assert detect_format("{% for m in messages %}{{ m['content'] }}{% endfor %}") is None
     assert tool_call_parser("hermes") is parse_hermes
     assert tool_call_parser("llama3") is parse_llama3
+
+
+CALC = '{"name": "calculator", "arguments": {"expression": "347 * 86"}}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        CALC,  # bare, the whole turn
+        f"I will use the calculator.\n{CALC}",  # after prose
+        f"```json\n{CALC}\n```",  # in a json code block
+        f"```\n{CALC}\n```\nThen I answer.",  # in a plain code block, text after
+        '{"function": ' + CALC + "}",  # inside an object that is not a call
+        '{"name": "calculator", "parameters": {"expression": "347 * 86"}}',  # Llama's key
+        '{"name": "calculator", "arguments": "{\\"expression\\": \\"347 * 86\\"}"}',
+    ],
+    ids=["bare", "after-prose", "json-block", "plain-block", "nested", "parameters", "str-args"],
+)
+def test_lenient_reads_a_known_tools_call_outside_the_format(text: str) -> None:
+    """What Qwen2.5-Coder-0.5B-Instruct wrote instead of <tool_call> tags: the strict parser
+    reads nothing, the lenient one the call."""
+    assert parse_hermes(text) == []
+    assert parse_lenient(text, ["calculator"]) == [
+        ToolCall("calculator", {"expression": "347 * 86"})
+    ]
+
+
+def test_lenient_reads_only_calls_of_known_tools() -> None:
+    two = f'{CALC} and {{"name": "calculator", "arguments": {{"expression": "1 + 1"}}}}'
+    assert parse_lenient(two, ["calculator"]) == [
+        ToolCall("calculator", {"expression": "347 * 86"}),
+        ToolCall("calculator", {"expression": "1 + 1"}),
+    ]
+    assert parse_lenient(CALC, ["search"]) == []  # not a tool of this run
+    assert parse_lenient('{"name": "calculator"}', ["calculator"]) == []  # no arguments: a mention
+    assert parse_lenient('{"name": "calculator", "arguments": {', ["calculator"]) == []  # cut
+    assert parse_lenient('The answer is {"value": 29842}.', ["calculator"]) == []
+    assert parse_lenient("<answer>29842</answer>", ["calculator"]) == []
+    # Arguments that are not an object: a call to a known tool, failed (the model is told).
+    (bad,) = parse_lenient('{"name": "calculator", "arguments": [1]}', ["calculator"])
+    assert bad.name == "calculator" and bad.error is not None

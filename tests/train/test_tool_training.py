@@ -472,3 +472,83 @@ def test_the_context_check_counts_the_tools_schemas(tmp_path: Path, tiny_model_d
     # With max_prompt_length the prompt is cut instead, and said so: counted with the tools too.
     start(training__max_prompt_length=alone)
     assert any(m.startswith("1 of 2 data.train prompts are longer than") for m in logged)
+
+
+def qwen_model_dir(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """The tiny model with Qwen2.5-Instruct's own chat template (which shows tools)."""
+    import shutil
+
+    from tests.rollout.tool_helpers import QWEN25_TEMPLATE
+
+    out = tmp_path / "qwen-template-model"
+    shutil.copytree(tiny_model_dir, out)
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    (out / "chat_template.jinja").write_text(QWEN25_TEMPLATE)
+    return out
+
+
+@pytest.mark.parametrize("setting", [None, "auto", "hermes"])
+def test_the_models_own_tool_template_unless_one_is_forced(
+    tmp_path: Path, tiny_model_dir: Path, setting: str | None
+) -> None:
+    """A model with a tool template of its own (Qwen2.5's) is prompted with it, calls read as
+    its <tool_call> tags, without model.chat_template and with `auto`; `hermes` replaces it. On
+    SmolLM2's template, which cannot show tools, `auto` gives grpokit's hermes."""
+    from grpokit.data.chat import HERMES_TEMPLATE, encode_prompt
+    from grpokit.sampling.sampler import load_model_policy, tool_rollout
+    from tests.rollout.tool_helpers import QWEN25_TEMPLATE
+
+    model = qwen_model_dir(tmp_path, tiny_model_dir)
+    top = {} if setting is None else {"model__chat_template": setting}
+    cfg = load_config(write_config(tmp_path, model, template=False, **top))
+    tokenizer = load_model_policy(cfg.model, base_dir=cfg.config_dir).tokenizer
+    rollout = tool_rollout(cfg, tokenizer)
+    assert rollout is not None and rollout.format == "hermes"
+    prompt = tokenizer.decode(encode_prompt(tokenizer, "What is 6 times 7?", tools=rollout.schemas))
+    if setting == "hermes":
+        assert tokenizer.chat_template == HERMES_TEMPLATE
+    else:
+        assert tokenizer.chat_template == QWEN25_TEMPLATE
+        assert "You are provided with function signatures within <tools></tools>" in prompt
+    smollm = load_config(write_config(tmp_path, tiny_model_dir, model__chat_template="auto"))
+    tokenizer = load_model_policy(smollm.model, base_dir=smollm.config_dir).tokenizer
+    assert tokenizer.chat_template == HERMES_TEMPLATE and tool_rollout(smollm, tokenizer)
+
+
+BARE = json.dumps({"name": "calculator", "arguments": {"a": 6, "b": 7}})
+
+
+def bare_reply(context: str, j: int) -> str:
+    """Calls written as Qwen2.5-Coder wrote them: bare JSON, or in a json code block."""
+    if context.rstrip().endswith("assistant") and "<|im_start|>tool" in context:
+        return "It is 42."
+    return [BARE, f"```json\n{BARE}\n```", "It is 41.", "I do not know."][j]
+
+
+@pytest.mark.parametrize("lenient", [False, True], ids=["strict", "lenient"])
+def test_calls_outside_the_format_are_logged_warned_about_or_run(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, lenient: bool
+) -> None:
+    scripted_engines(monkeypatch, bare_reply)
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            tiny_model_dir,
+            training__max_steps=2,
+            training__tool_call_lenient=lenient,
+        )
+    )
+    logged: list[str] = []
+    result = GRPOTrainer(cfg, progress=False, log=logged.append).train()
+    lines = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["tools/unparsed_frequency"] for m in lines] == [0.5, 0.5]
+    warnings = [w for w in logged if "outside the tool-call format" in w]
+    if lenient:  # run as calls (and rewarded), still counted; nothing to warn about
+        assert [m["tools/call_frequency"] for m in lines] == [0.5, 0.5]
+        assert [m["reward"] for m in lines] == [0.5, 0.5] and warnings == []
+    else:  # not run, never rewarded: said once, with what to do
+        assert [m["tools/call_frequency"] for m in lines] == [0.0, 0.0]
+        assert [m["reward"] for m in lines] == [0.0, 0.0]
+        assert len(warnings) == 1 and "training.tool_call_lenient: true" in warnings[0]

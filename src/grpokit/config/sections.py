@@ -104,7 +104,9 @@ class ModelConfig(_Strict):
             "model): a Jinja chat template, inline or as a file path relative to the config, or "
             "'plain' for the messages' texts joined by blank lines with nothing added, or 'hermes' "
             "for ChatML with tool calls (<tool_call> tags, for `tools:`). Replaces "
-            "the tokenizer's own template when set."
+            "the tokenizer's own template when set. 'auto' (for `tools:`): the model's own "
+            "template where it shows tools (Qwen2.5, Llama 3.1: the call format the model was "
+            "trained on), 'hermes' where a ChatML model's own does not (SmolLM2)."
         ),
     )
 

@@ -253,6 +253,15 @@ class TrainingConfig(_Strict):
         '{"name": ..., "arguments": ...}.',
         json_schema_extra=_GEN,
     )
+    tool_call_lenient: bool = Field(
+        False,
+        description="Also run the tool calls a model writes outside tool_call_format, in a turn "
+        'where that format finds none: a JSON object {"name": <a configured tool>, '
+        '"arguments": {...}}, bare or in a json code block (real instruct models do). Either '
+        "way such calls are counted as tools/unparsed_frequency (calls per completion); off, "
+        "they are not run, and training and preflight warn about them.",
+        json_schema_extra=_GEN,
+    )
     tool_timeout: float = Field(
         10.0,
         gt=0,

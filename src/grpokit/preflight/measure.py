@@ -112,6 +112,50 @@ class PartialCredit:
     zero_variance_share: float
 
 
+@dataclass(frozen=True)
+class ToolInfo:
+    """What the verdict needs to know about the configured tools (``tools:``, or an
+    environment's methods)."""
+
+    names: tuple[str, ...]
+    format: str | None
+    """The format calls are read in (hermes, llama3, regex); None where it is not known."""
+    lenient: bool
+    """training.tool_call_lenient: calls written outside the format are run too."""
+    chat_template: str | None = None
+    """model.chat_template as configured (None: the model's own)."""
+    replaced_tool_template: bool = False
+    """model.chat_template replaced a template of the model's own that shows tools."""
+
+
+@dataclass(frozen=True)
+class ToolStats:
+    """How the sampled completions used the tools.
+
+    calling: completions with at least one call run (read in the format, or leniently); calls,
+    failed: the calls run and those that failed. unparsed: completions that wrote a call of a
+    known tool outside the format (bare JSON, a json code block); unparsed_calls: those calls.
+    They were run only when ``info.lenient``.
+    """
+
+    info: ToolInfo
+    completions: int
+    calling: int
+    calls: int
+    failed: int
+    unparsed: int
+    unparsed_calls: int
+
+    @property
+    def call_rate(self) -> float:
+        return self.calling / self.completions if self.completions else 0.0
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """95% Wilson interval of the share of completions that called a tool."""
+        return wilson_interval(self.calling, self.completions)
+
+
 @dataclass
 class Measurement:
     """Everything one preflight measured; the verdict and the report read only this."""
@@ -124,6 +168,8 @@ class Measurement:
     completions: CompletionStats
     partial_credit: list[PartialCredit] = field(default_factory=list)
     examples: list[dict[str, Any]] = field(default_factory=list)
+    tools: ToolStats | None = None
+    """With tools configured: how the completions called them."""
 
     def reward(self, name: str) -> RewardStats:
         for r in self.rewards:
@@ -239,6 +285,22 @@ def partial_credit(
     return out
 
 
+def tool_stats(batches: list[ScoredBatch], info: ToolInfo) -> ToolStats:
+    """The tool use of multi-turn completions (their turns; a single-turn batch calls nothing)."""
+    turns = [t for b in batches for t in (b.rollout.turns or [[] for _ in b.texts])]
+    calls = [c for row in turns for t in row for c in t.calls]
+    unparsed = [sum(t.unparsed for t in row) for row in turns]
+    return ToolStats(
+        info=info,
+        completions=len(turns),
+        calling=sum(any(t.calls for t in row) for row in turns),
+        calls=len(calls),
+        failed=sum(c.failed for c in calls),
+        unparsed=sum(n > 0 for n in unparsed),
+        unparsed_calls=sum(unparsed),
+    )
+
+
 def _examples(batches: list[ScoredBatch], limit: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for b in batches:
@@ -264,9 +326,11 @@ def measure(
     infos: list[RewardInfo],
     settings: SamplingSettings,
     *,
+    tools: ToolInfo | None = None,
     n_examples: int = 4,
 ) -> Measurement:
-    """The full preflight measurement of one or more scored batches (same group size)."""
+    """The full preflight measurement of one or more scored batches (same group size);
+    ``tools``: the configured tools, whose use is measured too."""
     if not batches:
         raise ValueError("measure needs at least one scored batch")
     g = settings.generations
@@ -291,4 +355,5 @@ def measure(
         completions=completion_stats(batches),
         partial_credit=partial_credit(texts, infos, g),
         examples=_examples(batches, n_examples),
+        tools=tool_stats(batches, tools) if tools is not None else None,
     )

@@ -22,10 +22,15 @@ preflight.json (schema ``grpokit.preflight/1``), written atomically::
           "forecast_interval": [p* at low, p* at high], "forecast_with_std",
           "forecast_without_std", "forecast_std_normalized", "beta"}},
       "partial_credit": [{"reward", "type", "tags", "mean", "zero_variance_share"}],
+      "tools": null | {"names", "format", "lenient", "chat_template", "completions",
+                       "calling", "call_rate", "call_rate_interval": [low, high], "calls",
+                       "failed", "unparsed", "unparsed_calls"},
       "examples": [{"completion", "finish_reason", "rewards": {...}}]
     }
 
-Pass-rate fields are null for rewards without a maximum. NaN is written as null.
+Pass-rate fields are null for rewards without a maximum. NaN is written as null. ``tools`` is
+null without tools; ``calling`` counts completions that called one, ``unparsed`` those that
+wrote a call outside the format (run only when ``lenient``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from rich.console import Console
 from rich.table import Table
 
 from grpokit.core.forecast import FORECAST_EPS
-from grpokit.preflight.measure import Measurement, RewardStats
+from grpokit.preflight.measure import Measurement, RewardStats, ToolStats
 from grpokit.preflight.verdict import Verdict
 
 SCHEMA = "grpokit.preflight/1"
@@ -79,6 +84,39 @@ def _reward_json(m: Measurement, r: RewardStats) -> dict[str, Any]:
     }
 
 
+def _tools_json(t: ToolStats | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {
+        "names": list(t.info.names),
+        "format": t.info.format,
+        "lenient": t.info.lenient,
+        "chat_template": t.info.chat_template,
+        "completions": t.completions,
+        "calling": t.calling,
+        "call_rate": t.call_rate,
+        "call_rate_interval": list(t.interval),
+        "calls": t.calls,
+        "failed": t.failed,
+        "unparsed": t.unparsed,
+        "unparsed_calls": t.unparsed_calls,
+    }
+
+
+def tool_line(t: ToolStats) -> str:
+    """The console's line on tool use: the call rate, and the calls written outside the format."""
+    low, high = t.interval
+    line = (
+        f"tool calls: {t.calling}/{t.completions} completions called {', '.join(t.info.names)} "
+        f"({t.call_rate:.1%}, 95% CI {low:.1%}-{high:.1%}; {t.calls} calls, {t.failed} failed)"
+    )
+    if t.unparsed:
+        fmt = f"the {t.info.format} format" if t.info.format else "the format"
+        ran = "run: training.tool_call_lenient" if t.info.lenient else "not run"
+        line += f"; {t.unparsed} wrote {t.unparsed_calls} call(s) outside {fmt} ({ran})"
+    return line
+
+
 def preflight_json(
     m: Measurement, v: Verdict, *, meta: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -105,6 +143,7 @@ def preflight_json(
         "completions": completions,
         "rewards": {r.name: _reward_json(m, r) for r in m.rewards},
         "partial_credit": [{**asdict(pc), "tags": list(pc.tags)} for pc in m.partial_credit],
+        "tools": _tools_json(m.tools),
         "examples": m.examples,
     }
 
@@ -206,6 +245,8 @@ def render(m: Measurement, v: Verdict, console: Console, *, title: str = "prefli
     )
     console.print(table)
     console.print(completions_line(m), markup=False)
+    if m.tools is not None:
+        console.print(tool_line(m.tools), markup=False, highlight=False)
     console.print(
         f"flat groups = share of the {s.prompts} groups whose values are all equal: they give no "
         "gradient (the total column is what training sees, TRL's frac_reward_zero_std)."

@@ -13,7 +13,7 @@ from grpokit.config import GRPOKitConfig
 from grpokit.files import write_json
 from grpokit.preflight.measure import Measurement, measure
 from grpokit.preflight.report import preflight_json, render
-from grpokit.preflight.sampling import reward_infos, sampling_settings
+from grpokit.preflight.sampling import reward_infos, sampling_settings, tool_info
 from grpokit.preflight.verdict import Verdict, decide
 from grpokit.sampling import Sampler, ScoredBatch
 from grpokit.sampling.groups import choose_prompts, open_sampler, sample_groups
@@ -71,9 +71,10 @@ def run_preflight(
         batches = sample_groups(sampler, cfg, rows, g, seed=seed)
         infos = reward_infos(cfg, sampler.rewards)
         settings = sampling_settings(sampler, cfg, len(rows), g, seed)
+        tools = tool_info(sampler, cfg)
     finally:
         sampler.rewards.close()
-    m = measure(batches, infos, settings)
+    m = measure(batches, infos, settings, tools=tools)
     v = decide(m)
     render(m, v, console)
     if out is None:

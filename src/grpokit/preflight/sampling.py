@@ -4,7 +4,9 @@ sampling itself: :mod:`grpokit.sampling.groups`)."""
 from __future__ import annotations
 
 from grpokit.config import GRPOKitConfig
-from grpokit.preflight.measure import RewardInfo, SamplingSettings
+from grpokit.data.chat import AUTO, shows_tools
+from grpokit.model_files.resolve import load_tokenizer
+from grpokit.preflight.measure import RewardInfo, SamplingSettings, ToolInfo
 from grpokit.rewards.compose import RewardSet
 from grpokit.sampling import Sampler
 
@@ -45,4 +47,22 @@ def sampling_settings(
         scale_rewards=t.scale_rewards,
         system_prompt=sampler.system_prompt,
         seed=seed,
+    )
+
+
+def tool_info(sampler: Sampler, cfg: GRPOKitConfig) -> ToolInfo | None:
+    """The verdict's view of the configured tools; None without any."""
+    rollout = sampler.tools
+    if rollout is None or not rollout.names:
+        return None
+    setting = cfg.model.chat_template
+    replaced = False
+    if setting not in (None, AUTO):  # did the setting hide a tool template of the model's own?
+        replaced = shows_tools(load_tokenizer(cfg.model.name_or_path))
+    return ToolInfo(
+        names=tuple(rollout.names),
+        format=rollout.format,
+        lenient=rollout.lenient,
+        chat_template=setting,
+        replaced_tool_template=replaced,
     )

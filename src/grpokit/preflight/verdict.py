@@ -7,7 +7,8 @@ Statuses and exit codes:
     go          0   enough groups carry a learning signal.
     low_signal  0   training will learn, slowly: many groups are flat, or sampling has collapsed.
     cold_start  1   every group has equal total rewards and nothing reaches its maximum: no
-                    gradient at all (the "loss = 0" run).
+                    gradient at all (the "loss = 0" run); or, with tools, no completion called
+                    one: GRPO cannot reward a call it never samples.
     saturated   1   every group is flat because everything already passes: nothing to learn.
 """
 
@@ -17,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from grpokit.preflight.measure import Measurement, RewardStats
+from grpokit.preflight.measure import Measurement, RewardStats, ToolStats
 
 Status = Literal["go", "low_signal", "cold_start", "saturated"]
 
@@ -173,10 +174,124 @@ def _cold_start_advice(m: Measurement, stuck: list[RewardStats]) -> list[str]:
     return advice
 
 
+_CALL_EXAMPLES = {
+    "hermes": '<tool_call>{{"name": "{name}", "arguments": {{...}}}}</tool_call>',
+    "llama3": '{{"name": "{name}", "parameters": {{...}}}}',
+}
+"""A call as each format writes it, for advice."""
+
+
+def _call_example(t: ToolStats) -> str:
+    template = _CALL_EXAMPLES.get(t.info.format or "")
+    return template.format(name=t.info.names[0]) if template else "the call format"
+
+
+def _tool_names(t: ToolStats) -> str:
+    return ", ".join(t.info.names)
+
+
+def _outside(t: ToolStats) -> str:
+    """The completions that wrote calls outside the format, as a clause."""
+    fmt = f"the {t.info.format} format" if t.info.format else "the tool-call format"
+    return (
+        f"{t.unparsed}/{t.completions} completions wrote {t.unparsed_calls} call(s) of "
+        f"{_tool_names(t)} outside {fmt} (JSON, bare or in a code block)"
+    )
+
+
+def _tool_system_prompt_advice(m: Measurement, t: ToolStats) -> str:
+    example = _call_example(t)
+    prompt = m.settings.system_prompt
+    if not prompt:
+        return (
+            "A system prompt that shows the call: there is none; set data.system_prompt to one "
+            f"with a worked example of a call, {example}, and of the answer written after the "
+            "tool's result."
+        )
+    marker = {"hermes": "<tool_call>", "llama3": '"parameters"'}.get(t.info.format or "")
+    if marker is not None and marker not in prompt:
+        return (
+            f"A system prompt that shows the call: it does not show {example}; a worked "
+            "example of a call and of the answer after the tool's result helps a small model "
+            "more than the chat template's description of the tools."
+        )
+    return (
+        "A system prompt that shows the call: it names the format already; a complete worked "
+        "example (the call, the tool's result, the answer) helps a small model more than a "
+        "description."
+    )
+
+
+def _tool_cold_start(m: Measurement, t: ToolStats, warnings: list[str]) -> Verdict:
+    """No completion called a tool: the cold start of tool use, with the format cold start's
+    kind of advice (demonstrations, sampling, the prompt) and tools' own (leniency, template)."""
+    low, high = t.interval
+    zv = m.total_zero_variance_share
+    reasons = [
+        f"no completion called a tool: {t.calling}/{t.completions} called {_tool_names(t)} "
+        f"(95% CI {low:.1%}-{high:.1%}): GRPO cannot reward a call it never samples, and "
+        "training would teach answering without the tool (cold start)"
+    ]
+    if t.unparsed and not t.info.lenient:
+        reasons.append(f"{_outside(t)}: not run, training.tool_call_lenient is off")
+    groups = f"the {m.settings.prompts} groups"
+    if zv < 1.0:
+        reasons.append(
+            f"{1 - zv:.0%} of {groups} carry a reward signal, all of it from answers without "
+            "the tool"
+        )
+    else:
+        reasons.append(f"none of {groups} carries a reward signal either (equal total rewards)")
+    advice = [
+        f"SFT warm-start on tool-call demonstrations: `grpokit sft CONFIG --data demos.jsonl` "
+        "with a few dozen conversations in TRL's form (an assistant turn with tool_calls, the "
+        "tool message, the answer; the tool-arithmetic recipe's demos.jsonl is one); "
+        f"{t.calling}/{t.completions} called a tool, so the model must be shown a call once "
+        "before GRPO can reward one. Then set model.init_from to the SFT checkpoint. "
+        "(`--from-rollouts` does not take a config with tools, and would find no call to keep.)"
+    ]
+    if not t.info.lenient:
+        if t.unparsed:
+            advice.append(
+                f"Lenient parsing, training.tool_call_lenient: true: {_outside(t)}; it runs "
+                "them as calls, so GRPO can reward them, and tools/unparsed_frequency shows how "
+                "many calls rely on it."
+            )
+        else:
+            advice.append(
+                "Lenient parsing (training.tool_call_lenient) would not help yet: no "
+                f"completion wrote a call of {_tool_names(t)} outside the format either."
+            )
+    if t.info.replaced_tool_template:
+        advice.append(
+            f"model.chat_template: {t.info.chat_template} replaces the model's own chat "
+            "template, which shows tools in the call format the model was trained on; "
+            "`auto` (or no setting) keeps the model's own."
+        )
+    advice.append(_temperature_advice(m))
+    g = m.settings.generations
+    options = ", ".join(f"G={k}: {any_pass_probability(high, k):.0%}" for k in (g, 2 * g, 4 * g))
+    advice.append(
+        f"More generations: even at the interval's upper bound ({high:.1%}) a group holds a "
+        f"call with probability at most {options} (training.num_generations)."
+    )
+    advice.append(_tool_system_prompt_advice(m, t))
+    return Verdict("cold_start", reasons + warnings, advice)
+
+
 def _side_warnings(m: Measurement) -> list[str]:
-    """Warnings that hold whatever the status: truncation, parse failures, closed gates."""
+    """Warnings that hold whatever the status: truncation, parse failures, closed gates, tool
+    calls outside the format."""
     out = []
-    c, s = m.completions, m.settings
+    c, s, t = m.completions, m.settings, m.tools
+    if t is not None and t.calling and t.unparsed:
+        if t.info.lenient:
+            out.append(f"{_outside(t)}: run only because training.tool_call_lenient is on")
+        else:
+            out.append(
+                f"{_outside(t)}: not run; training.tool_call_lenient: true runs them "
+                "(tools/unparsed_frequency counts them in training)"
+            )
     if c.truncated_share >= TRUNCATION_WARNING:
         out.append(
             f"{c.truncated_share:.0%} of completions hit max_completion_length="
@@ -228,6 +343,9 @@ def decide(m: Measurement) -> Verdict:
     bounded = [r for r in m.rewards if r.passed is not None and r.applicable > 0]
     warnings = _side_warnings(m)
     flat = f"{zv:.0%} of the {p} groups of {g} have equal total rewards"
+
+    if m.tools is not None and m.tools.calling == 0:  # the call is what must be learned first
+        return _tool_cold_start(m, m.tools, warnings)
 
     if zv >= 1.0:
         return _no_signal(m, flat, stuck, bounded, warnings)

@@ -11,6 +11,10 @@ model's end-of-turn token in the template's rendering of ``[..., assistant, tool
 generation prompt, tokenized alone (it starts right after a special token, where the template's
 own tokenization also starts afresh).
 
+A turn whose calls the format's parser does not read but which holds JSON calls of known tools
+(bare, or in a json code block) has them counted (``Turn.unparsed``), and run only with
+``lenient``: a silent miss would teach the model that calling does nothing.
+
 A row stops at EOS without a call, when ``max_tool_calling_iterations`` rounds of calls have run,
 or when the completion budget (``max_completion_length`` over all turns) is spent; a tool result
 that would leave the model no room to answer is run but not appended (the row ends there, as a
@@ -36,7 +40,7 @@ from grpokit.rollout.base import (
     Turn,
 )
 from grpokit.rollout.environments import Environments
-from grpokit.rollout.tool_calls import Parser
+from grpokit.rollout.tool_calls import Parser, ToolCallFormat, parse_lenient
 from grpokit.rollout.tools import Tool, ToolCall, ToolResult, ToolRunner
 
 _PROBE_USER = {"role": "user", "content": "Hello"}
@@ -168,7 +172,8 @@ def check_tool_template(
     kwargs = dict(chat_template_kwargs or {})
     fix = (
         f"set {where} to a chat template with tool support (one that renders `tools` and "
-        "'tool' messages, such as Qwen2.5's or Llama 3.1's)"
+        "'tool' messages, such as Qwen2.5's or Llama 3.1's), or to 'auto' for grpokit's "
+        "ChatML one with <tool_call> tags on a ChatML model"
     )
     try:
         plain = tokenizer.apply_chat_template(
@@ -233,6 +238,11 @@ class ToolRollout:
     max_iterations: int | None = None
     environments: Environments | None = None
     """With an environment_factory: its instances, one per rollout, whose methods are tools."""
+    lenient: bool = False
+    """Also run the calls of known tools written outside the format (:func:`parse_lenient`) in a
+    turn where the parser finds none; counted in ``Turn.unparsed`` either way."""
+    format: ToolCallFormat | None = None
+    """The format ``parser`` reads, for messages and advice; None where it is not known."""
 
     @property
     def names(self) -> list[str]:
@@ -279,10 +289,11 @@ class ToolRollout:
         active = list(range(len(rows)))
         # Each round adds at least one token, so the budget ends the loop if nothing else does.
         for iteration in itertools.count():
-            if self.max_iterations is not None and iteration >= self.max_iterations:
-                break
+            # Read before the limit is checked, so that the last turn's unparsed calls count too.
             calling = [(b, calls) for b in active if (calls := self._calls(rows[b]))]
-            if not calling:
+            if not calling or (
+                self.max_iterations is not None and iteration >= self.max_iterations
+            ):
                 break
             results = self.runner.run(
                 [calls for _, calls in calling],
@@ -306,14 +317,21 @@ class ToolRollout:
         )
 
     def _calls(self, row: _Row) -> list[ToolCall]:
-        """The calls of the row's last turn, if it ended at EOS (a cut turn's calls are cut too)."""
+        """The calls of the row's last turn, if it ended at EOS (a cut turn's calls are cut too).
+        Calls written outside the format are counted on the turn, and returned when lenient."""
         if row.finish != "eos":
             return []
         turn = row.turns[-1]
         text = self.messages.tokenizer.decode(
             row.ids[turn.start : turn.end], skip_special_tokens=True
         )
-        return self.parser(text)
+        calls = self.parser(text)
+        if calls:
+            return calls
+        outside = parse_lenient(text, self.names)
+        if outside:
+            row.turns[-1] = replace(turn, unparsed=len(outside))
+        return outside if self.lenient else []
 
     def _append_results(
         self, row: _Row, calls: list[ToolCall], results: list[ToolResult], budget: int

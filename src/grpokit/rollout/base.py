@@ -73,13 +73,17 @@ class Turn:
     Completion tokens ``[start, end)`` were sampled by the model; ``[end, tool_end)`` are the
     tool messages' tokens (with the chat template's markup around them), empty when no result was
     appended. ``calls``: the calls the turn made that were run, with their results (a result
-    that would have overflowed the completion budget was run but not appended).
+    that would have overflowed the completion budget was run but not appended). ``unparsed``:
+    calls of known tools the turn wrote outside the tool-call format (JSON its parser does not
+    read; grpokit.rollout.tool_calls.parse_lenient), counted whether or not lenient parsing ran
+    them (then they are in ``calls`` too).
     """
 
     start: int
     end: int
     tool_end: int
     calls: tuple[ToolExchange, ...] = ()
+    unparsed: int = 0
 
 
 @dataclass

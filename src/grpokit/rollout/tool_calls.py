@@ -8,6 +8,11 @@
 - ``regex``: a pattern of the user's, with named groups ``name`` and ``arguments`` (a JSON
   object), or one group ``call`` holding ``{"name": ..., "arguments": ...}``.
 
+Beside them, :func:`parse_lenient` finds the calls a model writes outside its format: a bare JSON
+object naming a known tool, or one in a json code block. Real instruct models do this (a
+Qwen2.5-Coder-0.5B wrote 15 of 64 calculator calls so); the rollout counts such calls, and runs
+them only when asked to (training.tool_call_lenient).
+
 Pure functions of the turn's text. A call whose JSON does not read becomes a :class:`ToolCall`
 with ``error`` set (the model is told, and the call counts as failed), never an exception.
 """
@@ -16,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import Any, Literal
 
@@ -105,6 +110,44 @@ def parse_llama3(text: str) -> list[ToolCall]:
             return calls
         position = len(body) - len(rest[1:].lstrip())
     return calls
+
+
+def parse_lenient(text: str, names: Collection[str]) -> list[ToolCall]:
+    """The JSON objects in ``text`` that name one of the tools ``names`` and carry its arguments
+    (``arguments``, or Llama's ``parameters``), wherever they stand: bare, after some prose, or in
+    a json code block.
+
+    Only an object whose ``name`` is a known tool counts: any other JSON a model writes (an
+    example, a result) is not a call. An object nested in one that is not a call (OpenAI's
+    ``{"function": {...}}``, a list of calls) is still found.
+
+    >>> parse_lenient('```json\\n{"name": "add", "arguments": {"a": 1}}\\n```', ["add"])
+    [ToolCall(name='add', arguments={'a': 1}, error=None)]
+    >>> parse_lenient('{"name": "other", "arguments": {}}', ["add"])
+    []
+    """
+    if '"name"' not in text or not any(n in text for n in names):
+        return []  # the common answer turn: no decoding at every brace
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    position = text.find("{")
+    while position >= 0:
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            end = -1
+        if end > 0 and _names_a_tool(value, names):
+            calls.append(call_from_json(value))
+            position = text.find("{", end)
+        else:  # not JSON from here, or not a call: look inside it for one
+            position = text.find("{", position + 1)
+    return calls
+
+
+def _names_a_tool(value: Any, names: Collection[str]) -> bool:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return False
+    return value["name"] in names and ("arguments" in value or "parameters" in value)
 
 
 def check_pattern(pattern: str) -> re.Pattern[str]:

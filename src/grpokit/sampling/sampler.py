@@ -41,7 +41,12 @@ from grpokit.rollout.agent import (
 )
 from grpokit.rollout.base import RolloutEngine, SamplingParams
 from grpokit.rollout.environments import load_environments
-from grpokit.rollout.tool_calls import Parser, detect_format, tool_call_parser
+from grpokit.rollout.tool_calls import (
+    Parser,
+    ToolCallFormat,
+    detect_format,
+    tool_call_parser,
+)
 from grpokit.rollout.tool_sandbox import sandboxed
 from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine, without_reference_logprobs
@@ -171,14 +176,18 @@ def tool_rollout(
     parser: Parser = (
         _no_calls  # an environment without tool methods: one turn, reset and reward only
     )
+    fmt: ToolCallFormat | None = None
     if schemas:
-        parser = _tool_call_parser(cfg, tokenizer, schemas)
+        fmt = _tool_call_format(cfg, tokenizer, schemas)
+        parser = tool_call_parser(fmt, a.tool_call_regex)
     return ToolRollout(
         ToolRunner(tools, timeout=a.tool_timeout, max_result_chars=a.tool_max_result_chars),
         parser,
         ToolMessageTokens(tokenizer, schemas, a.chat_template_kwargs),
         a.max_tool_calling_iterations,
         environments,
+        lenient=a.tool_call_lenient,
+        format=fmt,
     )
 
 
@@ -186,10 +195,11 @@ def _no_calls(text: str) -> list[ToolCall]:
     return []
 
 
-def _tool_call_parser(
+def _tool_call_format(
     cfg: GRPOKitConfig, tokenizer: PreTrainedTokenizerBase, schemas: list[dict[str, Any]]
-) -> Parser:
-    """The parser of the configured format, once the chat template is known to take tools."""
+) -> ToolCallFormat:
+    """The configured format (auto: the chat template's), once the template is known to take
+    tools."""
     a = cfg.training
     where = (
         "model.chat_template"
@@ -209,7 +219,7 @@ def _tool_call_parser(
                 "tool calls; set hermes, llama3, or regex with training.tool_call_regex"
             )
         fmt = found
-    return tool_call_parser(fmt, a.tool_call_regex)
+    return fmt
 
 
 def check_tools(cfg: GRPOKitConfig, *, probe_row: PromptRow | None = None) -> None:

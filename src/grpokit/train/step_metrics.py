@@ -43,7 +43,10 @@ def tool_metrics(rollout: RolloutBatch, names: Sequence[str] = ()) -> dict[str, 
     """The tool use of a multi-turn batch (TRL's names): ``tools/call_frequency`` (calls per
     completion), ``tools/failure_frequency`` (share of calls that failed), ``tools/<name>/calls``
     (calls of each tool, those in ``names`` included at 0), ``turns/mean`` and ``turns/max``
-    (model turns per completion). Empty for a single-turn batch."""
+    (model turns per completion). grpokit's own: ``tools/unparsed_frequency``, calls per
+    completion written outside the tool-call format (``Turn.unparsed``): not run when strict,
+    run (and in call_frequency too) with training.tool_call_lenient, so either way it shows how
+    many calls the strict format misses. Empty for a single-turn batch."""
     if rollout.turns is None:
         return {}
     calls = [c for turns in rollout.turns for t in turns for c in t.calls]
@@ -54,11 +57,29 @@ def tool_metrics(rollout: RolloutBatch, names: Sequence[str] = ()) -> dict[str, 
     out = {
         "tools/call_frequency": len(calls) / max(1, len(rollout)),
         "tools/failure_frequency": sum(c.failed for c in calls) / len(calls) if calls else 0.0,
+        "tools/unparsed_frequency": sum(t.unparsed for turns in rollout.turns for t in turns)
+        / max(1, len(rollout)),
         "turns/mean": sum(counts) / max(1, len(counts)),
         "turns/max": float(max(counts, default=0)),
     }
     out |= {f"tools/{name}/calls": float(n) for name, n in per_tool.items()}
     return out
+
+
+def unparsed_warning(metrics: Mapping[str, float], *, lenient: bool) -> str | None:
+    """What to say when a strict step's model wrote tool calls outside the format (they were not
+    run, so GRPO scored answers that never got the tool's result); None otherwise."""
+    unparsed = metrics.get("tools/unparsed_frequency", 0.0)
+    if lenient or unparsed <= 0:
+        return None
+    return (
+        f"tool calls written outside the tool-call format: {unparsed:.2f} per completion "
+        f"(tools/unparsed_frequency; tools/call_frequency {metrics['tools/call_frequency']:.2f}), "
+        "JSON naming a tool, bare or in a code block; they were not run. "
+        "training.tool_call_lenient: true runs them; a chat template that shows the model its "
+        "own call format (model.chat_template: auto) or an SFT on tool-call demonstrations "
+        "teaches the format"
+    )
 
 
 def memory_metrics(device: torch.device) -> dict[str, float]:

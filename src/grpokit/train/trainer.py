@@ -100,6 +100,7 @@ from grpokit.train.step_metrics import (
     rollout_metrics,
     sampled_tokens,
     step_summary,
+    unparsed_warning,
 )
 
 
@@ -250,6 +251,7 @@ class GRPOTrainer:
         self._before_step: tuple[TrainerState, dict[str, Any]] | None = None
         self._weights_changed = False
         self._last_save = time.monotonic()
+        self._warned_unparsed = False  # calls outside the tool-call format: said once a run
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
@@ -601,6 +603,10 @@ class GRPOTrainer:
             not self.args.dynamic_sampling and shared["frac_reward_zero_std"] >= 1.0
         )
         self._warn_no_signal = self.no_signal.update(flat, scored, len(updates))
+        warning = unparsed_warning(shared, lenient=self.args.tool_call_lenient)
+        if warning is not None and not self._warned_unparsed:
+            self._warned_unparsed = True
+            self.log(f"warning: {warning}")
         out = []
         for metrics in updates:
             self.state.global_step += 1
