@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from grpokit.cli import main
 from grpokit.errors import UserError
+from grpokit.files import current_umask
 from grpokit.model_files import named
 from grpokit.model_files.convert import MARKER_FILE, tie_if_tied_at_source
 from grpokit.model_files.named import NAMED_MODELS, gguf_file, model_table
@@ -48,7 +49,7 @@ def test_parts_are_joined_in_order_once_and_checked(
     path = gguf_file(model, cache)
     assert path == cache / "gguf" / "fake.gguf"
     assert path.read_bytes() == b"GGUF" + b"a" * 100 + b"b" * 50 + b"c" * 7
-    assert path.stat().st_mode & 0o777 == 0o644
+    assert path.stat().st_mode & 0o777 == 0o666 & ~current_umask()  # readable as the umask says
     mtime = path.stat().st_mtime_ns
     assert gguf_file(model, cache) == path and path.stat().st_mtime_ns == mtime  # not rejoined
 

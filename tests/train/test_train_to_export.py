@@ -12,6 +12,7 @@ from transformers import AutoTokenizer
 
 from grpokit.config import GRPOKitConfig
 from grpokit.data.chat import NAMED_TEMPLATES
+from grpokit.files import current_umask
 from grpokit.models.export import export_checkpoint
 from grpokit.models.gguf_export import read_metadata
 from grpokit.train.trainer import GRPOTrainer
@@ -30,6 +31,7 @@ def test_the_run_s_chat_template_is_the_export_s(
     want = NAMED_TEMPLATES[template]
 
     hf = export_checkpoint(str(checkpoint), fmt="hf", out=tmp_path / "hf", log=lambda m: None)
+    assert hf.stat().st_mode & 0o777 == 0o777 & ~current_umask()  # not mkdtemp's 0700
     exported = AutoTokenizer.from_pretrained(hf)
     assert exported.chat_template == want
     messages = [{"role": "user", "content": "Hi"}]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.errors import UserError
-from grpokit.files import cache_root
+from grpokit.files import cache_root, set_default_mode
 
 MARKER_FILE = "grpokit_source.json"
 """Written last into a converted directory; it records where the weights came from (the GGUF path
@@ -212,6 +212,7 @@ def converted_dir(
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models))
         try:
             convert_gguf(gguf_path, tmp)
+            set_default_mode(tmp)  # the cache is shared by every account's runs on the machine
             replace_dir(tmp, target)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

