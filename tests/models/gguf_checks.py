@@ -198,8 +198,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
 """transformers model types of :func:`tiny_of`, with their config fields beyond TINY_CONFIG."""
 
 
-def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
-    """A tiny random model of one of :data:`FAMILIES` with a given tokenizer, saved to ``out``.
+def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3, **fields: Any) -> Path:
+    """A tiny random model of one of :data:`FAMILIES` with a given tokenizer, saved to ``out``;
+    ``fields`` replace config fields of :data:`FAMILIES` (not for the vision-language gemma3).
 
     Norm weights and biases, which start at constants (zero for Gemma's norms and every bias),
     get random values too, so that a wrong offset, transpose or bias shows in the outputs.
@@ -209,7 +210,7 @@ def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     settings = {**TINY_CONFIG, "vocab_size": len(tokenizer), "initializer_range": 0.3,
                 "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                "pad_token_id": tokenizer.pad_token_id, **FAMILIES[kind]}  # fmt: skip
+                "pad_token_id": tokenizer.pad_token_id, **FAMILIES[kind], **fields}  # fmt: skip
     if kind == "gpt2":
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings"):  # fmt: skip

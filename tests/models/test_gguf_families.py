@@ -172,6 +172,29 @@ def test_quantised_types_load_and_run(
             assert float(cosine) > min_cosine, (outtype, float(cosine))
 
 
+@pytest.mark.parametrize(("heads", "positions"), [(1, 512), (2, 1024)])
+def test_gpt2_of_other_shapes_with_its_own_tokenizer_gives_transformers_logits(
+    heads: int, positions: int, tmp_path: Path
+) -> None:
+    """The shapes of the issue that reported GPT-2's export off by a quarter of the logits (one
+    or two heads, fewer positions than the family test's model, grpokit's tiny GPT-2
+    tokenizer): within float32 rounding (the report's reference ran with dropout)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpokit.models.tiny import make_tiny_tokenizer_dir
+
+    tokenizer_dir = make_tiny_tokenizer_dir(tmp_path / "tokenizer", "gpt2")
+    model_dir = tiny_of("gpt2", tokenizer_dir, tmp_path / "model", n_head=heads,
+                        n_positions=positions)  # fmt: skip
+    path = export_checkpoint(
+        str(model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="f32", log=print
+    )
+    assert read_metadata(path)["gpt2.attention.head_count"].value == heads
+    assert read_metadata(path)["gpt2.context_length"].value == positions
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    _assert_same_outputs(path, model, AutoTokenizer.from_pretrained(model_dir))
+
+
 # ---- what llama.cpp would not reproduce (no llama.cpp needed) --------------------------------
 
 
