@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from grpokit.model_files.named import NAMED_MODELS, is_installed
 
@@ -49,31 +50,33 @@ def grpokit(*args: str, cwd: Path, ok: tuple[int, ...] = (0,)) -> str:
 
 
 @pytest.mark.parametrize(
-    ("name", "extra"),
-    [
-        ("qwen2.5-coder-0.5b-instruct", []),
-        ("gemma-3-270m", ["--set", "model.chat_template=plain"]),
-    ],
+    ("name", "template"),
+    [("qwen2.5-coder-0.5b-instruct", None), ("gemma-3-270m", "plain")],
 )
 def test_a_real_model_from_preflight_to_a_faithful_export(
-    name: str, extra: list[str], tmp_path: Path
+    name: str, template: str | None, tmp_path: Path
 ) -> None:
     if not is_installed(NAMED_MODELS[name]):
         pytest.skip(f"{name} is not installed: make setup-models")
     grpokit("recipes", "copy", "arithmetic", "task", cwd=tmp_path)
     task = tmp_path / "task"
-    model = ["--set", f"model.name_or_path={name}", *extra]
+    # The model named in the config, as a user edits it: every command then reads it.
+    config = yaml.safe_load((task / "config.yaml").read_text())
+    config["model"]["name_or_path"] = name
+    if template is not None:
+        config["model"]["chat_template"] = template
+    (task / "config.yaml").write_text(yaml.safe_dump(config))
 
     # Preflight: GO (0) or a cold start (1), with its verdict either way; never a crash.
-    out = grpokit("preflight", "config.yaml", "--prompts", "2", "--generations", "2", *model,
+    out = grpokit("preflight", "config.yaml", "--prompts", "2", "--generations", "2",
                   cwd=task, ok=(0, 1))  # fmt: skip
     assert re.search(r"\b(GO|COLD START|SATURATED)\b", out), out[-2000:]
 
     out = grpokit("sft", "config.yaml", "--data", "demos.jsonl", "--steps", "2", "--batch-size",
-                  "2", "--output", str(tmp_path / "sft"), *model, cwd=task)  # fmt: skip
+                  "2", "--output", str(tmp_path / "sft"), cwd=task)  # fmt: skip
     assert (tmp_path / "sft" / "adapter_config.json").is_file(), out[-2000:]
 
-    out = grpokit("train", "config.yaml", *model, *SMALL,
+    out = grpokit("train", "config.yaml", *SMALL,
                   "--set", f"model.init_from={tmp_path / 'sft'}",
                   "--set", "training.max_steps=2",
                   "--set", f"training.output_dir={tmp_path / 'grpo'}", cwd=task)  # fmt: skip
@@ -82,8 +85,7 @@ def test_a_real_model_from_preflight_to_a_faithful_export(
 
     out = grpokit("eval", "--model", f"base={name}", "--model", f"trained={tmp_path / 'grpo'}",
                   "--prompts", "heldout.jsonl", "--config", "config.yaml", "--max-prompts", "2",
-                  "--samples", "2", "--out", str(tmp_path / "eval"), *model[:0],
-                  cwd=task)  # fmt: skip
+                  "--samples", "2", "--out", str(tmp_path / "eval"), cwd=task)  # fmt: skip
     assert (tmp_path / "eval" / "eval.json").is_file(), out[-2000:]
 
     # Exports answer as the checkpoint: HF in transformers, f32 GGUF in llama.cpp.

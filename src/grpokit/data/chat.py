@@ -167,8 +167,9 @@ def encode_prompt(
     """Token ids of the prompt rendered with the chat template, ready for generation.
 
     Over-long prompts are cut from the left, keeping the end (the question and the generation
-    prompt) as TRL does. A BOS goes first where the tokenizer adds one (:func:`bos_prefix`). A tokenizer without a chat template is refused (see
-    :data:`PLAIN_TEMPLATE` and ``model.chat_template``) rather than guessed at.
+    prompt) as TRL does. A BOS goes first where the tokenizer adds one (:func:`bos_prefix`). A
+    tokenizer without a chat template is refused (see :data:`PLAIN_TEMPLATE` and
+    ``model.chat_template``) rather than guessed at.
     ``chat_template_kwargs`` (TRL's training.chat_template_kwargs) go to the template as
     variables, e.g. ``{"enable_thinking": False}`` for Qwen3. ``tools``: the JSON schemas of the
     tools the model may call, for the template to show it.

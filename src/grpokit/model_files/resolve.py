@@ -1,6 +1,7 @@
 """Where a model's files are, and its tokenizer: the converted directory of the embedded default,
-of a named offline model or of a GGUF file, a local directory, or a hub name. Below everything that loads a model (the policy in
-:mod:`grpokit.models`, a reward model, a local judge), so that each finds models the same way.
+of a named offline model or of a GGUF file, a local directory, or a hub name. Below everything
+that loads a model (the policy in :mod:`grpokit.models`, a reward model, a local judge), so that
+each finds models the same way.
 """
 
 from __future__ import annotations
