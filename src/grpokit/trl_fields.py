@@ -253,11 +253,6 @@ TRL_FIELDS: dict[str, TrlField] = {
         ),
         *_group(
             "refused",
-            "grpokit sums the weighted rewards, then normalises (TRL's sum_then_normalize)",
-            multi_objective_aggregation="sum_then_normalize",
-        ),
-        *_group(
-            "refused",
             "the reference model is the policy at the start of training and stays fixed",
             "model.init_from to start from (and refer to) a later checkpoint",
             sync_ref_model=False,

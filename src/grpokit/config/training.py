@@ -20,6 +20,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
+from grpokit.core.advantages import MultiObjectiveAggregation
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
 from grpokit.rollout.tool_calls import check_pattern
 from grpokit.trl_fields import drop_accepted_trl_fields
@@ -377,6 +378,16 @@ class TrainingConfig(_Strict):
         None,
         description="One weight per reward, in the order of `rewards:`; it replaces their "
         "`weight:`. null: each reward's own weight (default 1).",
+        json_schema_extra=_LOSS,
+    )
+    multi_objective_aggregation: MultiObjectiveAggregation = Field(
+        "sum_then_normalize",
+        description="How several rewards make one advantage: sum_then_normalize, the weighted "
+        "sum of the rewards is the reward (advantage_estimator and scale_rewards apply to it); "
+        "normalize_then_sum (GDPO), each reward gets its own group advantage (estimator and "
+        "scale applied to it alone, a None left out of that reward's statistics and adding 0), "
+        "their weighted sum is divided by its std over the batch, so that a dense score does "
+        "not drown a 0/1 one (docs/math.md).",
         json_schema_extra=_LOSS,
     )
 

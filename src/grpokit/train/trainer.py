@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOKitConfig
-from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
+from grpokit.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS
 from grpokit.core.losses import LossInputs, StepCounts
 from grpokit.core.stats import cluster_mean_stderr
 from grpokit.data.prompts import check_columns
@@ -323,15 +323,21 @@ class GRPOTrainer:
     def _rank_seed(self, offset: int) -> int:
         return self.args.seed + 1_000_003 * self.dist.rank + offset
 
-    def _local_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Advantages (n,) of this rank's rewards (n,), computed over the global batch so that
-        scale_rewards: batch uses the global std (ranks hold equal shares)."""
+    def _local_advantages(self, total: torch.Tensor, per_function: torch.Tensor) -> torch.Tensor:
+        """Advantages (n,) of this rank's rewards (total (n,), per_function (n, F)), computed over
+        the global batch so that a batch std (scale_rewards: batch, normalize_then_sum) is the
+        global one (ranks hold equal shares)."""
         a = self.args
-        everyone = gather_rows(rewards, self.dist)
-        advantages = compute_advantages(
-            everyone, a.num_generations, estimator=a.advantage_estimator, scale=a.scale_rewards
+        aggregation = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation]
+        advantages = aggregation.advantages(
+            gather_rows(total, self.dist),
+            gather_rows(per_function, self.dist),
+            torch.tensor(self.rewards.weights, dtype=per_function.dtype),
+            a.num_generations,
+            estimator=a.advantage_estimator,
+            scale=a.scale_rewards,
         )
-        n = rewards.shape[0]
+        n = total.shape[0]
         return advantages[self.dist.rank * n : (self.dist.rank + 1) * n]
 
     # ---- the algorithm -------------------------------------------------------------------------
@@ -358,10 +364,12 @@ class GRPOTrainer:
             metrics["time/score"] += scored.score_seconds
             generated += sum(sampled_tokens(scored.rollout))
             metrics |= drawn.metrics
-            advantages = self._local_advantages(scored.scores.total)
+            scores = scored.scores
+            advantages = self._local_advantages(scores.total, scores.per_function)
             keep = torch.ones(len(scored.rows), dtype=torch.bool)
             if a.dynamic_sampling:
-                keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
+                no_signal = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation].no_signal
+                keep = ~no_signal(scores.total, scores.per_function, a.num_generations)
             kept.append((scored, advantages, keep))
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
