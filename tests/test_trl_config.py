@@ -222,3 +222,34 @@ def test_help_texts_point_only_to_documents_that_exist() -> None:
             for doc in re.findall(r"\b[\w./-]+\.(?:md|py)\b", field.description or ""):
                 assert (REPO / doc).exists(), f"{model.__name__}.{name} refers to {doc}"
             assert "docs:" not in (field.description or ""), f"{model.__name__}.{name}"
+
+
+def test_trl_best_model_and_multi_objective_settings_carry_over(tmp_path: Path) -> None:
+    settings: dict[str, Any] = {
+        "multi_objective_aggregation": "normalize_then_sum",
+        "eval_strategy": "steps",
+        "eval_steps": 10,
+        "save_steps": 20,
+        "save_total_limit": 1,
+        "metric_for_best_model": "eval_rewards/regex_match/mean",
+        "greater_is_better": True,
+        "load_best_model_at_end": True,
+    }
+    trl.GRPOConfig(output_dir="out", bf16=False, **settings)  # TRL itself takes them
+    (tmp_path / "h.jsonl").write_text('{"prompt": "2+2?"}\n')
+    path = _config(tmp_path, settings)
+    doc = yaml.safe_load(path.read_text())
+    doc["data"]["heldout"] = "h.jsonl"
+    path.write_text(yaml.safe_dump(doc))
+    t = load_config(path).training
+    assert t.multi_objective_aggregation == "normalize_then_sum"
+    assert (t.best_metric, t.best_is_greater, t.load_best_model_at_end) == (
+        "eval/regex_match/mean",
+        True,
+        True,
+    )
+    # TRL refuses save steps that are not a multiple of the eval steps; so does grpokit.
+    with pytest.raises(ValueError, match="multiple of the evaluation"):
+        trl.GRPOConfig(output_dir="out", bf16=False, **{**settings, "save_steps": 15})
+    with pytest.raises(UserError, match="save_steps 15 is not a multiple of eval_steps 10"):
+        load_config(_config(tmp_path, {**settings, "save_steps": 15}))

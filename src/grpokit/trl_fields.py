@@ -253,11 +253,6 @@ TRL_FIELDS: dict[str, TrlField] = {
         ),
         *_group(
             "refused",
-            "grpokit sums the weighted rewards, then normalises (TRL's sum_then_normalize)",
-            multi_objective_aggregation="sum_then_normalize",
-        ),
-        *_group(
-            "refused",
             "the reference model is the policy at the start of training and stays fixed",
             "model.init_from to start from (and refer to) a later checkpoint",
             sync_ref_model=False,
@@ -383,14 +378,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             include_for_metrics=[],
             batch_eval_metrics=False,
         ),
-        *_group(
-            "refused",
-            "grpokit keeps the latest checkpoints, not a best one by a metric",
-            "training.save_total_limit; `grpokit eval` to compare checkpoints",
-            load_best_model_at_end=False,
-            metric_for_best_model=None,
-            greater_is_better=None,
-        ),
         # ---- checkpointing
         *_group(
             "refused",
@@ -498,6 +485,10 @@ GRPOKIT_ONLY: dict[str, str] = {
     "num_processes": "set by the launcher",
     "save_minutes": "a checkpoint by time as well as by steps, so a crash loses little",
     "max_nonfinite_steps": "how many NaN steps in a row are skipped before the run stops",
+    "early_stopping_patience": "transformers' EarlyStoppingCallback argument: evals without "
+    "improvement before the run stops",
+    "early_stopping_threshold": "transformers' EarlyStoppingCallback argument: the least "
+    "improvement that counts",
     "tool_call_format": "how tool calls are read (TRL reads them with the tokenizer's response "
     "schema)",
     "tool_call_regex": "a pattern of your own for tool calls",

@@ -9,10 +9,13 @@ import torch
 
 from grpokit.core.advantages import (
     ADVANTAGE_ESTIMATORS,
+    MULTI_OBJECTIVE_AGGREGATIONS,
     REWARD_SCALES,
     compute_advantages,
     group_advantages,
+    normalize_then_sum,
     reward_zero_std_mask,
+    rewards_zero_std_mask,
 )
 
 NAN = float("nan")
@@ -160,3 +163,114 @@ def test_bad_rewards() -> None:
         group_advantages(t([1, math.inf]), 2)
     with pytest.raises(ValueError, match="does not divide"):
         reward_zero_std_mask(t([1, 0, 1]), 2)
+
+
+# ---- several rewards: normalize_then_sum (GDPO) -------------------------------------------------
+
+
+def cols(*columns: list[float]) -> torch.Tensor:
+    """(B, F) from F columns of B rewards."""
+    return torch.tensor(columns, dtype=torch.float64).T
+
+
+def test_normalize_then_sum_hand_computed_with_a_gated_none() -> None:
+    # One group of 4: format (1, 1, 0, 0); a judge behind the format gate scored only the two
+    # that passed (0.3, 0.9), None for the others. Weights 1, 1; eps 1e-4.
+    # format: mean 0.5, Bessel std sqrt(1/3) = 0.5773503 -> +-0.5 / 0.5774503 = +-0.8658754.
+    # judge: the Nones are out of its mean and std: (0.3, 0.9), mean 0.6, std sqrt(0.18) =
+    #   0.4242641 -> -+0.3 / 0.4243641 = -+0.7069402; the Nones add 0.
+    # S = (0.1589353, 1.5728156, -0.8658754, -0.8658754): mean 0, Bessel std 1.1544825.
+    # A = S / 1.1545825.
+    adv = normalize_then_sum(cols([1, 1, 0, 0], [0.3, 0.9, NAN, NAN]), t([1.0, 1.0]), 4)
+    torch.testing.assert_close(
+        adv, t([0.1376560536285467, 1.3622374579918994, -0.7499467558102231, -0.7499467558102231])
+    )
+    # The same judge with the gate's otherwise 0 (a number) enters its statistics as 0: the two
+    # that failed the format are then pushed down by the judge as well.
+    zero = normalize_then_sum(cols([1, 1, 0, 0], [0.3, 0.9, 0.0, 0.0]), t([1.0, 1.0]), 4)
+    assert zero[2] == zero[3] < adv[2]
+
+
+def test_a_dense_score_does_not_drown_a_binary_one() -> None:
+    # format (1, 0, 1, 0) and a judge on 0..10 (9, 8, 2, 1). Summed first, the total
+    # (10, 8, 3, 1) ranks the unformatted 8 above the formatted 2. Normalised one by one:
+    # format +-0.8658754; judge (4, 3, -3, -4) / (sqrt(50/3) + 1e-4) = (0.9797719, 0.7348289,
+    # -0.7348289, -0.9797719); S = (1.8456473, -0.1310465, 0.1310465, -1.8456473).
+    rewards = cols([1, 0, 1, 0], [9, 8, 2, 1])
+    weights = t([1.0, 1.0])
+    summed_first = compute_advantages((rewards * weights).sum(dim=1), 4)
+    assert summed_first[1] > summed_first[2]
+    adv = normalize_then_sum(rewards, weights, 4)
+    s = t([1.8456473, -0.1310465, 0.1310465, -1.8456473])
+    std = math.sqrt(float((s**2).sum()) / 3)
+    torch.testing.assert_close(adv, s / (std + 1e-4), atol=1e-6, rtol=1e-6)
+    assert adv[2] > adv[1]
+
+
+def test_normalize_then_sum_batch_std_over_groups_and_scored_rows() -> None:
+    # Group 1: one reward (0, 2 | 1, 1): A = (-1, 1) / (sqrt(2) + eps) and (0, 0). Group 2: the
+    # second row has no reward at all: out of the batch std, advantage 0.
+    e = 1e-4
+    a = 1 / (math.sqrt(2) + e)
+    adv = normalize_then_sum(
+        cols([0, 2, 1, 1, 5, NAN], [NAN, NAN, NAN, NAN, NAN, NAN]), t([1.0, 3.0]), 2
+    )
+    # Scored rows' S: (-a, a, 0, 0, 0): mean 0, Bessel std sqrt(2 a^2 / 4).
+    std = math.sqrt(2 * a * a / 4)
+    torch.testing.assert_close(adv, t([-a, a, 0, 0, 0, 0]) / (std + e))
+
+
+def test_one_reward_normalize_then_sum_is_the_whitened_advantage() -> None:
+    rewards = torch.rand(12, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grpo = compute_advantages(rewards, 4)
+    adv = normalize_then_sum(rewards[:, None], t([2.5]), 4)
+    torch.testing.assert_close(adv, 2.5 * grpo / (2.5 * grpo.std() + 1e-4))
+
+
+@pytest.mark.parametrize("estimator", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("scale", sorted(REWARD_SCALES))
+def test_normalize_then_sum_flat_rewards_give_exact_zero(estimator: str, scale: str) -> None:
+    # Group 1 flat in both rewards, group 2 not: group 1 stays exactly 0.
+    rewards = cols([1, 1, 1, 0, 1, 1], [0.2, 0.2, NAN, 0.1, 0.7, 0.4])
+    adv = normalize_then_sum(rewards, t([1.0, 0.5]), 3, estimator=estimator, scale=scale)
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0]
+    assert bool((adv[3:] != 0).any())
+    flat = normalize_then_sum(cols([1, 1, 0, 0], [3, 3, 1, 1]), t([1.0, 1.0]), 2)
+    assert flat.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_rewards_zero_std_mask_needs_every_reward_flat() -> None:
+    # Group 1: both flat. Group 2: the sum is flat (1, 1) but the rewards are not: a signal.
+    # Group 3: the second reward all None: flat there, the first decides.
+    rewards = cols([1, 1, 1, 0, 0.5, 0.2], [2, 2, 0, 1, NAN, NAN])
+    assert rewards_zero_std_mask(rewards, 2).tolist() == [True, False, False]
+    assert reward_zero_std_mask((rewards.nan_to_num(0)).sum(dim=1), 2).tolist() == [
+        True,
+        True,
+        False,
+    ]
+
+
+def test_aggregation_registry() -> None:
+    assert sorted(MULTI_OBJECTIVE_AGGREGATIONS) == ["normalize_then_sum", "sum_then_normalize"]
+    per_function = cols([1, 0, 1, 1], [0.5, 0.2, NAN, 0.1])
+    weights = t([1.0, 2.0])
+    total = t([2.0, 0.4, 1.0, 1.2])
+    by_sum = MULTI_OBJECTIVE_AGGREGATIONS["sum_then_normalize"]
+    torch.testing.assert_close(
+        by_sum.advantages(total, per_function, weights, 2, estimator="rloo", scale="batch"),
+        compute_advantages(total, 2, estimator="rloo", scale="batch"),
+    )
+    assert by_sum.no_signal(total, per_function, 2).tolist() == [False, False]
+    gdpo = MULTI_OBJECTIVE_AGGREGATIONS["normalize_then_sum"]
+    torch.testing.assert_close(
+        gdpo.advantages(total, per_function, weights, 2),
+        normalize_then_sum(per_function, weights, 2),
+    )
+
+
+def test_normalize_then_sum_bad_shapes() -> None:
+    with pytest.raises(ValueError, match=r"\(B, F\)"):
+        normalize_then_sum(t([1, 0]), t([1.0]), 2)
+    with pytest.raises(ValueError, match="one per reward"):
+        normalize_then_sum(cols([1, 0], [0, 1]), t([1.0]), 2)

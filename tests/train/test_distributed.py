@@ -112,7 +112,7 @@ def _update_on_share(trainer: GRPOTrainer) -> tuple[torch.Tensor, list[dict[str,
     exp, rewards = _fixed_batch()
     rows = shard_slice(2, trainer.dist, "groups")
     rows = slice(rows.start * GROUP, rows.stop * GROUP)
-    advantages = trainer._local_advantages(rewards[rows])
+    advantages = trainer._local_advantages(rewards[rows], rewards[rows, None])
     return advantages, trainer.update(_shard(exp, rows))
 
 

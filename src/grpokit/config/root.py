@@ -95,6 +95,19 @@ class GRPOKitConfig(_Strict):
                 f"monitors.heldout.watch names {', '.join(map(repr, unknown))}, not a reward of "
                 f"this config; rewards: {', '.join(names)}"
             )
+        best = self.training.best_metric
+        if best is not None:
+            if not self.data.heldout:
+                raise ValueError(
+                    f"training.metric_for_best_model ({best}) is measured on the held-out "
+                    "prompts: set data.heldout"
+                )
+            reward = best.removeprefix("eval/").removesuffix("/mean")
+            if best.endswith("/mean") and reward not in names:
+                raise ValueError(
+                    f"training.metric_for_best_model: {best} names {reward!r}, not a reward of "
+                    f"this config; rewards: {', '.join(names)}"
+                )
         # Relative paths resolve against the config file's directory, which load_config passes
         # in; a config validated without one resolves against the working directory.
         base = (info.context or {}).get("config_dir")

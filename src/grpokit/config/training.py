@@ -9,6 +9,7 @@ completions (= prompts_per_step * num_generations) feeds one optimizer step per 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
+from grpokit.core.advantages import MultiObjectiveAggregation
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
 from grpokit.rollout.tool_calls import check_pattern
 from grpokit.trl_fields import drop_accepted_trl_fields
@@ -379,6 +381,16 @@ class TrainingConfig(_Strict):
         "`weight:`. null: each reward's own weight (default 1).",
         json_schema_extra=_LOSS,
     )
+    multi_objective_aggregation: MultiObjectiveAggregation = Field(
+        "sum_then_normalize",
+        description="How several rewards make one advantage: sum_then_normalize, the weighted "
+        "sum of the rewards is the reward (advantage_estimator and scale_rewards apply to it); "
+        "normalize_then_sum (GDPO), each reward gets its own group advantage (estimator and "
+        "scale applied to it alone, a None left out of that reward's statistics and adding 0), "
+        "their weighted sum is divided by its std over the batch, so that a dense score does "
+        "not drown a 0/1 one (docs/math.md).",
+        json_schema_extra=_LOSS,
+    )
 
     # ---- optimisation
     seed: int = Field(
@@ -517,10 +529,11 @@ class TrainingConfig(_Strict):
         description="Run directory; default runs/<config file name>.",
         json_schema_extra=_CKPT,
     )
-    save_strategy: Literal["steps", "epoch", "no"] = Field(
+    save_strategy: Literal["steps", "epoch", "best", "no"] = Field(
         "steps",
         description="When to checkpoint during the run: every save_steps steps, at the end of "
-        "each epoch, or never ('no'). The final checkpoint is always written.",
+        "each epoch, at each held-out eval that sets a new best metric_for_best_model ('best'), "
+        "or never ('no'). The final checkpoint is always written.",
         json_schema_extra=_CKPT,
     )
     save_steps: int = Field(
@@ -542,7 +555,53 @@ class TrainingConfig(_Strict):
     save_total_limit: int | None = Field(
         None,
         ge=1,
-        description="Keep at most this many checkpoints (oldest deleted); null keeps them all.",
+        description="Keep at most this many checkpoints (oldest deleted); null keeps them all. "
+        "The latest (to resume) and the best by metric_for_best_model are never deleted: "
+        "with a best one recorded, 1 keeps two.",
+        json_schema_extra=_CKPT,
+    )
+    metric_for_best_model: str | None = Field(
+        None,
+        description="The held-out metric that ranks checkpoints: TRL's names (eval_reward, "
+        "eval_rewards/<reward>/mean; the eval_ prefix optional) or grpokit's (eval/reward, "
+        "eval/<reward>/mean, eval/<reward>/pass_rate, eval/<checklist>/<item>/pass_rate). "
+        "Recorded at each periodic eval; the best checkpoint is the checkpoint written at the "
+        "eval step with the best value (in its trainer_state.json as best_model_checkpoint), "
+        "which save_total_limit keeps and `grpokit export RUN_DIR --best` exports. null: none "
+        "tracked, unless load_best_model_at_end, save_strategy: best or early stopping asks "
+        "for one, then eval_reward (transformers would take eval_loss, which GRPO's held-out "
+        "eval does not measure).",
+        json_schema_extra=_CKPT,
+    )
+    greater_is_better: bool | None = Field(
+        None,
+        description="Whether a higher metric_for_best_model is better; null: true (every "
+        "held-out metric is a reward or a pass rate; transformers says true unless the name "
+        "ends in 'loss').",
+        json_schema_extra=_CKPT,
+    )
+    load_best_model_at_end: bool = Field(
+        False,
+        description="The run's model is its best checkpoint, not its latest: the run ends "
+        "naming it, and grpokit export, eval and generate given the run directory load it. "
+        "Needs the periodic eval (eval_strategy: steps, data.heldout) and checkpoints at eval "
+        "steps: save_strategy: steps with save_steps a multiple of eval_steps (as "
+        "transformers requires), or save_strategy: best.",
+        json_schema_extra=_CKPT,
+    )
+    early_stopping_patience: int | None = Field(
+        None,
+        ge=1,
+        description="Stop the run after this many periodic evals in a row that did not "
+        "improve metric_for_best_model (transformers' EarlyStoppingCallback); the run ends "
+        "with a checkpoint as at max_steps. null: off.",
+        json_schema_extra=_CKPT,
+    )
+    early_stopping_threshold: float = Field(
+        0.0,
+        ge=0,
+        description="An eval improves only if it beats the best value so far by more than "
+        "this (EarlyStoppingCallback's early_stopping_threshold).",
         json_schema_extra=_CKPT,
     )
 
@@ -792,6 +851,40 @@ class TrainingConfig(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _best_checkpoint(self) -> TrainingConfig:
+        if self.metric_for_best_model is not None:
+            heldout_metric_name(self.metric_for_best_model)  # raises naming the accepted forms
+        asks = [
+            name
+            for name, on in (
+                ("load_best_model_at_end", self.load_best_model_at_end),
+                ("save_strategy: best", self.save_strategy == "best"),
+                ("early_stopping_patience", self.early_stopping_patience is not None),
+            )
+            if on
+        ]
+        if asks and not self.eval_interval:
+            raise ValueError(
+                f"{asks[0]} needs the periodic held-out eval: set eval_strategy: steps (and "
+                "eval_steps), with data.heldout"
+            )
+        if self.load_best_model_at_end:
+            every = self.eval_interval
+            if self.save_strategy == "epoch":
+                raise ValueError(
+                    "load_best_model_at_end needs checkpoints at eval steps; epochs end where "
+                    "the eval may not fall: use save_strategy: steps with save_steps a multiple "
+                    f"of eval_steps ({every}), or save_strategy: best"
+                )
+            if self.save_strategy == "steps" and self.save_steps % every:
+                raise ValueError(
+                    f"load_best_model_at_end needs checkpoints at eval steps: save_steps "
+                    f"{self.save_steps} is not a multiple of eval_steps {every} (transformers "
+                    "refuses it too); make it one, or use save_strategy: best"
+                )
+        return self
+
     def _check_generating_ahead(self) -> None:
         """What max_staleness > 0 needs: a generation that runs beside the trainer, whose older
         policy is corrected for, in rounds of one size."""
@@ -877,6 +970,24 @@ class TrainingConfig(_Strict):
         }
         return settings | dict(self.generation_kwargs or {})
 
+    @property
+    def best_metric(self) -> str | None:
+        """The held-out metric (grpokit's name, e.g. ``eval/reward``) that ranks checkpoints, or
+        None when no best checkpoint is tracked."""
+        if self.metric_for_best_model is not None:
+            return heldout_metric_name(self.metric_for_best_model)
+        wants = (
+            self.load_best_model_at_end
+            or self.save_strategy == "best"
+            or self.early_stopping_patience is not None
+        )
+        return "eval/reward" if wants else None
+
+    @property
+    def best_is_greater(self) -> bool:
+        """Whether a higher best_metric is better."""
+        return True if self.greater_is_better is None else self.greater_is_better
+
     def save_interval(self, steps_per_epoch: int) -> int:
         """Steps between checkpoints during the run (0: none before the final one)."""
         if self.save_strategy == "epoch":
@@ -890,6 +1001,35 @@ class TrainingConfig(_Strict):
         if self.eval_strategy == "no":
             return 0
         return self.logging_steps if self.eval_steps is None else self.eval_steps
+
+
+_TRL_REWARD_MEAN = re.compile(r"^rewards/(?P<name>.+)/mean$")
+
+
+def heldout_metric_name(name: str) -> str:
+    """grpokit's name of the held-out metric ``name`` (TRL's eval_reward or
+    eval_rewards/<reward>/mean, the eval_ prefix optional, or grpokit's eval/... itself).
+
+    Raises:
+        ValueError: a metric the periodic held-out eval does not log, naming the forms it takes.
+    """
+    if name.startswith("eval/") and len(name) > len("eval/"):
+        return name
+    bare = name.removeprefix("eval_")
+    if bare == "reward":
+        return "eval/reward"
+    match = _TRL_REWARD_MEAN.match(bare)
+    if match:
+        return f"eval/{match.group('name')}/mean"
+    why = (
+        "grpokit's held-out eval samples and scores completions; it computes no loss"
+        if bare.endswith("loss")
+        else "the periodic held-out eval does not log it"
+    )
+    raise ValueError(
+        f"metric_for_best_model {name!r}: {why}; use eval_reward, eval_rewards/<reward>/mean, "
+        "or grpokit's eval/reward, eval/<reward>/mean, eval/<reward>/pass_rate"
+    )
 
 
 def _fix_accumulation(per_step: int, group: int) -> int:

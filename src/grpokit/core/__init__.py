@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from grpokit.core.advantages import (
     ADVANTAGE_ESTIMATORS,
+    MULTI_OBJECTIVE_AGGREGATIONS,
     REWARD_SCALES,
     compute_advantages,
     group_advantages,
+    normalize_then_sum,
     reward_zero_std_mask,
+    rewards_zero_std_mask,
 )
 from grpokit.core.kl import KL_ESTIMATORS, k1, k2, k3
 from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_log_softmax
@@ -32,6 +35,7 @@ __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_TYPES",
+    "MULTI_OBJECTIVE_AGGREGATIONS",
     "REWARD_SCALES",
     "FixedPoint",
     "LossInputs",
@@ -50,11 +54,13 @@ __all__ = [
     "k2",
     "k3",
     "masked_mean",
+    "normalize_then_sum",
     "pass_at_k",
     "paired_difference",
     "policy_loss",
     "reduce",
     "reward_zero_std_mask",
+    "rewards_zero_std_mask",
     "selective_log_softmax",
     "wilson_interval",
     "zero_variance_share",

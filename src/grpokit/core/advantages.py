@@ -13,11 +13,20 @@ An advantage is computed in two steps, each chosen by name from a registry:
    ``"batch"``: the whole batch's std, ``"none"``: no division).
 
 Standard deviations are Bessel-corrected (``unbiased=True``), as TRL computes them.
+
+Several rewards are combined into one advantage in one of two ways (TRL's
+``multi_objective_aggregation``, chosen by name from :data:`MULTI_OBJECTIVE_AGGREGATIONS`):
+
+- ``"sum_then_normalize"``: the weighted sum of the rewards is the reward, and the steps above
+  give its advantage (TRL's default);
+- ``"normalize_then_sum"`` (GDPO): each reward gets its own advantage from the steps above, the
+  weighted sum of those is divided by its std over the batch (:func:`normalize_then_sum`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -26,15 +35,21 @@ from torch import Tensor
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageEstimator",
+    "Aggregation",
+    "MULTI_OBJECTIVE_AGGREGATIONS",
+    "MultiObjectiveAggregation",
     "REWARD_SCALES",
     "RewardScale",
     "compute_advantages",
     "group_advantages",
+    "normalize_then_sum",
     "reward_zero_std_mask",
+    "rewards_zero_std_mask",
 ]
 
 AdvantageEstimator = Literal["grpo", "rloo"]
 RewardScale = Literal["group", "batch", "none"]
+MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 
 # (grouped rewards (N, G) with NaN where invalid, valid (N, G) bool) -> centred values (N, G), 0
 # where invalid.
@@ -208,3 +223,110 @@ def reward_zero_std_mask(rewards: Tensor, group_size: int, *, atol: float = 1e-8
     low = torch.where(valid, grouped, torch.full_like(grouped, torch.inf)).amin(dim=1)
     few = valid.sum(dim=1) < 2
     return few | ((high - low) <= atol)
+
+
+def rewards_zero_std_mask(per_function: Tensor, group_size: int, *, atol: float = 1e-8) -> Tensor:
+    """Groups in which every reward is flat: each column's valid values are all equal.
+
+    per_function: (B, F) float, NaN where a reward does not apply. Returns (B // group_size,)
+    bool. Under ``normalize_then_sum`` these groups, and only these, get advantage 0 whatever the
+    weights; a group whose weighted sum is flat while its rewards are not can still have a signal.
+    """
+    if per_function.ndim != 2:
+        raise ValueError(f"per_function must be (B, F), got shape {tuple(per_function.shape)}")
+    flat = [reward_zero_std_mask(column, group_size, atol=atol) for column in per_function.T]
+    if not flat:
+        return torch.ones(per_function.shape[0] // group_size, dtype=torch.bool)
+    return torch.stack(flat).all(dim=0)
+
+
+def normalize_then_sum(
+    per_function: Tensor,
+    weights: Tensor,
+    group_size: int,
+    *,
+    estimator: str = "grpo",
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> Tensor:
+    """GDPO advantages (Liu et al. 2026, arXiv 2601.05242; TRL ``normalize_then_sum``):
+
+        A_{i,k} = advantage of reward k alone (estimator and scale as in compute_advantages)
+        S_i     = sum_k w_k * A_{i,k}          (a None of reward k adds 0)
+        A_i     = S_i / (std(S over the batch's scored rows) + eps)
+
+    per_function: (B, F) float, NaN where reward k returned None for row i (or a closed gate
+    whose ``otherwise`` is None); weights: (F,). Returns (B,) in per_function's dtype.
+
+    A None is left out of that reward's group mean and std (compute_advantages' rule for NaN) and
+    adds 0 to the row's sum, as TRL's nanmean / nanstd / nansum do. A row with every reward None
+    is out of the batch std and gets 0. TRL also subtracts the batch mean of S; it is 0 here by
+    construction (each reward's centred values sum to 0 within each group), so only the division
+    is done and a group whose every reward is flat keeps advantage exactly 0.
+    """
+    if per_function.ndim != 2:
+        raise ValueError(f"per_function must be (B, F), got shape {tuple(per_function.shape)}")
+    if weights.shape != (per_function.shape[1],):
+        raise ValueError(
+            f"weights must be ({per_function.shape[1]},), one per reward, got "
+            f"{tuple(weights.shape)}"
+        )
+    summed = torch.zeros(per_function.shape[0], dtype=per_function.dtype)
+    for column, weight in zip(per_function.T, weights.to(per_function.dtype), strict=True):
+        summed = summed + weight * compute_advantages(
+            column, group_size, estimator=estimator, scale=scale, eps=eps
+        )
+    scored = ~torch.isnan(per_function).all(dim=1)
+    _, std = _masked_mean_std(summed, scored, dim=None)
+    return torch.where(scored, _divide(summed, std + eps), torch.zeros_like(summed))
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How several rewards become one advantage per completion, and which groups that leaves
+    without a signal (DAPO dynamic sampling drops those)."""
+
+    advantages: Callable[..., Tensor]
+    """(total (B,), per_function (B, F), weights (F,), group_size, *, estimator, scale, eps) ->
+    advantages (B,). ``total`` is the weighted sum of the rewards (NaN where all are None)."""
+    no_signal: Callable[[Tensor, Tensor, int], Tensor]
+    """(total (B,), per_function (B, F), group_size) -> (B // group_size,) bool."""
+
+
+def _sum_then_normalize(
+    total: Tensor,
+    per_function: Tensor,
+    weights: Tensor,
+    group_size: int,
+    *,
+    estimator: str = "grpo",
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> Tensor:
+    return compute_advantages(total, group_size, estimator=estimator, scale=scale, eps=eps)
+
+
+def _normalize_then_sum(
+    total: Tensor,
+    per_function: Tensor,
+    weights: Tensor,
+    group_size: int,
+    *,
+    estimator: str = "grpo",
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> Tensor:
+    return normalize_then_sum(
+        per_function, weights, group_size, estimator=estimator, scale=scale, eps=eps
+    )
+
+
+MULTI_OBJECTIVE_AGGREGATIONS: dict[str, Aggregation] = {
+    "sum_then_normalize": Aggregation(
+        _sum_then_normalize, lambda total, per_function, g: reward_zero_std_mask(total, g)
+    ),
+    "normalize_then_sum": Aggregation(
+        _normalize_then_sum, lambda total, per_function, g: rewards_zero_std_mask(per_function, g)
+    ),
+}
+"""TRL's multi_objective_aggregation name -> how rewards become advantages."""

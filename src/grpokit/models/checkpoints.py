@@ -9,10 +9,13 @@ renamed into place, so a ``checkpoint-<step>`` directory is complete; half-writt
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+import yaml
 
 from grpokit.errors import UserError
 from grpokit.model_files.embedded import EMBEDDED_MODEL
@@ -37,6 +40,53 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     """The run's newest checkpoint, or None when it has none."""
     found = checkpoint_dirs(run_dir)
     return found[-1] if found else None
+
+
+def best_checkpoint(run_dir: Path, *, option: str = "RUN_DIR") -> Path:
+    """The checkpoint a run recorded as its best by training.metric_for_best_model: the
+    ``best_model_checkpoint`` of its newest readable ``trainer_state.json`` (each checkpoint
+    writes the best one known when it was written, and rotation never deletes it).
+
+    Raises:
+        UserError: not a run directory, no best checkpoint recorded, or the recorded one gone.
+    """
+    found = checkpoint_dirs(run_dir)
+    if not found:
+        raise UserError(f"{option} {run_dir}: not a run directory (no checkpoint-N inside)")
+    for ckpt in reversed(found):
+        try:
+            state = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # damaged: an earlier checkpoint's record is the newest readable one
+        if isinstance(state, dict):
+            break
+    else:
+        raise UserError(f"{option} {run_dir}: no checkpoint has a readable trainer_state.json")
+    name = state.get("best_model_checkpoint")
+    if name is None:
+        raise UserError(
+            f"{option} {run_dir}: the run recorded no best checkpoint (it needs "
+            "training.metric_for_best_model or load_best_model_at_end, the periodic held-out "
+            "eval, and a checkpoint written at an eval step); give a checkpoint-N directory"
+        )
+    if not isinstance(name, str) or not _CHECKPOINT.match(name):
+        raise UserError(f"{ckpt / 'trainer_state.json'}: best_model_checkpoint {name!r} is damaged")
+    if not (run_dir / name).is_dir():
+        raise UserError(
+            f"{option} {run_dir}: its best checkpoint {name} (recorded in {ckpt.name}) is gone"
+        )
+    return run_dir / name
+
+
+def _loads_best(run_dir: Path) -> bool:
+    """Whether the run's config asks for its best checkpoint as its model
+    (training.load_best_model_at_end)."""
+    try:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # no readable config: the latest checkpoint, as for any run
+    training = config.get("training") if isinstance(config, dict) else None
+    return isinstance(training, dict) and training.get("load_best_model_at_end") is True
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -95,7 +145,7 @@ class ModelSpec:
 
 
 def resolve_model(
-    arg: str, *, option: str = "--model", embedded_default: str = EMBEDDED_MODEL
+    arg: str, *, option: str = "--model", embedded_default: str = EMBEDDED_MODEL, best: bool = False
 ) -> ModelSpec:
     """Turn a model argument into what to load.
 
@@ -103,7 +153,8 @@ def resolve_model(
     a GGUF file, a hub name, a model directory
     (config.json), a grpokit checkpoint (``checkpoint-N/`` or its ``model/``; a LoRA adapter is
     merged into the base model named in its grpokit_policy.json), or a run directory (its latest
-    checkpoint). ``option`` names the argument in error messages.
+    checkpoint; its best one, :func:`best_checkpoint`, with ``best`` or when its config sets
+    training.load_best_model_at_end). ``option`` names the argument in error messages.
     """
     label: str | None = None
     match = _LABEL.match(arg)
@@ -125,6 +176,14 @@ def resolve_model(
     latest = latest_checkpoint(path)
     if latest is not None and not (path / "config.json").is_file():
         run_dir, path = path, latest
+        if best:
+            path = best_checkpoint(run_dir, option=option)
+        elif _loads_best(run_dir):
+            # As transformers loads the best model only where one was recorded.
+            with contextlib.suppress(UserError):
+                path = best_checkpoint(run_dir, option=option)
+    elif best:
+        raise UserError(f"{option} {arg}: --best takes a run directory (it holds checkpoint-N/)")
     if _is_checkpoint(path):
         run_dir = run_dir or (path.parent if (path.parent / "config.yaml").is_file() else None)
         default_label = f"{path.parent.name}/{path.name}"

@@ -52,9 +52,17 @@ from grpokit.cli_options import out_option
     "transformers (hf) or llama.cpp (gguf): 'k of n identical', stored beside the export, "
     "with a warning when a quantisation loses the trained format. 0 skips it.",
 )
-def export_cmd(checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str, check: int) -> None:
-    """Export CHECKPOINT (a checkpoint-N/, a run directory for its latest checkpoint, or a model
-    directory) for use outside grpokit.
+@click.option(
+    "--best",
+    is_flag=True,
+    help="CHECKPOINT is a run directory: export the best checkpoint it recorded by "
+    "training.metric_for_best_model (held-out eval), not its latest.",
+)
+def export_cmd(
+    checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str, check: int, best: bool
+) -> None:
+    """Export CHECKPOINT (a checkpoint-N/, a run directory for its latest checkpoint (its best with
+    --best or training.load_best_model_at_end), or a model directory) for use outside grpokit.
 
     \b
     Examples:
@@ -62,11 +70,19 @@ def export_cmd(checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str, c
       llama-cli -m demo.gguf -cnv
       grpokit export runs/demo/grpo --format gguf --quantize q4_k_m --out demo-q4.gguf
       grpokit export runs/demo/grpo/checkpoint-24 --format hf --out demo-hf/
+      grpokit export runs/demo/grpo --best --format hf --out best-hf/
     """
     from grpokit.models.export import export_loaded, load_export_source
 
     def log(msg: str) -> None:
         click.echo(msg, err=True)
+
+    if best:
+        from grpokit.models.checkpoints import best_checkpoint
+
+        chosen = best_checkpoint(Path(checkpoint).expanduser(), option="CHECKPOINT")
+        log(f"the run's best checkpoint: {chosen}")
+        checkpoint = str(chosen)
 
     loaded = load_export_source(
         checkpoint,

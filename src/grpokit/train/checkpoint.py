@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import random
+import re
 import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -40,8 +42,9 @@ from grpokit.models.manifest import (
 from grpokit.sampling import checkpoint_dirs
 from grpokit.train.fsdp import load_full_state
 
-STATE_VERSION = 1
-"""The layout of trainer_state.json (its fields, below); the manifest records it."""
+STATE_VERSION = 2
+"""The layout of trainer_state.json (its fields, below); the manifest records it. Version 2 added
+the best-checkpoint fields, which a version 1 file lacks (read as none recorded)."""
 
 RESUME_FILES = (
     "trainable.safetensors",
@@ -65,6 +68,23 @@ class TrainerState:
     """Optimizer steps skipped for a non-finite loss or gradient norm, in all."""
     nonfinite_streak: int = 0
     """Of them, how many in a row up to now."""
+    best_metric: float | None = None
+    """The best value of training.metric_for_best_model over the periodic evals so far."""
+    best_global_step: int | None = None
+    """The step of that eval."""
+    best_model_checkpoint: str | None = None
+    """The best checkpoint's directory name (``checkpoint-N``, in the run directory): of the
+    checkpoints written at an eval step, the one with the best value."""
+    best_model_checkpoint_metric: float | None = None
+    """That checkpoint's value."""
+    early_stopping_patience_counter: int = 0
+    """Evals in a row that did not improve on best_metric (transformers' name)."""
+
+
+_V1_FIELDS = (
+    "global_step", "epoch", "position", "generation_round", "skipped_steps", "nonfinite_streak",
+)  # fmt: skip
+"""The fields every trainer_state.json has; the others were added later and may be missing."""
 
 
 def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
@@ -141,10 +161,23 @@ def save_checkpoint(
         final.rename(stale)
     tmp.rename(final)
     shutil.rmtree(stale, ignore_errors=True)
-    if save_total_limit:
-        for old in checkpoint_dirs(run_dir)[:-save_total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
+    rotate_checkpoints(run_dir, save_total_limit, keep=state.best_model_checkpoint)
     return final
+
+
+def rotate_checkpoints(run_dir: Path, save_total_limit: int | None, *, keep: str | None) -> None:
+    """Delete the oldest checkpoints beyond ``save_total_limit``, never the latest (a resume
+    needs it) nor ``keep`` (the best checkpoint's name), as transformers' rotation does: with a
+    best one that is not the latest, a limit of 1 keeps two."""
+    if not save_total_limit:
+        return
+    found = checkpoint_dirs(run_dir)
+    protected = {found[-1].name} if found else set()
+    if keep is not None and (run_dir / keep) in found:
+        protected.add(keep)
+    excess = len(found) - max(save_total_limit, len(protected))
+    for old in [p for p in found if p.name not in protected][: max(0, excess)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _out_of_space(directory: Path, exc: BaseException) -> bool:
@@ -186,7 +219,8 @@ def _write(
 
 
 def read_trainer_state(path: Path) -> TrainerState:
-    """trainer_state.json, every field present, an integer of at least 0, and no other key.
+    """trainer_state.json: every field of version 1 present, a whole number of at least 0; the
+    best-checkpoint fields (version 2) null or of their type; no other key.
 
     Raises:
         CheckpointDamaged: naming the file and the field.
@@ -203,18 +237,36 @@ def read_trainer_state(path: Path) -> TrainerState:
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise CheckpointDamaged(path, f"unknown field {unknown[0]!r} (expected {', '.join(names)})")
-    missing = [n for n in names if n not in data]
+    missing = [n for n in _V1_FIELDS if n not in data]
     if missing:
         raise CheckpointDamaged(
             path, f"field {missing[0]!r} is missing: a resume would restart it from 0"
         )
-    for name in names:
-        value = data[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise CheckpointDamaged(
-                path, f"field {name!r} is {value!r}; expected a whole number of at least 0"
+    for name, value in data.items():
+        if name in ("best_metric", "best_model_checkpoint_metric"):
+            ok = value is None or (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
             )
+            expected = "a finite number or null"
+        elif name == "best_model_checkpoint":
+            ok = value is None or (
+                isinstance(value, str) and _CHECKPOINT_NAME.match(value) is not None
+            )
+            expected = "a checkpoint-<step> directory name or null"
+        else:
+            nullable = name == "best_global_step"
+            ok = (nullable and value is None) or (
+                isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            )
+            expected = "a whole number of at least 0" + (" or null" if nullable else "")
+        if not ok:
+            raise CheckpointDamaged(path, f"field {name!r} is {value!r}; expected {expected}")
     return TrainerState(**data)
+
+
+_CHECKPOINT_NAME = re.compile(r"^checkpoint-\d+$")
 
 
 _DTYPES = {

@@ -31,6 +31,8 @@ RESUMABLE = (
     "training.max_steps",
     "training.num_train_epochs",
     "training.save_*",
+    "training.load_best_model_at_end",
+    "training.early_stopping_*",
     "training.logging_steps",
     "training.report_to",
     "training.log_completions*",
@@ -76,6 +78,8 @@ _FROZEN_WHY = (
     ("data.", "the data order and the position in it depend on it"),
     ("rewards", "it is the objective: rewards before and after would not compare"),
     ("training.beta", "it is the objective (and decides whether a reference model is held)"),
+    ("training.metric_for_best_model", "the best checkpoint recorded so far was chosen by it"),
+    ("training.greater_is_better", "the best checkpoint recorded so far was chosen by it"),
     ("training.", "the optimizer, scheduler or loss state of the checkpoint was built with it"),
 )
 

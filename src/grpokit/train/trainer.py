@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from grpokit.config import GRPOKitConfig
-from grpokit.core.advantages import compute_advantages, reward_zero_std_mask
+from grpokit.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS
 from grpokit.core.losses import LossInputs, StepCounts
 from grpokit.core.stats import cluster_mean_stderr
 from grpokit.data.prompts import check_columns
@@ -50,6 +50,7 @@ from grpokit.sampling import (
     seed_everything,
     tool_rollout,
 )
+from grpokit.train.best import record_checkpoint, record_eval, stops_early
 from grpokit.train.checkpoint import (
     TrainerState,
     load_checkpoint,
@@ -128,6 +129,17 @@ class Collected:
     advantages: torch.Tensor
     metrics: dict[str, float]
     resume_at: tuple[int, int]
+
+
+def heldout_metric_names(rewards: RewardSet) -> list[str]:
+    """The metrics the periodic held-out eval can log (:meth:`GRPOTrainer.heldout_metrics`) that
+    rank checkpoints (not the standard errors): what training.metric_for_best_model may name."""
+    names = ["eval/reward"]
+    for name, top in zip(rewards.names, rewards.max_values, strict=True):
+        names.append(f"eval/{name}/mean")
+        if top is not None:  # a pass is reaching the reward's maximum
+            names.append(f"eval/{name}/pass_rate")
+    return names + [f"eval/{part}/pass_rate" for part in rewards.part_names]
 
 
 class GRPOTrainer:
@@ -252,6 +264,11 @@ class GRPOTrainer:
         self._weights_changed = False
         self._last_save = time.monotonic()
         self._warned_unparsed = False  # calls outside the tool-call format: said once a run
+        # The last periodic eval's (step, value of training.metric_for_best_model): a checkpoint
+        # of that step competes for the best one. And whether it set a new best (save_strategy:
+        # best saves then).
+        self._last_eval: tuple[int, float] | None = None
+        self._new_best = False
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
@@ -264,6 +281,13 @@ class GRPOTrainer:
             check_columns(self.rows, rewards.required_columns, str(self.cfg.data.train))
             if self.heldout:
                 check_columns(self.heldout, rewards.required_columns, str(self.cfg.data.heldout))
+            best = self.args.best_metric
+            logged = heldout_metric_names(rewards)
+            if best is not None and best not in logged:
+                raise UserError(
+                    f"training.metric_for_best_model: the held-out eval of this config does not "
+                    f"log {best}; it logs {', '.join(logged)}"
+                )
         except BaseException:
             rewards.close()
             raise
@@ -323,15 +347,21 @@ class GRPOTrainer:
     def _rank_seed(self, offset: int) -> int:
         return self.args.seed + 1_000_003 * self.dist.rank + offset
 
-    def _local_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """Advantages (n,) of this rank's rewards (n,), computed over the global batch so that
-        scale_rewards: batch uses the global std (ranks hold equal shares)."""
+    def _local_advantages(self, total: torch.Tensor, per_function: torch.Tensor) -> torch.Tensor:
+        """Advantages (n,) of this rank's rewards (total (n,), per_function (n, F)), computed over
+        the global batch so that a batch std (scale_rewards: batch, normalize_then_sum) is the
+        global one (ranks hold equal shares)."""
         a = self.args
-        everyone = gather_rows(rewards, self.dist)
-        advantages = compute_advantages(
-            everyone, a.num_generations, estimator=a.advantage_estimator, scale=a.scale_rewards
+        aggregation = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation]
+        advantages = aggregation.advantages(
+            gather_rows(total, self.dist),
+            gather_rows(per_function, self.dist),
+            torch.tensor(self.rewards.weights, dtype=per_function.dtype),
+            a.num_generations,
+            estimator=a.advantage_estimator,
+            scale=a.scale_rewards,
         )
-        n = rewards.shape[0]
+        n = total.shape[0]
         return advantages[self.dist.rank * n : (self.dist.rank + 1) * n]
 
     # ---- the algorithm -------------------------------------------------------------------------
@@ -358,10 +388,12 @@ class GRPOTrainer:
             metrics["time/score"] += scored.score_seconds
             generated += sum(sampled_tokens(scored.rollout))
             metrics |= drawn.metrics
-            advantages = self._local_advantages(scored.scores.total)
+            scores = scored.scores
+            advantages = self._local_advantages(scores.total, scores.per_function)
             keep = torch.ones(len(scored.rows), dtype=torch.bool)
             if a.dynamic_sampling:
-                keep = ~reward_zero_std_mask(scored.scores.total, a.num_generations)
+                no_signal = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation].no_signal
+                keep = ~no_signal(scores.total, scores.per_function, a.num_generations)
             kept.append((scored, advantages, keep))
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
@@ -689,19 +721,29 @@ class GRPOTrainer:
         rng: dict[str, Any] | None = None,
     ) -> Path:
         self._last_save = time.monotonic()
-        return save_checkpoint(
-            self.run_dir,
-            policy=self.policy,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            generator=self.generator,
-            state=self.state,
-            config_yaml=self.cfg.to_yaml(),
-            save_total_limit=self.args.save_total_limit,
-            model_state=model_state,
-            optimizer_state=optimizer_state,
-            rng=rng,
-        )
+        step = self.state.global_step
+        was_best = (self.state.best_model_checkpoint, self.state.best_model_checkpoint_metric)
+        if self.args.best_metric is not None:
+            value = self._last_eval[1] if self._last_eval and self._last_eval[0] == step else None
+            # Recorded before the write: the checkpoint's own trainer_state.json names it.
+            record_checkpoint(self.state, step, value, greater=self.args.best_is_greater)
+        try:
+            return save_checkpoint(
+                self.run_dir,
+                policy=self.policy,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                generator=self.generator,
+                state=self.state,
+                config_yaml=self.cfg.to_yaml(),
+                save_total_limit=self.args.save_total_limit,
+                model_state=model_state,
+                optimizer_state=optimizer_state,
+                rng=rng,
+            )
+        except BaseException:  # not written: the best one is still the one before
+            self.state.best_model_checkpoint, self.state.best_model_checkpoint_metric = was_best
+            raise
 
     def train(self) -> TrainResult:
         """Run to the end, logging, evaluating and checkpointing on the way.
@@ -736,6 +778,8 @@ class GRPOTrainer:
                         raise NonFiniteSteps(self.state.nonfinite_streak)
                     if self._save_due(save_every):
                         ckpt = self.save()
+                    if self._stop_early():
+                        break
             except Exception as exc:
                 raise self._failed(exc) from exc
             signum = stopped()
@@ -749,6 +793,7 @@ class GRPOTrainer:
                 )
         if ckpt is None or not ckpt.name.endswith(f"-{self.state.global_step}"):
             ckpt = self.save()
+        ckpt = self._best_at_end(ckpt)
         if self.dist.is_main:
             hint = heldout_hint(
                 heldout=bool(self.cfg.data.heldout),
@@ -775,8 +820,54 @@ class GRPOTrainer:
         minutes = self.args.save_minutes
         by_steps = bool(every) and step % every == 0
         by_time = bool(minutes) and time.monotonic() - self._last_save >= 60 * minutes
-        # Every rank must agree: saving under FSDP is a collective.
-        return bool(all_reduce_scalars([float(by_steps or by_time)], self.dist, "max")[0])
+        by_best = self._new_best and self.args.save_strategy == "best"
+        self._new_best = False
+        # Every rank must agree: saving under FSDP is a collective (and only rank 0 evaluates).
+        due = by_steps or by_time or by_best
+        return bool(all_reduce_scalars([float(due)], self.dist, "max")[0])
+
+    def _record_eval(self, step: int, record: dict[str, Any]) -> None:
+        """The periodic eval of ``step`` against the best so far (rank 0, which evaluates)."""
+        a = self.args
+        key = a.best_metric
+        if key is None or key not in record:
+            return
+        value = float(record[key])
+        self._last_eval = (step, value)
+        if record_eval(
+            self.state, step, value, greater=a.best_is_greater, threshold=a.early_stopping_threshold
+        ):
+            self._new_best = True
+
+    def _stop_early(self) -> bool:
+        """Whether early_stopping_patience evals in a row have not improved; says so."""
+        a = self.args
+        if a.early_stopping_patience is None:  # the same config on every rank
+            return False
+        stop = stops_early(self.state, a.early_stopping_patience)
+        if not all_reduce_scalars([float(stop)], self.dist, "max")[0]:
+            return False
+        if stop:  # rank 0, which evaluates and holds the best value
+            self.log(
+                f"early stopping at step {self.state.global_step}: {a.best_metric} has not "
+                f"improved for {a.early_stopping_patience} evaluation(s) in a row (best "
+                f"{self.state.best_metric:.4g} at step {self.state.best_global_step})"
+            )
+        return True
+
+    def _best_at_end(self, last: Path) -> Path:
+        """The run's model: its best checkpoint with load_best_model_at_end, else ``last``; the
+        best one is named either way."""
+        name = self.state.best_model_checkpoint
+        if name is None or self.args.best_metric is None:
+            return last
+        best = self.run_dir / name
+        self.log(
+            f"best checkpoint: {best} ({self.args.best_metric} "
+            f"{self.state.best_model_checkpoint_metric:.4g}); grpokit export "
+            f"{shlex.quote(str(self.run_dir))} --best exports it"
+        )
+        return best if self.args.load_best_model_at_end else last
 
     def _log_records(self, records: list[dict[str, Any]], bar: Progress) -> None:
         """Held-out eval, monitors and sinks for each optimizer step of the round just run."""
@@ -786,6 +877,7 @@ class GRPOTrainer:
         for step, record in enumerate(records, start=first_step):
             if eval_every and step % eval_every == 0:
                 record.update(self.heldout_metrics())
+                self._record_eval(step, record)
             alerts = self.monitors.update(step, record)
             if alerts:
                 record["alerts"] = [al.to_dict() for al in alerts]
