@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from grpokit.cli import main
@@ -97,3 +98,38 @@ def test_export_checks_by_default_and_check_0_skips(checkpoint: Path, tmp_path: 
     )
     assert skipped.exit_code == 0 and "fidelity" not in skipped.output
     assert not (tmp_path / "b" / "grpokit_fidelity.json").exists()
+
+
+def test_a_config_gives_the_check_its_prompts_and_format(
+    checkpoint: Path, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """An SFT output has no run config: --config names the one whose held-out prompts, system
+    prompt and xml_format the check uses."""
+    (tmp_path / "heldout.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Add {i} and {i + 1}."}) + "\n" for i in range(5))
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"name_or_path": str(tiny_model_dir)},
+                "data": {"train": "heldout.jsonl", "heldout": "heldout.jsonl"},
+                "rewards": [{"type": "xml_format", "tags": ["thinking", "answer"]}],
+            }
+        )
+    )
+    out = tmp_path / "hf"
+    result = CliRunner().invoke(
+        main,
+        ["export", str(checkpoint), "--format", "hf", "--out", str(out), "--check", "3",
+         "--config", str(config)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    stored = json.loads((out / "grpokit_fidelity.json").read_text())
+    assert [a["prompt"] for a in stored["answers"]] == [
+        "Add 0 and 1.",
+        "Add 1 and 2.",
+        "Add 2 and 3.",
+    ]
+    assert set(stored["format_rate"]) == {"checkpoint", "export"}
+    assert "format kept in" in result.output

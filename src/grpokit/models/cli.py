@@ -58,8 +58,24 @@ from grpokit.cli_options import out_option
     help="CHECKPOINT is a run directory: export the best checkpoint it recorded by "
     "training.metric_for_best_model (held-out eval), not its latest.",
 )
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="The config whose held-out prompts, system prompt and xml_format --check uses "
+    "(default: the run's own config.yaml; a checkpoint without a run, such as an SFT output, "
+    "is otherwise checked on a few general prompts).",
+)
 def export_cmd(
-    checkpoint: str, fmt: str, out: Path, outtype: str, dtype: str, check: int, best: bool
+    checkpoint: str,
+    fmt: str,
+    out: Path,
+    outtype: str,
+    dtype: str,
+    check: int,
+    best: bool,
+    config_path: Path | None,
 ) -> None:
     """Export CHECKPOINT (a checkpoint-N/, a run directory for its latest checkpoint (its best with
     --best or training.load_best_model_at_end), or a model directory) for use outside grpokit.
@@ -96,7 +112,8 @@ def export_cmd(
     if check:
         from grpokit.evaluate.fidelity import check_export, fidelity_prompts
 
-        prompts, system_prompt, tags = fidelity_prompts(_run_config(checkpoint), check)
+        run_config = _run_config(checkpoint, config_path)
+        prompts, system_prompt, tags = fidelity_prompts(run_config, check)
         result = check_export(
             loaded,
             path,
@@ -110,11 +127,14 @@ def export_cmd(
         click.echo(result.summary)
 
 
-def _run_config(checkpoint: str) -> object | None:
-    """The config of the run ``checkpoint`` belongs to, or None (a bare model directory)."""
+def _run_config(checkpoint: str, given: Path | None) -> object | None:
+    """``given``, else the config of the run ``checkpoint`` belongs to, else None (a bare model
+    directory)."""
     from grpokit.config import load_config
     from grpokit.models.checkpoints import resolve_model
 
+    if given is not None:
+        return load_config(given)
     run_dir = resolve_model(checkpoint, option="CHECKPOINT").run_dir
     if run_dir is None or not (run_dir / "config.yaml").is_file():
         return None
