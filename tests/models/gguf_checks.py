@@ -1,5 +1,5 @@
 """Checks shared by the GGUF export tests: the same prompt, tokens and greedy continuation in
-PyTorch and in llama.cpp (llama-cpp-python)."""
+PyTorch and in llama.cpp (grpokit.models.gguf_runtime, through cyllama)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from grpokit.models.gguf_runtime import GGUFModel
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.models.tiny import TINY_CONFIG
 
@@ -49,28 +50,15 @@ def torch_greedy(model: torch.nn.Module, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def llama_greedy(llm: Any, ids: list[int], n: int) -> list[int]:
-    out: list[int] = []
-    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
-        out.append(int(token))
-        if len(out) == n:
-            break
-    return out
+def llama_greedy(llm: GGUFModel, ids: list[int], n: int) -> list[int]:
+    return llm.greedy(ids, n)
 
 
-def open_llama(path: Path, *, logits_all: bool = False) -> Any:
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python runs the GGUF export")
+def open_llama(path: Path) -> GGUFModel:
+    pytest.importorskip("cyllama", reason="cyllama runs the GGUF export in llama.cpp")
     # An f32 KV cache (llama.cpp's default is f16) so that an f32 export is compared with
     # PyTorch at full precision: random tiny models have near ties that f16 rounding flips.
-    return llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=256,
-        n_threads=1,
-        logits_all=logits_all,
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        verbose=False,
-    )
+    return GGUFModel(path, n_ctx=256, n_threads=1, f32_cache=True)
 
 
 # Per family, the config fields of a tiny model that exercise what the GGUF mapping must get right:

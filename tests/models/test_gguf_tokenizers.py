@@ -101,7 +101,7 @@ def test_gguf_tokenizes_and_generates_as_transformers_for_each_family(
         )
         for text in (PROBE, rendered):
             expected = tokenizer(text)["input_ids"]
-            assert llm.tokenize(text.encode(), add_bos=True, special=True) == expected, text
+            assert llm.tokenize(text, add_bos=True, special=True) == expected, text
         ids = chat_ids(tokenizer, "What is 17 + 25?")
         greedy = torch_greedy(model, ids, 12)
         assert len(set(greedy)) > 3, "degenerate reference continuation"
