@@ -1,14 +1,17 @@
-"""Checks shared by the GGUF export tests: the same prompt, tokens and greedy continuation in
-PyTorch and in llama.cpp (grpokit.models.gguf_runtime, through cyllama)."""
+"""Checks shared by the GGUF export tests: the same prompt, tokens, logits and greedy continuation
+in PyTorch and in llama.cpp (grpokit.models.gguf_runtime, through cyllama)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
+from grpokit.models.gguf_arch import activation, arch_spec, text_config
 from grpokit.models.gguf_runtime import GGUFModel
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.models.tiny import TINY_CONFIG
@@ -54,6 +57,94 @@ def llama_greedy(llm: GGUFModel, ids: list[int], n: int) -> list[int]:
     return llm.greedy(ids, n)
 
 
+# How far llama.cpp's logits may be from PyTorch's float32 ones. The tiny models' logits spread
+# over several units (largest |logit| 1.6 to 16): a wrong tensor or setting moves them by a good
+# part of that (a dropped bias, positions shifted by one, K and V swapped: 2 to 19 on GPT-2).
+#
+# f32 file: the largest difference, as a fraction of the largest |logit|.
+# - llama.cpp does the same float32 arithmetic in another order (matmul blocking, SIMD partial
+#   sums, vectorised exp). Each operation rounds by at most 2^-24 (6e-8) relative, a 128-term dot
+#   product by at most 128 times that; measured 1e-6 to 5e-6 across the families: 1e-4 leaves a
+#   factor of 20.
+# - Except for the tanh-GELU families (GPT-2, Gemma): ggml's CPU GELU reads a table indexed by
+#   the float16-rounded input and holds float16 values, two roundings of up to 2^-11 (4.9e-4)
+#   relative at every MLP activation; measured 3e-4 to 6e-4: 2e-3 leaves a factor of 3. (A
+#   PyTorch reference rounding its GELU the same way still differs by 3e-5 to 2e-4, from inputs
+#   on either side of a float16 rounding boundary.)
+F32_TOLERANCE = 1e-4
+GELU_F32_TOLERANCE = 2e-3
+# f16 file: the root mean square difference over all logits, against that of PyTorch's own logits
+# when the weights are rounded to float16 as the file stores them (:func:`f16_rounding_effect`).
+# ggml also rounds the activations that meet an f16 weight to float16: two independent roundings
+# of the same unit where PyTorch's has one, about sqrt(2) times the difference when the two are
+# of a size; measured 1.08 to 1.42 times across the families and prompts (the largest difference
+# alone varies more, 0.8 to 2.2 times). 2.5 leaves a factor of 1.8.
+F16_ROUNDING_FACTOR = 2.5
+
+
+def torch_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab) float32 logits of one forward over ``ids``."""
+    # In train mode dropout makes the reference random: GPT-2's config drops 10% of activations,
+    # which moves its logits by a quarter of their size and more.
+    assert not model.training, "the reference model must be in eval mode (dropout)"
+    with torch.no_grad():
+        logits: torch.Tensor = model(input_ids=torch.tensor([ids])).logits[0]
+    return logits.float()
+
+
+def llama_logits(llm: GGUFModel, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab) logits of llama.cpp over ``ids`` from an empty context."""
+    return torch.from_numpy(np.array(llm.logits(ids), dtype=np.float32))
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.double().pow(2).mean().sqrt())
+
+
+def f16_rounding_effect(model: torch.nn.Module, ids: list[int]) -> float:
+    """Root mean square change of the logits over ``ids`` when the weights an f16 export stores as
+    float16 (every tensor of two or more dimensions) are rounded to float16, computed in
+    float32."""
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for param in rounded.parameters():
+            if param.ndim >= 2:
+                param.copy_(param.to(torch.float16).float())
+    return _rms(torch_logits(rounded, ids) - torch_logits(model, ids))
+
+
+def f32_tolerance(model: torch.nn.Module) -> float:
+    """:data:`F32_TOLERANCE`, or :data:`GELU_F32_TOLERANCE` for a model with a GELU."""
+    config: Any = model.config
+    act = activation(text_config(config, arch_spec(config))) or ""
+    return GELU_F32_TOLERANCE if "gelu" in act else F32_TOLERANCE
+
+
+def assert_close_logits(llm: GGUFModel, model: torch.nn.Module, ids: list[int], outtype: str = "f32"
+                        ) -> float:  # fmt: skip
+    """llama.cpp's logits at every position of ``ids`` as close to PyTorch's as ``outtype``'s
+    rounding explains (see :data:`F32_TOLERANCE`, :data:`F16_ROUNDING_FACTOR`); returns the
+    measure compared (f32: largest difference, f16: root mean square difference)."""
+    expected = torch_logits(model, ids)
+    got = llama_logits(llm, ids)
+    assert got.shape == expected.shape
+    scale = float(expected.abs().max())
+    if outtype == "f32":
+        measured, allowed = float((got - expected).abs().max()), f32_tolerance(model) * scale
+        what = "largest difference"
+    elif outtype == "f16":
+        measured = _rms(got - expected)
+        allowed = F16_ROUNDING_FACTOR * f16_rounding_effect(model, ids)
+        what = "root mean square difference"
+    else:
+        raise ValueError(f"no logit tolerance for {outtype}")
+    assert measured <= allowed, (
+        f"{outtype}: llama.cpp's logits differ from PyTorch's by {measured:.4g} ({what}; allowed "
+        f"{allowed:.4g}; largest |logit| {scale:.3g})"
+    )
+    return measured
+
+
 def open_llama(path: Path) -> GGUFModel:
     pytest.importorskip("cyllama", reason="cyllama runs the GGUF export in llama.cpp")
     # An f32 KV cache (llama.cpp's default is f16) so that an f32 export is compared with
@@ -92,8 +183,9 @@ FAMILIES: dict[str, dict[str, Any]] = {
 """transformers model types of :func:`tiny_of`, with their config fields beyond TINY_CONFIG."""
 
 
-def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
-    """A tiny random model of one of :data:`FAMILIES` with a given tokenizer, saved to ``out``.
+def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3, **fields: Any) -> Path:
+    """A tiny random model of one of :data:`FAMILIES` with a given tokenizer, saved to ``out``;
+    ``fields`` replace config fields of :data:`FAMILIES` (not for the vision-language gemma3).
 
     Norm weights and biases, which start at constants (zero for Gemma's norms and every bias),
     get random values too, so that a wrong offset, transpose or bias shows in the outputs.
@@ -103,7 +195,7 @@ def tiny_of(kind: str, tokenizer_dir: Path, out: Path, seed: int = 3) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     settings = {**TINY_CONFIG, "vocab_size": len(tokenizer), "initializer_range": 0.3,
                 "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
-                "pad_token_id": tokenizer.pad_token_id, **FAMILIES[kind]}  # fmt: skip
+                "pad_token_id": tokenizer.pad_token_id, **FAMILIES[kind], **fields}  # fmt: skip
     if kind == "gpt2":
         for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "intermediate_size", "max_position_embeddings"):  # fmt: skip

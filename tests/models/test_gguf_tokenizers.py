@@ -1,6 +1,6 @@
 """GGUF export of models with the tokenizers of the families people fine-tune (Llama 3, Qwen2,
 SmolLM, GPT-2, Mistral Nemo): llama.cpp gets the pre-tokenizer that cuts text as transformers
-does, shown by llama.cpp giving transformers' tokens and the model's greedy continuation; a
+does, shown by llama.cpp giving transformers' tokens, logits and greedy continuation; a
 tokenizer llama.cpp cannot reproduce is refused, naming it."""
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from grpokit.models.gguf_export import pre_tokenizer_kv, read_metadata
 from grpokit.models.gguf_pretokenizer import QWEN2_PATTERN, pre_tokenizer_name
 from grpokit.models.tiny import TOKENIZER_FAMILIES, make_tiny_model_dir, make_tiny_tokenizer_dir
 
-from .gguf_checks import chat_ids, llama_greedy, open_llama, tiny_of, torch_greedy
+from .gguf_checks import (
+    assert_close_logits,
+    chat_ids,
+    llama_greedy,
+    open_llama,
+    tiny_of,
+    torch_greedy,
+)
 
 # Text where the families' cutting rules differ: contractions in capitals, digit runs, case
 # changes inside a word, punctuation before words, tabs, blank lines and trailing spaces.
@@ -105,6 +112,7 @@ def test_gguf_tokenizes_and_generates_as_transformers_for_each_family(
         ids = chat_ids(tokenizer, "What is 17 + 25?")
         greedy = torch_greedy(model, ids, 12)
         assert len(set(greedy)) > 3, "degenerate reference continuation"
+        assert_close_logits(llm, model, ids + greedy)
         assert llama_greedy(llm, ids, 12) == greedy
     finally:
         llm.close()

@@ -19,6 +19,7 @@ from grpokit.model_files import named
 from grpokit.model_files.convert import MARKER_FILE, tie_if_tied_at_source
 from grpokit.model_files.named import NAMED_MODELS, gguf_file, model_table
 from grpokit.model_files.resolve import resolve_model_path
+from grpokit.models.checkpoints import resolve_model
 
 
 def _fake_packages(root: Path, chunks: list[bytes]) -> named.NamedModel:
@@ -140,6 +141,9 @@ def test_any_gguf_file_is_a_model(
     assert converted.name.startswith("gguf-mine-")
     assert json.loads((converted / MARKER_FILE).read_text())["gguf_path"] == str(gguf.resolve())
     assert resolve_model_path(str(gguf)) == str(converted)  # once
+    # eval, generate and export take it as --model / CHECKPOINT too
+    spec = resolve_model(f"mine={gguf}")
+    assert (spec.label, spec.name_or_path, spec.init_from) == ("mine", str(gguf), None)
     ids = torch.tensor([[1, 5, 9, 77, 300, 12]])
     with torch.no_grad():
         want = AutoModelForCausalLM.from_pretrained(tiny_model_dir)(input_ids=ids).logits
