@@ -92,9 +92,10 @@ def test_k_quants_come_from_llama_cpp_and_stay_close_to_pytorch(
         agree = (got.argmax(-1) == expected.argmax(-1)).float().mean()
         assert float(agree) >= 0.85, (outtype, float(agree))
     assert sizes["q4_k_m"] < sizes["q5_k_m"] < sizes["q6_k"] < sizes["f16"]
-    # Only the finished files: the f16 intermediate and the temporaries are gone.
+    # Only the finished files and the fidelity check's record beside each (export checks by
+    # default): the f16 intermediate and the temporaries are gone.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"model-{t}.gguf" for t in ("f16", *K_QUANTS)
+        f"model-{t}.gguf{record}" for t in ("f16", *K_QUANTS) for record in ("", ".fidelity.json")
     )
 
 
