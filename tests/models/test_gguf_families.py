@@ -21,6 +21,7 @@ from grpokit.models.gguf_export import read_metadata
 from .gguf_checks import (
     assert_close_logits,
     chat_ids,
+    decided_prefix,
     llama_greedy,
     llama_logits,
     open_llama,
@@ -76,7 +77,7 @@ def family_model(
 
 def _assert_same_outputs(path: Path, model: torch.nn.Module, tokenizer: Any) -> None:
     """llama.cpp's logits over each prompt and PyTorch's greedy continuation within float32
-    rounding of PyTorch's, and the same greedy tokens."""
+    rounding of PyTorch's, and the same greedy tokens up to a near tie."""
     llm = open_llama(path)
     try:
         assert llm.n_vocab == len(tokenizer)
@@ -85,7 +86,11 @@ def _assert_same_outputs(path: Path, model: torch.nn.Module, tokenizer: Any) -> 
             expected = torch_greedy(model, ids, GREEDY_TOKENS)
             assert len(set(expected)) > 3, "degenerate reference continuation"
             assert_close_logits(llm, model, ids + expected)
-            assert llama_greedy(llm, ids, GREEDY_TOKENS) == expected, text
+            # Token for token up to a near tie (a random model has some: Gemma 3's with an adapter
+            # had top two logits 1.3e-4 apart, less than llama.cpp's GELU rounding moves them).
+            decided = decided_prefix(llm, model, ids, expected)
+            assert decided >= GREEDY_TOKENS // 2, (text, decided)
+            assert llama_greedy(llm, ids, GREEDY_TOKENS)[:decided] == expected[:decided], text
     finally:
         llm.close()
 

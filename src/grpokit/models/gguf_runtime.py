@@ -16,6 +16,7 @@ model through a subclass that has it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
@@ -77,6 +78,9 @@ def _route_log(cy: Any) -> None:
     global _routed
     if not _routed:
         cy.set_log_callback(_LOG)
+        # Models still open at exit are freed after this module's globals are gone: llama.cpp's
+        # log of that would call into a half-torn-down object.
+        atexit.register(cy.disable_logging)
         _routed = True
 
 
