@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# A local judge endpoint: llama.cpp's OpenAI-compatible server (llama-cpp-python[server],
-# installed by `make test`) serving the embedded SmolLM2-135M-Instruct GGUF.
+# A local judge endpoint: llama.cpp's OpenAI-compatible server (its C++ server from the prebuilt
+# xllamacpp wheel, installed by `make test`; python -m grpokit.rewards.judge.local_server)
+# serving the embedded SmolLM2-135M-Instruct GGUF.
 #
 #   scripts/judge_server.sh start [--port P] [--threads N] [--ctx N] [--dir D]
 #       starts it in the background on P (default: a free port), waits until it answers, and
@@ -41,24 +42,21 @@ case "$cmd" in
       cat "$urlfile"
       exit 0
     fi
-    if ! "$PY" -c "import llama_cpp.server" 2>/dev/null; then
-      echo "judge_server.sh: llama-cpp-python[server] is not installed in $PY's environment;" \
-        "run 'make setup' (or: CMAKE_ARGS='-DGGML_NATIVE=OFF' pip install" \
-        "'llama-cpp-python[server]')" >&2
+    if ! "$PY" -c "import xllamacpp" 2>/dev/null; then
+      echo "judge_server.sh: xllamacpp is not installed in $PY's environment;" \
+        "run 'make setup' (or: pip install xllamacpp)" >&2
       exit 2
     fi
-    gguf=$("$PY" -c 'from grpokit.model_files.embedded import find_embedded_gguf as f; print(f())')
     if [ -z "$port" ]; then
       port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     fi
     mkdir -p "$dir"
     log=$dir/server.log
     url="http://127.0.0.1:$port/v1"
-    # n_threads_batch too: the judge prompt (rubric + completion) is read in batch mode, which
-    # would otherwise use every core.
-    nohup "$PY" -m llama_cpp.server --model "$gguf" --model_alias smollm2 \
-      --host 127.0.0.1 --port "$port" --n_ctx "$ctx" \
-      --n_threads "$threads" --n_threads_batch "$threads" --verbose False >"$log" 2>&1 &
+    # --threads covers reading the prompt too: the judge prompt (rubric + completion) is read in
+    # batch mode, which would otherwise use every core.
+    nohup "$PY" -m grpokit.rewards.judge.local_server --alias smollm2 \
+      --host 127.0.0.1 --port "$port" --ctx "$ctx" --threads "$threads" >"$log" 2>&1 &
     echo $! >"$pidfile"
     for _ in $(seq 240); do
       if ! running; then

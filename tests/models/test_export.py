@@ -150,14 +150,14 @@ def test_gguf_f32_runs_in_llama_cpp_with_the_same_logits_and_greedy_tokens(
     # Named after the run's latest checkpoint.
     (path,) = tmp_path.glob("*.gguf")
     assert path.name == f"{run.name}-checkpoint-1-f32.gguf"
-    llm = open_llama(path, logits_all=True)
+    llm = open_llama(path)
     try:
-        assert llm.n_vocab() == len(policy.tokenizer)
+        assert llm.n_vocab == len(policy.tokenizer)
         for text in PROMPTS:
             ids = chat_ids(policy.tokenizer, text)
             # llama.cpp reads the tokenizer from the file: it must split text as transformers does.
             rendered = str(policy.tokenizer.decode(ids))
-            assert llm.tokenize(rendered.encode(), add_bos=False, special=True) == ids
+            assert llm.tokenize(rendered, add_bos=False, special=True) == ids
             expected = torch_greedy(policy.model, ids, GREEDY_TOKENS)
             assert len(set(expected)) > 3, "degenerate reference continuation"
             assert_close_logits(llm, policy.model, ids + expected)
@@ -187,7 +187,7 @@ def test_gguf_f16_and_q8_0_stay_close_to_pytorch(
         sizes[outtype] = path.stat().st_size
         meta = read_metadata(path)
         assert meta["general.file_type"].value == {"f32": 0, "f16": 1, "q8_0": 7}[outtype]
-        llm = open_llama(path, logits_all=True)
+        llm = open_llama(path)
         try:
             if outtype != "q8_0":
                 assert_close_logits(llm, policy.model, ids, outtype)
@@ -272,7 +272,7 @@ def test_gguf_other_architectures_match_logits_and_greedy(
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     ids = chat_ids(tokenizer, PROMPTS[1])
-    llm = open_llama(path, logits_all=True)
+    llm = open_llama(path)
     try:
         greedy = torch_greedy(model, ids, GREEDY_TOKENS)
         assert_close_logits(llm, model, ids + greedy)
@@ -381,7 +381,7 @@ def test_embedded_model_after_lora_training_exports_to_matching_gguf(tmp_path: P
         for text in PROMPTS:
             ids = chat_ids(tokenizer, text)
             rendered = str(tokenizer.decode(ids))
-            assert llm.tokenize(rendered.encode(), add_bos=False, special=True) == ids
+            assert llm.tokenize(rendered, add_bos=False, special=True) == ids
             assert llama_greedy(llm, ids, GREEDY_TOKENS) == torch_greedy(
                 trained, ids, GREEDY_TOKENS
             )

@@ -21,6 +21,7 @@ from grpokit.models.gguf_export import read_metadata
 from .gguf_checks import (
     assert_close_logits,
     chat_ids,
+    decided_prefix,
     llama_greedy,
     llama_logits,
     open_llama,
@@ -76,16 +77,20 @@ def family_model(
 
 def _assert_same_outputs(path: Path, model: torch.nn.Module, tokenizer: Any) -> None:
     """llama.cpp's logits over each prompt and PyTorch's greedy continuation within float32
-    rounding of PyTorch's, and the same greedy tokens."""
-    llm = open_llama(path, logits_all=True)
+    rounding of PyTorch's, and the same greedy tokens up to a near tie."""
+    llm = open_llama(path)
     try:
-        assert llm.n_vocab() == len(tokenizer)
+        assert llm.n_vocab == len(tokenizer)
         for text in PROMPTS:
             ids = chat_ids(tokenizer, text)
             expected = torch_greedy(model, ids, GREEDY_TOKENS)
             assert len(set(expected)) > 3, "degenerate reference continuation"
             assert_close_logits(llm, model, ids + expected)
-            assert llama_greedy(llm, ids, GREEDY_TOKENS) == expected, text
+            # Token for token up to a near tie (a random model has some: Gemma 3's with an adapter
+            # had top two logits 1.3e-4 apart, less than llama.cpp's GELU rounding moves them).
+            decided = decided_prefix(llm, model, ids, expected)
+            assert decided >= GREEDY_TOKENS // 2, (text, decided)
+            assert llama_greedy(llm, ids, GREEDY_TOKENS)[:decided] == expected[:decided], text
     finally:
         llm.close()
 
@@ -144,7 +149,7 @@ def test_quantised_types_load_and_run(
     """f16 and q8_0 (written here) and the k-quant mixes (llama.cpp's quantiser) load and run;
     f16 gives PyTorch's logits within the f16 rounding of the weights, the others logits pointing
     the way PyTorch's do, at every position of the prompt."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python quantises and runs the files")
+    pytest.importorskip("cyllama", reason="cyllama quantises and runs the files")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_dir = family_model(kind)
@@ -158,7 +163,7 @@ def test_quantised_types_load_and_run(
             outtype=outtype,  # type: ignore[arg-type]
             log=lambda _: None,
         )  # fmt: skip
-        llm = open_llama(path, logits_all=True)
+        llm = open_llama(path)
         try:
             if min_cosine is None:
                 assert_close_logits(llm, model, ids, outtype)
@@ -260,14 +265,14 @@ def test_sentencepiece_tokenizer_tokenizes_and_generates_as_transformers(
     assert meta["tokenizer.ggml.add_space_prefix"].value == (family == "llama2")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    llm = open_llama(path, logits_all=True)
+    llm = open_llama(path)
     try:
         rendered = tokenizer.apply_chat_template(
             [{"role": "user", "content": SPM_PROBE}], tokenize=False, add_generation_prompt=True
         )
         for text in (SPM_PROBE, rendered, "x"):
             expected = tokenizer(text, add_special_tokens=text != rendered)["input_ids"]
-            got = llm.tokenize(text.encode(), add_bos=text != rendered, special=True)
+            got = llm.tokenize(text, add_bos=text != rendered, special=True)
             assert got == expected, text
         ids = chat_ids(tokenizer, "What is 17 + 25?")
         greedy = torch_greedy(model, ids, 12)

@@ -33,7 +33,7 @@ def model_256(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model whose rows are 256 or 512 long, multiples of the k-quants' block (Llama 3
     tokenizer, 640 tokens; weights at transformers' usual initial scale, where the logits of a
     random model are not so large that 4-bit rounding scrambles them)."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python quantises")
+    pytest.importorskip("cyllama", reason="cyllama runs llama.cpp's quantiser")
     root = tmp_path_factory.mktemp("k-quant")
     tokenizer = make_tiny_tokenizer_dir(root / "tokenizer", "llama3")
     return make_tiny_model_dir(
@@ -81,10 +81,9 @@ def test_k_quants_come_from_llama_cpp_and_stay_close_to_pytorch(
             matrices = {t.tensor_type.name for t in tensors if len(t.shape) > 1}
             assert matrices == k_types, (outtype, matrices)  # no fallback at these widths
             assert "not a multiple of 256" not in result.output
-        llm = open_llama(path, logits_all=True)
+        llm = open_llama(path)
         try:
-            llm.eval(ids)
-            got = torch.tensor(llm.scores[: len(ids)])
+            got = torch.tensor(llm.logits(ids))
         finally:
             llm.close()
         # Logits at every position point the same way as PyTorch's, less closely with fewer bits.
@@ -93,9 +92,10 @@ def test_k_quants_come_from_llama_cpp_and_stay_close_to_pytorch(
         agree = (got.argmax(-1) == expected.argmax(-1)).float().mean()
         assert float(agree) >= 0.85, (outtype, float(agree))
     assert sizes["q4_k_m"] < sizes["q5_k_m"] < sizes["q6_k"] < sizes["f16"]
-    # Only the finished files: the f16 intermediate and the temporaries are gone.
+    # Only the finished files and the fidelity check's record beside each (export checks by
+    # default): the f16 intermediate and the temporaries are gone.
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        f"model-{t}.gguf" for t in ("f16", *K_QUANTS)
+        f"model-{t}.gguf{record}" for t in ("f16", *K_QUANTS) for record in ("", ".fidelity.json")
     )
 
 
@@ -104,7 +104,7 @@ def test_widths_below_the_k_quant_block_fall_back_per_tensor(
 ) -> None:
     """Rows of 64 or 128 values cannot hold 256-value k-quant blocks: llama.cpp stores those
     tensors in a 32-value type instead, and the export says so."""
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python quantises")
+    pytest.importorskip("cyllama", reason="cyllama runs llama.cpp's quantiser")
     notes: list[str] = []
     path = export_checkpoint(
         str(tiny_model_dir), fmt="gguf", out=tmp_path / "m.gguf", outtype="q4_k_m",
@@ -114,7 +114,7 @@ def test_widths_below_the_k_quant_block_fall_back_per_tensor(
     assert read_metadata(path)["general.file_type"].value == 15
     llm = open_llama(path)
     try:
-        assert len(llm.tokenize(b"Hello world")) > 0
+        assert len(llm.tokenize("Hello world")) > 0
     finally:
         llm.close()
 
@@ -150,15 +150,15 @@ def test_the_cli_offers_every_gguf_type() -> None:
     assert {"--outtype", "--quantize"} <= set(option.opts)
 
 
-_WITHOUT_LLAMA_CPP = """
+_WITHOUT_CYLLAMA = """
 import sys
-sys.modules["llama_cpp"] = None  # llama-cpp-python not installed: its import fails
+sys.modules["cyllama"] = None  # cyllama not installed: its import fails
 from grpokit.cli import main
 main(sys.argv[1:])
 """
 
 
-def test_quantising_without_llama_cpp_python_says_what_to_install(
+def test_quantising_without_cyllama_says_what_to_install(
     tiny_model_factory: Callable[..., Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "m.gguf"
@@ -166,7 +166,7 @@ def test_quantising_without_llama_cpp_python_says_what_to_install(
         [
             sys.executable,
             "-c",
-            _WITHOUT_LLAMA_CPP,
+            _WITHOUT_CYLLAMA,
             "export",
             str(tiny_model_factory(seed=0)),
             "--format",
@@ -182,6 +182,7 @@ def test_quantising_without_llama_cpp_python_says_what_to_install(
     )
     assert done.returncode == 2, done.stderr
     message = " ".join(done.stderr.split())
-    assert "--outtype/--quantize q4_k_m" in message and "pip install llama-cpp-python" in message
+    assert "--outtype/--quantize q4_k_m" in message and "pip install 'cyllama" in message
+    assert "choose f16 or q8_0" in message
     assert "Traceback" not in done.stderr
     assert not out.exists()

@@ -110,46 +110,21 @@ def _llama_cpp_side(
 ) -> list[tuple[list[int], list[int]]]:
     """(prompt tokens, greedy completion) of each rendered prompt as llama.cpp's server has them:
     its own tokenizer, its BOS rule, a leading BOS the template wrote taken as that BOS."""
+    from grpokit.models.gguf_runtime import GGUFModel, require_cyllama
+
     try:
-        from llama_cpp import Llama
-    except ImportError as exc:  # pragma: no cover - the test set-up installs it
-        raise UserError(
-            "the fidelity check of a GGUF export runs it in llama.cpp: pip install "
-            "llama-cpp-python (or pass --check 0)"
-        ) from exc
-    llm = Llama(
-        model_path=str(path),
-        n_ctx=context,
-        n_threads=max(1, torch.get_num_threads()),
-        verbose=False,
-    )
-    try:
-        bos_text = llm.detokenize([llm.token_bos()], special=True).decode("utf-8", "replace")
+        require_cyllama("the fidelity check of a GGUF export")
+    except UserError as exc:
+        raise UserError(f"{exc}, or pass --check 0") from exc
+    with GGUFModel(path, n_ctx=context, n_threads=max(1, torch.get_num_threads())) as llm:
+        bos_text = llm.token_text(llm.token_bos)
         out = []
         for text in texts:
-            if llm.metadata.get("tokenizer.ggml.add_bos_token") == "true" and text.startswith(
-                bos_text
-            ):
+            if llm.adds_bos and text.startswith(bos_text):
                 text = text[len(bos_text) :]
-            prompt = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-            completion: list[int] = []
-            llm.reset()  # type: ignore[no-untyped-call]
-            for token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0):
-                if llm.token_eos() == token or _is_end(llm, token):
-                    break
-                completion.append(int(token))
-                if len(completion) >= max_new_tokens:
-                    break
-            out.append((list(prompt), completion))
+            prompt = llm.tokenize(text, add_bos=True, special=True)
+            out.append((prompt, llm.greedy(prompt, max_new_tokens, stop_at_end=True)))
         return out
-    finally:
-        llm.close()
-
-
-def _is_end(llm: Any, token: int) -> bool:
-    import llama_cpp
-
-    return bool(llama_cpp.llama_vocab_is_eog(llama_cpp.llama_model_get_vocab(llm.model), token))
 
 
 def check_export(

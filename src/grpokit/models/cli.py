@@ -32,7 +32,7 @@ from grpokit.cli_options import out_option
     default="f16",
     show_default=True,
     help="GGUF tensor type (norms stay f32). q4_k_m, q5_k_m and q6_k are llama.cpp's k-quant "
-    "mixes, made by its own quantiser from f16 (needs llama-cpp-python).",
+    "mixes, made by its own quantiser from f16 (needs cyllama: pip install cyllama).",
 )
 @click.option(
     "--dtype",

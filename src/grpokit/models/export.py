@@ -176,7 +176,7 @@ def export_checkpoint(
         out: the directory (hf) or ``.gguf`` file (gguf; an existing directory gets a file
             named after the checkpoint).
         outtype: GGUF tensor type, one of :data:`~grpokit.models.gguf_export.GGUF_TYPES`
-            (``q4_k_m``, ``q5_k_m`` and ``q6_k`` need llama-cpp-python).
+            (``q4_k_m``, ``q5_k_m`` and ``q6_k`` need cyllama).
         dtype: weights' dtype of the HF export.
         log: where progress notes go.
     """

@@ -104,7 +104,7 @@ def encode_tensor(array: np.ndarray, outtype: WrittenType) -> tuple[np.ndarray, 
 
 
 def check_outtype(outtype: str) -> None:
-    """:class:`UserError` for an unknown output type, or a k-quant mix without llama-cpp-python
+    """:class:`UserError` for an unknown output type, or a k-quant mix without llama.cpp (cyllama)
     (checked before any work)."""
     if outtype not in GGUF_TYPES:
         raise UserError(f"{OUTTYPE_OPTION} {outtype}: use one of {', '.join(GGUF_TYPES)}.")
@@ -406,7 +406,7 @@ def write_gguf(
         model: the model; its config decides the architecture mapping.
         tokenizer: its tokenizer (vocabulary, special tokens, chat template).
         out: the file to write; it appears complete or not at all (written beside, renamed).
-        outtype: tensor storage, one of :data:`GGUF_TYPES`; a k-quant mix needs llama-cpp-python.
+        outtype: tensor storage, one of :data:`GGUF_TYPES`; a k-quant mix needs cyllama.
         source: the GGUF the model was converted from, whose metadata is carried over.
         name: ``general.name`` (default: the source's, or "grpokit model").
         log: where notes go.

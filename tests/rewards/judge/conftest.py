@@ -3,8 +3,9 @@
 - ``fake_judge``: a small threaded HTTP server speaking the OpenAI chat API whose answers each
   test scripts (fail twice, answer slowly, ...). It stands in for a remote service, which is
   outside the thing under test (our client, retries, cache and parsing are real).
-- ``llama_server``: a real llama.cpp OpenAI-compatible server (``llama-cpp-python[server]``)
-  serving the embedded SmolLM2 GGUF, started once per session on a free port.
+- ``llama_server``: a real llama.cpp OpenAI-compatible server (llama.cpp's own C++ server, from
+  the prebuilt ``xllamacpp`` wheel, started by ``grpokit.rewards.judge.local_server``) serving
+  the embedded SmolLM2 GGUF, started once per session on a free port.
 - ``start_llama_server``: starts a private one a test may stop.
 """
 
@@ -26,6 +27,8 @@ from typing import Any
 
 import httpx
 import pytest
+
+from grpokit.rewards.judge.local_server import XLLAMACPP_REQUIREMENT as XLLAMACPP
 
 
 def free_port() -> int:
@@ -175,11 +178,8 @@ def _gguf_path() -> Path:
 
 
 def launch_llama_server(log_dir: Path) -> LlamaServer:
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip(
-            "llama-cpp-python is not installed; install it with "
-            "CMAKE_ARGS='-DGGML_NATIVE=OFF' pip install 'llama-cpp-python[server]'"
-        )
+    if importlib.util.find_spec("xllamacpp") is None:
+        pytest.skip(f"xllamacpp is not installed; install it with pip install '{XLLAMACPP}'")
     try:
         gguf = _gguf_path()
     except Exception as exc:  # the embedded model package is a set-up step too
@@ -187,14 +187,13 @@ def launch_llama_server(log_dir: Path) -> LlamaServer:
     port = free_port()
     log = log_dir / f"llama-server-{port}.log"
     command = [
-        sys.executable, "-m", "llama_cpp.server",
+        sys.executable, "-m", "grpokit.rewards.judge.local_server",
         "--model", str(gguf),
-        "--model_alias", LLAMA_MODEL_ALIAS,
+        "--alias", LLAMA_MODEL_ALIAS,
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--n_ctx", "2048",
-        "--n_threads", "2",
-        "--verbose", "False",
+        "--ctx", "2048",
+        "--threads", "2",
     ]  # fmt: skip
     with log.open("wb") as handle:
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)

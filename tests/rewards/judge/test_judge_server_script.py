@@ -22,8 +22,8 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_start_url_stop(tmp_path: Path) -> None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        pytest.skip("llama-cpp-python is not installed")
+    if importlib.util.find_spec("xllamacpp") is None:
+        pytest.skip("xllamacpp is not installed")
     state = tmp_path / "server"
     started = _run("start", "--dir", str(state))
     try:

@@ -1,5 +1,5 @@
 """The openai backend against a real llama.cpp OpenAI-compatible server serving the embedded
-SmolLM2 GGUF (skipped only when llama-cpp-python is not installed)."""
+SmolLM2 GGUF (skipped only when xllamacpp is not installed)."""
 
 from __future__ import annotations
 
