@@ -58,8 +58,12 @@ def test_sampling_frequencies_follow_filtered_distribution() -> None:
     for p, f in zip(target.tolist(), freq.tolist(), strict=True):
         # 5 standard errors
         assert abs(p - f) <= 5 * math.sqrt(max(p * (1 - p), 1e-12) / draws) + 1e-9
-    # log-probs are of the untruncated tempered distribution
-    torch.testing.assert_close(logps, full.log()[tokens])
+    # log-probs are of the distribution drawn from: the tempered one renormalised over the kept
+    # tokens, log p - log S with S the kept mass
+    mass = full[~torch.isinf(kept)].sum()
+    assert 0.9 < float(mass) < 1.0
+    torch.testing.assert_close(logps, full.log()[tokens] - mass.log())
+    torch.testing.assert_close(logps, target.log()[tokens])
 
 
 def assert_frequencies(tokens: torch.Tensor, target: torch.Tensor, draws: int) -> None:

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from grpokit.core.truncation import truncate_logits, truncates
+
 
 def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Set every logit below the k-th largest of its row to -inf (ties with it are kept).
@@ -127,8 +129,10 @@ def sample_next_tokens(
             prompt and completion so far.
 
     Returns:
-        tokens (B,) int64 and their log-probs (B,) float32 under the model's softmax(logits / T)
-        before any penalty or truncation (T = 1 when greedy): what a trainer recomputes.
+        tokens (B,) int64 and their log-probs (B,) float32 under the distribution they were drawn
+        from, as the trainer recomputes it: softmax(logits / T) truncated by top-k / top-p and
+        renormalised over the kept tokens (grpokit.core.truncation; the full softmax when neither
+        truncates), before any penalty or min-p; T = 1 and no truncation when greedy.
     """
     scaled = logits.float()
     if temperature > 0 and temperature != 1.0:
@@ -146,6 +150,10 @@ def sample_next_tokens(
         tokens = _sample_truncated(drawn, top_k=top_k, top_p=top_p, generator=generator)
     else:
         tokens = _inverse_cdf(torch.softmax(drawn, dim=-1), generator)
+    if temperature > 0 and top_k != 1 and truncates(top_k, top_p, vocab):
+        # The kept set by the rule the trainer applies (core.truncation), the drawn token in it.
+        kept = truncate_logits(scaled, top_k=top_k, top_p=top_p, token_ids=tokens)
+        return tokens, _chosen_logprobs(kept, tokens)
     return tokens, _chosen_logprobs(scaled, tokens)
 
 
