@@ -192,3 +192,14 @@ def test_engine_repetition_penalty_discourages_the_prompts_tokens(
         SamplingParams(max_completion_length=4, repetition_penalty=0)
     with pytest.raises(ValueError, match="min_p must be in"):
         SamplingParams(max_completion_length=4, min_p=1.5)
+
+
+def test_ties_at_the_kth_logit_are_drawn_and_reported_as_vllm_keeps_them() -> None:
+    """top_k 2 with the 2nd and 3rd logits equal: all three are kept (vLLM's rule, and the
+    trainer's), drawn in proportion, and reported under the distribution renormalised on them."""
+    logits = torch.tensor([[1.0, 0.0, 0.0, -2.0]]).expand(30_000, -1)
+    gen = torch.Generator().manual_seed(0)
+    tokens, logps = sample_next_tokens(logits, temperature=1.0, top_k=2, top_p=1.0, generator=gen)
+    target = torch.softmax(torch.tensor([1.0, 0.0, 0.0, float("-inf")]), -1)
+    assert_frequencies(tokens, target, len(tokens))
+    torch.testing.assert_close(logps, target.log()[tokens])
