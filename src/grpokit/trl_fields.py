@@ -499,6 +499,8 @@ GRPOKIT_ONLY: dict[str, str] = {
     "vllm_lora_sync": "a LoRA adapter synced to vLLM alone or merged into dense weights",
     "max_staleness": "TRL's AsyncGRPOConfig field (its separate async trainer): generation "
     "ahead of the update",
+    "truncated_logprobs": "top-k / top-p: the trainer's ratios on the truncated sampling "
+    "distribution the tokens were drawn from (TRL issue #6789; NeMo-RL, prime-rl do the same)",
 }
 """training: fields that are not GRPOConfig's (older TRL names, and grpokit's own)."""
 

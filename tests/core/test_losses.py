@@ -540,3 +540,22 @@ def test_mismatch_is_measured_without_changing_the_loss_when_not_corrected() -> 
     torch.testing.assert_close(measured.loss, plain.loss)
     assert float(measured.metrics["mismatch/kl"]) > 0
     assert "mismatch/masked_frac" not in measured.metrics
+
+
+def test_truncated_sampling_keeps_the_kl_on_the_full_log_probs() -> None:
+    """logp scores the truncated distribution (0.5 / 0.8 with kept mass S = 0.8), kl_logp the
+    full one (0.4): the KL compares 0.4 with the reference's 0.2 (k3 = 0.5 - ln 0.5 - 1), and S is
+    logged; padding (mask 0) counts in neither."""
+    logp = torch.tensor([[math.log(0.5), 7.0]], requires_grad=True)
+    kl_logp = torch.tensor([[math.log(0.4), -3.0]])
+    ref = torch.tensor([[math.log(0.2), 0.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    x = LossInputs(logp, None, torch.tensor([1.0]), mask, ref, kl_logp=kl_logp)
+    out = policy_loss(x, LossSettings(beta=0.1, loss_type="bnpo"))
+    k3_want = 0.5 - math.log(0.5) - 1
+    assert float(out.metrics["kl"]) == pytest.approx(k3_want, rel=1e-6)
+    assert float(out.metrics["sampling/kept_mass"]) == pytest.approx(0.8, rel=1e-6)
+    # the policy term -A * ratio (1 in value) plus beta * k3
+    assert float(out.loss) == pytest.approx(-1.0 + 0.1 * k3_want, rel=1e-6)
+    plain = policy_loss(x.__class__(logp, None, torch.tensor([1.0]), mask, ref), LossSettings())
+    assert "sampling/kept_mass" not in plain.metrics

@@ -58,8 +58,12 @@ def test_sampling_frequencies_follow_filtered_distribution() -> None:
     for p, f in zip(target.tolist(), freq.tolist(), strict=True):
         # 5 standard errors
         assert abs(p - f) <= 5 * math.sqrt(max(p * (1 - p), 1e-12) / draws) + 1e-9
-    # log-probs are of the untruncated tempered distribution
-    torch.testing.assert_close(logps, full.log()[tokens])
+    # log-probs are of the distribution drawn from: the tempered one renormalised over the kept
+    # tokens, log p - log S with S the kept mass
+    mass = full[~torch.isinf(kept)].sum()
+    assert 0.9 < float(mass) < 1.0
+    torch.testing.assert_close(logps, full.log()[tokens] - mass.log())
+    torch.testing.assert_close(logps, target.log()[tokens])
 
 
 def assert_frequencies(tokens: torch.Tensor, target: torch.Tensor, draws: int) -> None:
@@ -188,3 +192,14 @@ def test_engine_repetition_penalty_discourages_the_prompts_tokens(
         SamplingParams(max_completion_length=4, repetition_penalty=0)
     with pytest.raises(ValueError, match="min_p must be in"):
         SamplingParams(max_completion_length=4, min_p=1.5)
+
+
+def test_ties_at_the_kth_logit_are_drawn_and_reported_as_vllm_keeps_them() -> None:
+    """top_k 2 with the 2nd and 3rd logits equal: all three are kept (vLLM's rule, and the
+    trainer's), drawn in proportion, and reported under the distribution renormalised on them."""
+    logits = torch.tensor([[1.0, 0.0, 0.0, -2.0]]).expand(30_000, -1)
+    gen = torch.Generator().manual_seed(0)
+    tokens, logps = sample_next_tokens(logits, temperature=1.0, top_k=2, top_p=1.0, generator=gen)
+    target = torch.softmax(torch.tensor([1.0, 0.0, 0.0, float("-inf")]), -1)
+    assert_frequencies(tokens, target, len(tokens))
+    torch.testing.assert_close(logps, target.log()[tokens])

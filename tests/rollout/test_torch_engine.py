@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from grpokit.core.truncation import truncated_log_softmax
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import onednn_available, set_compute_dtype
 from grpokit.rollout import decoders, torch_engine
@@ -80,12 +81,19 @@ def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new: int, eos: list
 
 
 def recomputed_logprobs(
-    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
+    model: torch.nn.Module,
+    prompt: list[int],
+    completion: list[int],
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> torch.Tensor:
+    """Log-probs of ``completion`` under softmax(logits / T), truncated by top_k / top_p and
+    renormalised over the kept tokens (core.truncation's rule) where they are set."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].float() / temperature
-    logp = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    logp, _ = truncated_log_softmax(logits[len(prompt) - 1 : -1], top_k=top_k, top_p=top_p)
     return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
 
 
@@ -129,7 +137,8 @@ def test_logprobs_equal_full_forward_recomputation(
     for row, completion in enumerate(batch.completion_ids):
         got = batch.logprobs[row]
         assert got.dtype == torch.float32 and got.shape == (len(completion),)
-        want = recomputed_logprobs(model, PROMPTS[batch.prompt_index(row)], completion, 0.7)
+        prompt = PROMPTS[batch.prompt_index(row)]
+        want = recomputed_logprobs(model, prompt, completion, 0.7, top_k=50, top_p=0.9)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4)
 
 
@@ -203,8 +212,10 @@ def test_truncation_to_one_token_is_greedy(
     )
     for i, want in enumerate(greedy.completion_ids):
         assert sampled.completion_ids[2 * i] == sampled.completion_ids[2 * i + 1] == want
-    # log-probs are of the untruncated distribution (< 0), not of the one-token distribution (0)
-    assert all(bool((lp < -1e-3).all()) for lp in sampled.logprobs)
+    if "top_k" in params:  # greedy: log-probs of the untruncated distribution (< 0)
+        assert all(bool((lp < -1e-3).all()) for lp in sampled.logprobs)
+    else:  # of the distribution drawn from, as the trainer scores it: one token, log-prob 0
+        assert all(bool((lp == 0).all()) for lp in sampled.logprobs)
 
 
 def test_prompts_encoded_once_and_finished_rows_dropped(

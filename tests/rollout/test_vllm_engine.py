@@ -20,6 +20,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from grpokit.core.losses import (
+    LossInputs,
+    LossSettings,
+    MismatchCorrection,
+    mismatch_weights,
+    policy_loss,
+)
 from grpokit.errors import UserError
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
@@ -39,7 +46,7 @@ from grpokit.rollout.vllm_engine import (
     vllm_param_name,
     vllm_platform,
 )
-from grpokit.train.forward import completion_logprobs, pack
+from grpokit.train.forward import completion_logprobs, completion_scores, pack
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(
@@ -374,3 +381,68 @@ def test_server_mode_without_a_server_is_a_clear_error(tiny_model: torch.nn.Modu
         VLLMEngine(
             tiny_model, model_path="unused", eos_token_ids=[EOS], mode="server", server_url=url
         )
+
+
+def _mismatch_metrics(
+    sampler: list[torch.Tensor], trainer: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
+    """The loss's mismatch metrics (TRL's default correction: sequence_mask, clip_max 3) for the
+    sampler's and the trainer's log-probs of the same tokens, on-policy (mu = 1: old = trainer),
+    and ``weight_mean``: the mean correction weight, the share of each token's gradient left."""
+    sampler_logp = torch.nn.utils.rnn.pad_sequence(sampler, batch_first=True)
+    width = sampler_logp.shape[1]
+    trainer, mask = trainer[:, :width].cpu(), mask[:, :width].cpu()
+    correction = MismatchCorrection()
+    x = LossInputs(trainer, None, torch.ones(len(sampler)), mask, sampler_logp=sampler_logp)
+    out = policy_loss(x, LossSettings(mismatch=correction))
+    weight, _, _ = mismatch_weights(trainer, sampler_logp, mask.bool(), correction)
+    metrics = {k: float(v) for k, v in out.metrics.items() if k.startswith("mismatch/")}
+    return metrics | {"weight_mean": float(weight[mask.bool()].mean())}
+
+
+@pytest.mark.slow
+@needs_vllm
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 0.9), (20, 0.9)])
+def test_truncated_sampling_ratios_on_the_distribution_vllm_draws_from(
+    vllm_tiny_model_dir: Path, top_k: int, top_p: float, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM exactly synchronised with a float32 policy, sampling with top_p 0.9 (and top_k 20):
+    its processed_logprobs are of the truncated distribution. Scored on the full softmax (the
+    trainer before training.truncated_logprobs) every token's ratio is S, the kept mass, and the
+    mismatch metrics sit far from 0; scored on the same truncated distribution they are float32
+    rounding."""
+    policy = load_policy(
+        str(vllm_tiny_model_dir), dtype="float32", need_reference=False, device=_device()
+    )
+    engine = _engine(policy.model, vllm_tiny_model_dir)
+    engine.sync_weights()
+    params = SamplingParams(
+        max_completion_length=32, temperature=TEMPERATURE, top_k=top_k, top_p=top_p
+    )
+    batch = engine.generate(PROMPTS, 8, params)
+    prompts = [PROMPTS[i // batch.group_size] for i in range(len(batch))]
+    tokens = pack(prompts, batch.completion_ids, pad_token_id=EOS).to(_device())
+    with torch.no_grad():
+        full, _, _ = completion_scores(policy.model, tokens, temperature=TEMPERATURE)
+        truncated, _, log_kept = completion_scores(
+            policy.model, tokens, temperature=TEMPERATURE, truncation=(top_k, top_p)
+        )
+    assert log_kept is not None
+    mask = tokens.completion_mask
+    before = _mismatch_metrics(batch.logprobs, full, mask)
+    after = _mismatch_metrics(batch.logprobs, truncated, mask)
+    kept_mass = float(log_kept.exp()[mask.bool()].mean().cpu())
+    with capsys.disabled():
+        print(f"\ntop_k={top_k} top_p={top_p} kept mass {kept_mass:.4f}")
+        print(f"  full softmax (before): {before}\n  truncated (after):     {after}")
+    gaps = [
+        float((truncated[i, : len(lp)].cpu() - lp).abs().max())
+        for i, lp in enumerate(batch.logprobs)
+    ]
+    assert max(gaps) < AGREE
+    assert after["mismatch/kl"] < 1e-6 and abs(after["mismatch/max_ratio"] - 1) < 1e-2
+    assert after["mismatch/masked_frac"] == 0.0 and after["weight_mean"] > 0.95
+    assert kept_mass < 0.97
+    assert before["mismatch/kl"] > 100 * max(after["mismatch/kl"], 1e-8)
+    assert before["mismatch/max_ratio"] < 1.0  # every token's ratio is its S < 1
+    assert before["weight_mean"] < 0.5  # the correction scales most of the gradient away

@@ -14,10 +14,11 @@ import torch
 from transformers import LlamaForCausalLM
 
 from grpokit.core.losses import LossInputs, LossSettings, policy_loss
+from grpokit.core.truncation import truncate_logits
 from grpokit.errors import UserError
 from grpokit.models.loading import LoraSettings, Policy, load_policy
 from grpokit.models.onednn import onednn_available, set_compute_dtype
-from grpokit.train.forward import completion_logprobs, pack
+from grpokit.train.forward import completion_logprobs, completion_scores, pack
 
 PAD = 2
 # Two groups of 3 (prompts of different lengths, so left padding is exercised) and a row with a
@@ -273,3 +274,55 @@ def test_bf16_old_and_new_logprobs_are_identical(
         LossSettings(loss_type="grpo", epsilon_low=1e-3, epsilon_high=1e-3),
     )
     assert float(out.metrics["clip_ratio/region_mean"]) == 0.0
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_truncated_scores_on_every_path(
+    tiny_model_factory: Callable[..., Path], float64: Callable[[Any], Any], lora: bool
+) -> None:
+    """top_k 20, top_p 0.9 at temperature 0.7, in float64: on every forward path (all positions
+    projected at once, in chunks, prompts shared, packed) the log-probs are
+    core.truncation's of the model's logits (the targets counted as kept), log S is the full
+    log-prob less them, and the gradients of both agree with the plain path's."""
+    model = float64(_lora_or_full(tiny_model_factory(seed=2, initializer_range=0.3), lora))
+    batch = pack(PROMPTS, COMPLETIONS, PAD)
+    mask = batch.completion_mask.double()
+    weights = torch.arange(1, mask.numel() + 1, dtype=torch.float64).view_as(mask)
+    truncation = (20, 0.9)
+    with torch.no_grad():
+        logits = (
+            model(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+            ).logits[:, batch.prompt_length - 1 : -1]
+            / 0.7
+        )
+    kept = truncate_logits(logits, top_k=20, top_p=0.9, token_ids=batch.completion_ids)
+    want = torch.log_softmax(kept, -1).gather(-1, batch.completion_ids[..., None])[..., 0]
+    full = torch.log_softmax(logits, -1).gather(-1, batch.completion_ids[..., None])[..., 0]
+    assert float((full - want)[mask.bool()].max()) < -0.1  # the truncation removes mass
+    paths = {
+        "plain": {"logprob_chunk_size": 0, "share_prompts": False},
+        "chunked": {"logprob_chunk_size": 5, "share_prompts": False},
+        "shared-chunked": {"logprob_chunk_size": 5, "share_prompts": True},
+        "packed": {"logprob_chunk_size": 5, "padding_free": True},
+    }
+    grads: dict[str, dict[str, torch.Tensor]] = {}
+    for name, kwargs in paths.items():
+        model.zero_grad()
+        logp, entropy, log_kept = completion_scores(
+            model, batch, temperature=0.7, with_entropy=True, truncation=truncation, **kwargs
+        )
+        assert log_kept is not None and entropy is not None
+        torch.testing.assert_close(logp * mask, want * mask, rtol=0, atol=1e-10)
+        torch.testing.assert_close(log_kept * mask, (full - want) * mask, rtol=0, atol=1e-10)
+        ((logp * weights + (logp + log_kept) * weights.flip(-1)) * mask).sum().backward()
+        grads[name] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    for name, got in grads.items():
+        assert got.keys() == grads["plain"].keys() and len(got) > 0
+        for param, g in got.items():
+            error = float((g - grads["plain"][param]).norm() / grads["plain"][param].norm())
+            assert error < 1e-10, (name, param, error)
+    untruncated = completion_scores(model, batch, temperature=0.7, truncation=(0, 1.0))
+    assert untruncated[2] is None

@@ -339,3 +339,46 @@ def _check_reference_from_the_engine(trainer: GRPOTrainer, monkeypatch: pytest.M
     mask = exp.micro_batch(rows[0], trainer.pad_token_id).completion_mask.bool()
     assert float((got - want)[mask].abs().max()) < 2e-4
     assert float((policy - want)[mask].abs().max()) > 1e-2  # the adapter is on
+
+
+@pytest.mark.parametrize("truncated", [True, False], ids=["truncated", "full-softmax"])
+def test_top_p_and_top_k_ratios_on_the_distribution_drawn_from(
+    make_config: Callable[..., GRPOKitConfig], truncated: bool
+) -> None:
+    """top_p 0.9 and top_k 20 on the torch engine: the engine reports log-probs of the truncated
+    distribution. The trainer scoring the same (the default) leaves float32 rounding between
+    sampler and trainer and an old/current ratio of exactly 1 on-policy; scoring the full softmax
+    (truncated_logprobs: false, what the trainer did before) puts log S into every ratio."""
+    cfg = make_config(
+        top_p=0.9, top_k=20, beta=0.04, num_iterations=2, max_steps=1,
+        truncated_logprobs=truncated,
+    )  # fmt: skip
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    exp = trainer.collect().experience
+    assert exp is not None
+    rows = [slice(0, len(exp))]
+    batch = exp.micro_batch(rows[0], trainer.pad_token_id).to(trainer.device)
+    mask = batch.completion_mask.bool()
+    with torch.no_grad():
+        old = trainer._frozen_logprobs(contextlib.nullcontext(trainer.policy.model), exp, rows)[0]
+    logp, _, log_kept = trainer._logprobs(trainer.policy.model, batch, with_entropy=True)
+    sampler = exp.sampler_logprobs(rows[0])
+    assert old is not None and sampler is not None
+    gap = (sampler.to(logp.device) - logp.detach())[mask]
+    if truncated:
+        assert log_kept is not None and float(log_kept[mask].max()) < -1.0  # S well below 1
+        assert torch.equal(old[mask], logp.detach()[mask])  # the ratio is exactly 1 on-policy
+        assert float(gap.abs().max()) < 1e-4
+    else:
+        assert log_kept is None
+        assert float(gap.min()) > 1.0  # every token's sampler log-prob exceeds by -log S
+    record = trainer.train().history[0]
+    if truncated:
+        assert 0.0 <= record["mismatch/kl"] < 1e-6
+        assert record["mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+        assert 0.0 < record["sampling/kept_mass"] < 0.05
+        assert record["kl"] == pytest.approx(0.0, abs=1e-6)  # on the full softmax: policy = ref
+        assert record["clip_ratio/region_mean"] == 0.0
+    else:
+        assert record["mismatch/kl"] > 1.0 and record["mismatch/max_ratio"] < 0.05
+        assert "sampling/kept_mass" not in record

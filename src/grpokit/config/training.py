@@ -328,6 +328,17 @@ class TrainingConfig(_Strict):
         description="Upper bound of the mismatch ratio.",
         json_schema_extra=_LOSS,
     )
+    truncated_logprobs: bool = Field(
+        True,
+        description="With top_p < 1 or top_k > 1, the trainer scores its current and old "
+        "log-probs under the sampling distribution truncated by top-k / top-p and renormalised "
+        "over the kept tokens, the distribution the tokens were drawn from and the engines report "
+        "(vLLM's processed_logprobs): the ratios then hold no log S, S the kept mass. The KL "
+        "towards the reference stays on the untruncated log-probs; S is logged as "
+        "sampling/kept_mass. false: the full softmax (each token's sampler ratio then carries "
+        "S, and the mismatch correction truncates or masks for it).",
+        json_schema_extra=_LOSS,
+    )
     num_iterations: int = Field(
         1,
         ge=1,

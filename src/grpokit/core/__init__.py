@@ -1,4 +1,5 @@
-"""Pure torch math of GRPO: advantages, KL estimators, policy losses, log-probs, theory, stats.
+"""Pure torch math of GRPO: advantages, KL estimators, policy losses, log-probs, top-k / top-p
+truncation, theory, stats.
 
 Nothing here reads files or config objects; every hyperparameter is a keyword argument.
 """
@@ -29,6 +30,7 @@ from grpokit.core.losses import (
 )
 from grpokit.core.stats import paired_difference, pass_at_k, wilson_interval, zero_variance_share
 from grpokit.core.theory import FixedPoint, fixed_point, fixed_points, h, h_prime, iterate
+from grpokit.core.truncation import kept_tokens, truncate_logits, truncated_log_softmax
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -53,6 +55,7 @@ __all__ = [
     "k1",
     "k2",
     "k3",
+    "kept_tokens",
     "masked_mean",
     "normalize_then_sum",
     "pass_at_k",
@@ -62,6 +65,8 @@ __all__ = [
     "reward_zero_std_mask",
     "rewards_zero_std_mask",
     "selective_log_softmax",
+    "truncate_logits",
+    "truncated_log_softmax",
     "wilson_interval",
     "zero_variance_share",
 ]

@@ -42,7 +42,14 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["entropy_from_logits", "head_logprobs", "selective_log_softmax"]
+from grpokit.core.truncation import truncate_logits, truncates
+
+__all__ = [
+    "entropy_from_logits",
+    "head_logprobs",
+    "head_scores",
+    "selective_log_softmax",
+]
 
 DEFAULT_CHUNK_SIZE = 512
 
@@ -222,8 +229,38 @@ def head_logprobs(
     with_entropy: bool = False,
     head_requires_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
+    """:func:`head_scores` without truncation: (log-probs, entropy or None)."""
+    logp, entropy, _ = head_scores(
+        hidden,
+        head,
+        token_ids,
+        chunk_size=chunk_size,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        head_requires_grad=head_requires_grad,
+    )
+    return logp, entropy
+
+
+def head_scores(
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    token_ids: Tensor,
+    *,
+    chunk_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    head_requires_grad: bool = True,
+    truncation: tuple[int, float] | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-probabilities of ``token_ids`` under softmax(head(hidden) / temperature), and optionally
     the entropy of that distribution, with at most ``chunk_size`` positions' logits at a time.
+
+    ``truncation`` (top_k, top_p): the log-probs are those of the distribution truncated by top-k
+    / top-p and renormalised over the kept tokens, each target counted as kept
+    (grpokit.core.truncation), and the third value is log S (..., N), the log of the kept mass
+    (<= 0, differentiable like the log-probs): log-probs + log S are the untruncated ones. The
+    entropy stays that of the untruncated distribution. Without it the third value is None.
 
     With ``head_requires_grad`` (the head's parameters are trained) each chunk's logits but the
     last chunk's are recomputed in the backward pass (the last chunk's are kept, so at most
@@ -241,6 +278,7 @@ def head_logprobs(
     parameters, the entropy a detached metric. Equal, up to the rounding of a product split
     into chunks, to ``selective_log_softmax(head(hidden) / temperature, token_ids)``.
     """
+    truncated = truncation is not None and truncates(*truncation)
     _check_chunk_size(chunk_size)
     if tuple(token_ids.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(
@@ -254,14 +292,25 @@ def head_logprobs(
         if temperature != 1.0:
             # Upcast first: bfloat16 logits divided in bfloat16 would round once more.
             logits = logits.to(_result_dtype(logits)) / temperature
-        # In their own smaller steps: a (chunk_size, V) temporary per operation of theirs would
-        # double or triple the chunk's memory. The entropy makes four temporaries a step.
-        # The logits are this function's own (the checkpoint recomputes them for its backward).
-        logp = selective_log_softmax(logits, chunk_ids, overwrite_logits=True)
         # The backward pass runs this again; the entropy is wanted once.
         if with_entropy and not entropy_out:
             entropy_out.append(entropy_from_logits(logits.detach(), chunk_size=_ENTROPY_ROWS))
-        return logp
+        # In their own smaller steps: a (chunk_size, V) temporary per operation of theirs would
+        # double or triple the chunk's memory. The entropy makes four temporaries a step.
+        # The logits are this function's own (the checkpoint recomputes them for its backward).
+        if not truncated:
+            return selective_log_softmax(logits, chunk_ids, overwrite_logits=True)
+        assert truncation is not None
+        # A truncated copy beside the logits: one more (chunk_size, V) tensor. Stacked, log-probs
+        # over log S, so that one value per row serves the checkpoint and the row-wise gradient.
+        # A frozen head takes two backward passes over the chunk (one per row), and the first
+        # must leave the logits to the second.
+        top_k, top_p = truncation
+        overwrite = head_requires_grad
+        kept = truncate_logits(logits, top_k=top_k, top_p=top_p, token_ids=chunk_ids)
+        logp = selective_log_softmax(kept, chunk_ids, overwrite_logits=overwrite)
+        full = selective_log_softmax(logits, chunk_ids, overwrite_logits=overwrite)
+        return torch.stack([logp, full - logp])
 
     logps: list[Tensor] = []
     entropies: list[Tensor] = []
@@ -272,8 +321,12 @@ def head_logprobs(
             with torch.enable_grad():
                 detached = h.detach().requires_grad_(True)
                 value = chunk_logprobs(detached, chunk_ids, entropy_out)
-                (jacobian,) = torch.autograd.grad(value.sum(), detached)
-            logp = _RowwiseGradient.apply(h, value.detach(), jacobian)  # type: ignore[no-untyped-call]
+                if truncated:  # each of the two rows its own gradient: two backward passes
+                    logp = torch.stack(
+                        [_rowwise(h, detached, value[i], retain=i == 0) for i in range(2)]
+                    )
+                else:
+                    logp = _rowwise(h, detached, value, retain=False)
         elif torch.is_grad_enabled() and start + chunk_size < rows.shape[0]:
             # Keeps only h for the backward pass, not the (chunk, V) logits.
             logp = checkpoint(
@@ -290,10 +343,20 @@ def head_logprobs(
         entropies += entropy_out
     if not logps:
         empty = hidden.new_zeros(token_ids.shape, dtype=_result_dtype(hidden))
-        return empty, (empty if with_entropy else None)
-    logp_all = torch.cat(logps).reshape(token_ids.shape)
+        return empty, (empty if with_entropy else None), (empty if truncated else None)
     entropy = torch.cat(entropies).reshape(token_ids.shape) if with_entropy else None
-    return logp_all, entropy
+    if not truncated:
+        return torch.cat(logps).reshape(token_ids.shape), entropy, None
+    both = torch.cat(logps, dim=1)
+    return both[0].reshape(token_ids.shape), entropy, both[1].reshape(token_ids.shape)
+
+
+def _rowwise(h: Tensor, detached: Tensor, value: Tensor, *, retain: bool) -> Tensor:
+    """``value`` (n,), computed from ``detached`` (a detached copy of ``h`` (n, H), row t from
+    row t alone), with its gradient routed to ``h`` through the per-row Jacobian taken now."""
+    (jacobian,) = torch.autograd.grad(value.sum(), detached, retain_graph=retain)
+    out: Tensor = _RowwiseGradient.apply(h, value.detach(), jacobian)  # type: ignore[no-untyped-call]
+    return out
 
 
 class _RowwiseGradient(torch.autograd.Function):

@@ -395,6 +395,12 @@ class LossInputs:
     sampler_logp: Tensor | None = None
     """(B, T) the sampler's log-probs of the same tokens (temperature-scaled, as logp): the gap
     is measured, and corrected where the settings say so."""
+    kl_logp: Tensor | None = None
+    """(B, T) the policy's log-probs for the KL term, with grad, where they differ from logp:
+    under top-k / top-p sampling logp (and old_logp, sampler_logp) score the truncated
+    distribution, and kl_logp = logp + log S the untruncated one that the reference's log-probs
+    score; the kept mass S = exp(kl_logp - logp) is then logged as ``sampling/kept_mass``.
+    None: logp."""
 
 
 @dataclass(frozen=True)
@@ -420,6 +426,7 @@ def _check_shapes(x: LossInputs) -> None:
         ("mask", x.mask),
         ("ref_logp", x.ref_logp),
         ("sampler_logp", x.sampler_logp),
+        ("kl_logp", x.kl_logp),
     )
     for name, other in others:
         if other is not None and tuple(other.shape) != expected:
@@ -469,9 +476,15 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
         correction = _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
         if correction is not None:
             per_token = per_token * correction
+    kl_logp_safe = logp_safe
+    if x.kl_logp is not None:
+        kl_logp_safe = torch.where(active, x.kl_logp.to(logp.dtype), zeros)
+        metrics["sampling/kept_mass"] = masked_mean(
+            torch.exp(kl_logp_safe - logp_safe).detach(), active
+        )
     if x.ref_logp is not None:
         ref_safe = torch.where(active, x.ref_logp.detach().to(logp.dtype), zeros)
-        kl_per_token = k3(logp_safe, ref_safe)
+        kl_per_token = k3(kl_logp_safe, ref_safe)
         metrics["kl"] = masked_mean(kl_per_token.detach(), active)
         if s.beta > 0.0:
             per_token = per_token + s.beta * kl_per_token

@@ -93,8 +93,10 @@ class RolloutBatch:
     Rows are group-major: completions ``i * n .. i * n + n - 1`` belong to prompt ``i``.
     ``completion_ids[b]`` includes the EOS token when ``finish_reason[b] == "eos"``.
     ``logprobs[b]`` (shape ``(len(completion_ids[b]),)``, float32, CPU) holds the log-probability of
-    each sampled token under the temperature-scaled distribution ``softmax(logits / T)`` before
-    top-k / top-p truncation: the quantity a trainer recomputes.
+    each sampled token under the distribution it was drawn from: ``softmax(logits / T)``, truncated
+    by top-k / top-p and renormalised over the kept tokens where they truncate (vLLM's
+    ``processed_logprobs``; grpokit.core.truncation gives the kept set), before any repetition
+    penalty or min-p: the quantity the trainer recomputes (training.truncated_logprobs).
 
     With tools (grpokit.rollout.agent), a completion spans several turns: ``tool_mask[b]``
     (same length as ``completion_ids[b]``) is 1 at tokens the model sampled and 0 at tool
@@ -105,7 +107,8 @@ class RolloutBatch:
     from an engine that generates ahead of training (grpokit.rollout.ahead); None otherwise.
 
     ``ref_logprobs[b]`` (like ``logprobs[b]``): the reference model's log-probabilities of the
-    same tokens under its ``softmax(logits / T)``, from an engine that scores them while it
+    same tokens under its ``softmax(logits / T)``, never truncated (they serve the KL), from an
+    engine that scores them while it
     generates (grpokit.rollout.torch_engine, a LoRA policy's base); None where the trainer
     computes them.
     """

@@ -7,6 +7,8 @@ import math
 
 import torch
 
+from grpokit.core.truncation import truncate_logits, truncates
+
 
 def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Set every logit below the k-th largest of its row to -inf (ties with it are kept).
@@ -127,8 +129,10 @@ def sample_next_tokens(
             prompt and completion so far.
 
     Returns:
-        tokens (B,) int64 and their log-probs (B,) float32 under the model's softmax(logits / T)
-        before any penalty or truncation (T = 1 when greedy): what a trainer recomputes.
+        tokens (B,) int64 and their log-probs (B,) float32 under the distribution they were drawn
+        from, as the trainer recomputes it: softmax(logits / T) truncated by top-k / top-p and
+        renormalised over the kept tokens (grpokit.core.truncation; the full softmax when neither
+        truncates), before any penalty or min-p; T = 1 and no truncation when greedy.
     """
     scaled = logits.float()
     if temperature > 0 and temperature != 1.0:
@@ -142,8 +146,14 @@ def sample_next_tokens(
     vocab = drawn.shape[-1]
     if temperature == 0 or top_k == 1:
         tokens = torch.argmax(drawn, dim=-1)
-    elif (0 < top_k < vocab) or top_p < 1.0:
-        tokens = _sample_truncated(drawn, top_k=top_k, top_p=top_p, generator=generator)
+    elif truncates(top_k, top_p, vocab):
+        tokens, log_kept = _sample_truncated(drawn, top_k=top_k, top_p=top_p, generator=generator)
+        if drawn is scaled:  # the draw's own kept set is core.truncation's: log p - log S
+            return tokens, _chosen_logprobs(scaled, tokens) - log_kept
+        # A penalty or min-p changed what was drawn; the report is of the trainer's set (the
+        # drawn token in it), as it recomputes it.
+        kept = truncate_logits(scaled, top_k=top_k, top_p=top_p, token_ids=tokens)
+        return tokens, _chosen_logprobs(kept, tokens)
     else:
         tokens = _inverse_cdf(torch.softmax(drawn, dim=-1), generator)
     return tokens, _chosen_logprobs(scaled, tokens)
@@ -173,31 +183,47 @@ def _sample_truncated(
     top_k: int,
     top_p: float,
     generator: torch.Generator | None,
-) -> torch.Tensor:
-    """Sample under top-k and/or top-p among the most likely candidates only.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample under top-k and/or top-p among the most likely candidates only, with the kept set
+    of grpokit.core.truncation (rows where a candidate pool cannot hold it, ties at the k-th
+    logit or a nucleus wider than the pool, take the exact full-vocabulary path).
 
     Args:
         scaled: (B, V) temperature-scaled logits.
 
     Returns:
-        tokens (B,).
+        tokens (B,) and log S (B,), the log of the kept mass of softmax(scaled).
     """
     vocab = scaled.shape[-1]
     k_on = 0 < top_k < vocab
+    log_total = torch.logsumexp(scaled, dim=-1)
     pool = top_k if k_on else min(vocab, TOP_P_CANDIDATES)
     values, index = torch.topk(scaled, pool, dim=-1)  # sorted, most likely first
+    if k_on and bool(((scaled >= values[:, -1:]).sum(dim=-1) > top_k).any()):
+        return _sample_exact(scaled, top_k=top_k, top_p=top_p, generator=generator)
     if top_p < 1.0:
         # After top-k the distribution is renormalised over the k kept tokens; without top-k the
         # pool is a prefix of the full distribution, so its probabilities are the full ones.
         if k_on:
             probs = torch.softmax(values, dim=-1)
         else:
-            probs = torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True))
-        if not k_on and bool((probs.sum(-1) < top_p).any()):
-            filtered = filter_top_p(scaled, top_p)
-            return _inverse_cdf(torch.softmax(filtered, dim=-1), generator)
+            probs = torch.exp(values - log_total[:, None])
+            if bool((probs.sum(-1) < top_p).any()):
+                return _sample_exact(scaled, top_k=top_k, top_p=top_p, generator=generator)
         mass_before = torch.cumsum(probs, dim=-1) - probs
-        probs = probs.masked_fill(mass_before >= top_p, 0.0)
+        dropped = mass_before >= top_p
+        probs = probs.masked_fill(dropped, 0.0)
+        values = values.masked_fill(dropped, float("-inf"))
     else:
         probs = torch.softmax(values, dim=-1)
-    return index.gather(-1, _inverse_cdf(probs, generator)[:, None]).squeeze(-1)
+    tokens = index.gather(-1, _inverse_cdf(probs, generator)[:, None]).squeeze(-1)
+    return tokens, torch.logsumexp(values, dim=-1) - log_total
+
+
+def _sample_exact(
+    scaled: torch.Tensor, *, top_k: int, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_sample_truncated` over the whole vocabulary: core.truncation's kept set."""
+    kept = truncate_logits(scaled, top_k=top_k, top_p=top_p)
+    tokens = _inverse_cdf(torch.softmax(kept, dim=-1), generator)
+    return tokens, torch.logsumexp(kept, dim=-1) - torch.logsumexp(scaled, dim=-1)

@@ -18,9 +18,10 @@ Two modes, one interface (:class:`~grpokit.rollout.base.RolloutEngine`):
   weights sent as a file (:mod:`grpokit.rollout.vllm_server`).
 
 vLLM and TRL are imported only when an engine is built, so grpokit imports without them. Both
-report log-probabilities of the temperature-scaled distribution (vLLM's ``processed_logprobs``),
-which is :class:`RolloutBatch`'s contract when top-k and top-p are off; the trainer recomputes
-the log-probabilities it optimises either way.
+report log-probabilities of the distribution vLLM samples from (``processed_logprobs``): after
+temperature and top-k / top-p, renormalised over the kept tokens, which is
+:class:`RolloutBatch`'s contract. The trainer scores the same truncated distribution
+(training.truncated_logprobs, grpokit.core.truncation), so their ratio carries no kept mass.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ disk) and asks the server to reload from it. The server is vLLM's own, started w
 
 :func:`server_command` gives the command line; :func:`start_server` runs it. Generation goes
 through ``/v1/completions`` with token ids in and out (``return_token_ids``) and the sampled
-tokens' log-probs (``logprobs: 0``, temperature-scaled with ``--logprobs-mode
-processed_logprobs``).
+tokens' log-probs (``logprobs: 0``; with ``--logprobs-mode processed_logprobs``, after
+temperature and top-k / top-p, renormalised over the kept tokens, as the trainer scores them).
 """
 
 from __future__ import annotations

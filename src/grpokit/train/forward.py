@@ -44,7 +44,8 @@ from typing import Any
 import torch
 
 from grpokit.config.training import TrainingConfig
-from grpokit.core.logprobs import entropy_from_logits, head_logprobs, selective_log_softmax
+from grpokit.core.logprobs import entropy_from_logits, head_scores, selective_log_softmax
+from grpokit.core.truncation import truncate_logits, truncates
 from grpokit.errors import UserError
 from grpokit.models.compat import (
     cache_kwarg,
@@ -59,8 +60,9 @@ from grpokit.models.onednn import compute_autocast
 DEFAULT_LOGPROB_CHUNK_SIZE: int = TrainingConfig.model_fields["logprob_chunk_size"].default
 """Positions projected to the vocabulary at once (training.logprob_chunk_size's default)."""
 
-Scores = tuple[torch.Tensor, torch.Tensor | None]
-"""Log-probabilities (B, n) of the target tokens and, when asked for, their entropy (B, n)."""
+Scores = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+"""Log-probabilities (B, n) of the target tokens, when asked for their entropy (B, n), and with a
+truncation log S (B, n), the log of the kept mass (log-probs + log S: the untruncated ones)."""
 
 
 @dataclass
@@ -141,8 +143,39 @@ def completion_logprobs(
     share_prompts: bool = True,
     logprob_chunk_size: int | None = DEFAULT_LOGPROB_CHUNK_SIZE,
     padding_free: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`completion_scores` without truncation: (log-probs (B, C), entropy (B, C) or None)."""
+    logp, entropy, _ = completion_scores(
+        model,
+        batch,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        share_prompts=share_prompts,
+        logprob_chunk_size=logprob_chunk_size,
+        padding_free=padding_free,
+    )
+    return logp, entropy
+
+
+def completion_scores(
+    model: torch.nn.Module,
+    batch: TokenBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prompts: bool = True,
+    logprob_chunk_size: int | None = DEFAULT_LOGPROB_CHUNK_SIZE,
+    padding_free: bool = False,
+    truncation: tuple[int, float] | None = None,
 ) -> Scores:
     """Log-probabilities (B, C) of the completion tokens, and optionally the entropy (B, C).
+
+    ``truncation`` (top_k, top_p), where either truncates: the log-probs are those of the
+    sampling distribution truncated by top-k / top-p and renormalised over the kept tokens, as the
+    engines draw and report them (grpokit.core.truncation; each completion token counted as
+    kept), and the third value is log S (B, C), the log of the kept mass, differentiable like
+    the log-probs: log-probs + log S are the untruncated ones, for the KL. The entropy is that
+    of the untruncated distribution. Otherwise the third value is None.
 
     Logits are divided by the sampling temperature, as the rollout sampled from logits / T.
     The entropy is a detached metric. With ``share_prompts`` (and rows that share a prompt, and
@@ -171,6 +204,7 @@ def completion_logprobs(
         temperature=temperature,
         with_entropy=with_entropy,
         chunk_size=logprob_chunk_size if chunked and logprob_chunk_size else 0,
+        truncation=truncation if truncation is not None and truncates(*truncation) else None,
     )
     with compute_autocast(model):
         if padding_free:
@@ -179,21 +213,27 @@ def completion_logprobs(
             parts = _shared_prompt_scores(model, batch, scoring)
         else:
             parts = [_full_scores(model, batch, scoring)]
-    logp = torch.cat([p[0] for p in parts], dim=1) if len(parts) > 1 else parts[0][0]
-    entropy = None
-    if with_entropy:
-        entropies = [e for _, e in parts if e is not None]
-        entropy = torch.cat(entropies, dim=1) if len(entropies) > 1 else entropies[0]
-    return logp, entropy
+
+    def joined(i: int) -> torch.Tensor | None:
+        pieces = [p[i] for p in parts if p[i] is not None]
+        if not pieces:
+            return None
+        return torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]  # type: ignore[arg-type]
+
+    logp = joined(0)
+    assert logp is not None
+    return logp, joined(1), joined(2)
 
 
 @dataclass(frozen=True)
 class _Scoring:
-    """How a forward's output becomes scores: temperature, entropy or not, chunk size (0: none)."""
+    """How a forward's output becomes scores: temperature, entropy or not, chunk size (0: none),
+    the top-k / top-p truncation (None: none)."""
 
     temperature: float
     with_entropy: bool
     chunk_size: int
+    truncation: tuple[int, float] | None = None
 
     def of_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> Scores:
         """Scores of targets (B, n) from logits (B, n, V) that are all there."""
@@ -206,7 +246,12 @@ class _Scoring:
         if self.with_entropy:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach())
-        return logp, entropy
+        if self.truncation is None:
+            return logp, entropy, None
+        top_k, top_p = self.truncation
+        kept = truncate_logits(logits, top_k=top_k, top_p=top_p, token_ids=targets)
+        truncated = selective_log_softmax(kept, targets, overwrite_logits=True)
+        return truncated, entropy, logp - truncated
 
 
 def _swappable_head(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -250,7 +295,7 @@ def _scored_forward(
         def forward(hidden: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
             selected = hidden[:, :n] if rows is None else hidden[rows, :n]
             scores.append(
-                head_logprobs(
+                head_scores(
                     selected,
                     lambda h: projection(h, *args, **kwargs),
                     targets,
@@ -258,6 +303,7 @@ def _scored_forward(
                     temperature=scoring.temperature,
                     with_entropy=scoring.with_entropy,
                     head_requires_grad=trained,
+                    truncation=scoring.truncation,
                 )
             )
             return scores[-1][0]
@@ -372,7 +418,7 @@ def _packed_scores(model: torch.nn.Module, batch: TokenBatch, scoring: _Scoring)
     offsets = lengths.cumsum(dim=0) - lengths
     j = torch.arange(batch.completion_length, device=real.device)
     predictors = (offsets + prompt_lengths - 1)[:, None] + j[None, :]
-    logp, entropy = _scored_forward(
+    logp, entropy, log_kept = _scored_forward(
         model,
         batch.completion_ids[completion][None],
         scoring,
@@ -382,10 +428,14 @@ def _packed_scores(model: torch.nn.Module, batch: TokenBatch, scoring: _Scoring)
         use_cache=False,
     )
 
-    def unpacked(values: torch.Tensor) -> torch.Tensor:
+    def unpacked(values: torch.Tensor | None) -> torch.Tensor | None:
+        if values is None:
+            return None
         return values.new_zeros(completion.shape).masked_scatter(completion, values.reshape(-1))
 
-    return unpacked(logp), None if entropy is None else unpacked(entropy)
+    full = unpacked(logp)
+    assert full is not None
+    return full, unpacked(entropy), unpacked(log_kept)
 
 
 _PACKING_CHECKED: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()

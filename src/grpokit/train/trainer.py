@@ -75,7 +75,7 @@ from grpokit.train.failures import (
     is_disk_full,
     signal_name,
 )
-from grpokit.train.forward import TokenBatch, completion_logprobs
+from grpokit.train.forward import Scores, TokenBatch, completion_scores
 from grpokit.train.fsdp import LockStep, full_state, gathered
 from grpokit.train.no_signal import Advice, NoSignalWatch, no_signal_warning
 from grpokit.train.rollouts import Rollouts
@@ -463,8 +463,9 @@ class GRPOTrainer:
         elif exp.ref_logps is not None:
             engine_ref = [exp.ref_logprobs(rows) for rows in micro_batches]
             ref = [None if r is None else r.to(self.device) for r in engine_ref]
-        else:
-            ref = self._frozen_logprobs(self.policy.reference_model(), exp, micro_batches)
+        else:  # the KL's: untruncated, as the engine's reference log-probs are
+            reference = self.policy.reference_model()
+            ref = self._frozen_logprobs(reference, exp, micro_batches, truncated=False)
         return old, ref
 
     def _frozen_logprobs(
@@ -472,23 +473,45 @@ class GRPOTrainer:
         model_context: AbstractContextManager[torch.nn.Module],
         exp: Experience,
         micro_batches: list[slice],
+        truncated: bool = True,
     ) -> list[torch.Tensor | None]:
         with torch.no_grad(), model_context as model:
             out: list[torch.Tensor | None] = [
-                self._logprobs(model, exp.micro_batch(rows, self.pad_token_id).to(self.device))[0]
+                self._logprobs(
+                    model,
+                    exp.micro_batch(rows, self.pad_token_id).to(self.device),
+                    truncated=truncated,
+                )[0]
                 for rows in micro_batches
             ]
             self.lockstep.finish(model, backward=False)
         return out
 
+    @property
+    def truncation(self) -> tuple[int, float] | None:
+        """(top_k, top_p) when the trainer scores the truncated sampling distribution
+        (training.truncated_logprobs, and top-k or top-p truncates; top_k 1 is greedy)."""
+        a = self.args
+        top_k = a.top_k or 0
+        if not a.truncated_logprobs or top_k == 1 or not (top_k > 0 or a.top_p < 1.0):
+            return None
+        return top_k, a.top_p
+
     def _logprobs(
-        self, model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self,
+        model: torch.nn.Module,
+        batch: TokenBatch,
+        with_entropy: bool = False,
+        truncated: bool = True,
+    ) -> Scores:
+        """(log-probs, entropy, log S): the log-probs of the truncated sampling distribution
+        where :attr:`truncation` says so and ``truncated``, with log S (the log of the kept mass)
+        beside them; the full softmax's otherwise, log S None."""
         # Encoding each prompt once takes one forward more where a micro-batch shares prompts;
         # under FSDP every forward is a collective, so all ranks must run the same number. Keyed
         # on the config, not on the process count, so that one process computes exactly what the
         # same YAML computes sharded.
-        return completion_logprobs(
+        return completion_scores(
             model,
             batch,
             temperature=self.args.temperature,
@@ -496,6 +519,7 @@ class GRPOTrainer:
             share_prompts=not self.args.fsdp,
             logprob_chunk_size=self.args.logprob_chunk_size,
             padding_free=self.args.padding_free,
+            truncation=self.truncation if truncated else None,
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
@@ -539,12 +563,14 @@ class GRPOTrainer:
         tool_mask = exp.tool_mask_of(rows)
         if tool_mask is not None:  # tool messages stay in the context, out of loss, KL, entropy
             mask = mask * tool_mask.to(self.device)
-        logp, entropy = self._logprobs(self.policy.model, batch, with_entropy=True)
+        logp, entropy, log_kept = self._logprobs(self.policy.model, batch, with_entropy=True)
         advantages = exp.advantages[rows].to(self.device)
         sampler = exp.sampler_logprobs(rows)
         sampler_logp = None if sampler is None else sampler.to(self.device)
+        # Truncated sampling: the ratios on the truncated distribution, the KL on the full one.
+        kl_logp = None if log_kept is None else logp + log_kept
         out = self.loss(
-            LossInputs(logp, old_logp, advantages, mask, ref_logp, counts, sampler_logp)
+            LossInputs(logp, old_logp, advantages, mask, ref_logp, counts, sampler_logp, kl_logp)
         )
         assert counts.num_sequences is not None
         weight = self.loss.micro_batch_weight(rows.stop - rows.start, counts.num_sequences)
