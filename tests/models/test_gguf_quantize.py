@@ -186,3 +186,21 @@ def test_quantising_without_cyllama_says_what_to_install(
     assert "choose f16 or q8_0" in message
     assert "Traceback" not in done.stderr
     assert not out.exists()
+
+
+def test_a_gguf_export_without_cyllama_is_written_and_its_check_skipped_with_a_note(
+    tiny_model_factory: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The default --check needs llama.cpp in-process; without it the export still succeeds."""
+    out = tmp_path / "m.gguf"
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_CYLLAMA, "export", str(tiny_model_factory(seed=0)),
+         "--format", "gguf", "--outtype", "f16", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert out.is_file() and out.stat().st_size > 0
+    assert "fidelity: not checked" in done.stdout and "grpokit[gguf]" in done.stdout
+    assert not (tmp_path / "m.gguf.fidelity.json").exists()

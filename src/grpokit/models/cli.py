@@ -32,7 +32,7 @@ from grpokit.cli_options import out_option
     default="f16",
     show_default=True,
     help="GGUF tensor type (norms stay f32). q4_k_m, q5_k_m and q6_k are llama.cpp's k-quant "
-    "mixes, made by its own quantiser from f16 (needs cyllama: pip install cyllama).",
+    "mixes, made by its own quantiser from f16 (needs cyllama: pip install 'grpokit[gguf]').",
 )
 @click.option(
     "--dtype",
@@ -109,6 +109,16 @@ def export_cmd(
     )
     path = export_loaded(loaded, fmt=fmt, out=out, outtype=outtype, log=log)  # type: ignore[arg-type]
     click.echo(f"exported: {path}")
+    if check and fmt == "gguf" and not gguf_runtime_available():
+        # The export itself is done and sound; only the check needs llama.cpp in-process, an
+        # optional install: say so instead of failing a finished export.
+        from grpokit.models.gguf_runtime import INSTALL_HINT
+
+        click.echo(
+            "fidelity: not checked: running the GGUF in llama.cpp needs cyllama "
+            f"({INSTALL_HINT}, or pip install 'grpokit[gguf]'); --check 0 skips this note"
+        )
+        return
     if check:
         from grpokit.evaluate.fidelity import check_export, fidelity_prompts
 
@@ -125,6 +135,15 @@ def export_cmd(
             log=log,
         )
         click.echo(result.summary)
+
+
+def gguf_runtime_available() -> bool:
+    """Whether llama.cpp can run in-process (cyllama importable), which a GGUF check needs."""
+    try:
+        import cyllama  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _run_config(checkpoint: str, given: Path | None) -> object | None:
