@@ -79,6 +79,12 @@ class TrainerState:
     """That checkpoint's value."""
     early_stopping_patience_counter: int = 0
     """Evals in a row that did not improve on best_metric (transformers' name)."""
+    entropy_coef: float | None = None
+    """training.use_adaptive_entropy: the coefficient the controller has reached (None: not
+    moved yet, training.entropy_coef)."""
+    last_entropy: float | None = None
+    """training.use_adaptive_entropy: the last step's entropy over its trained tokens (None: no
+    step measured yet; no bonus is applied before one)."""
 
 
 _V1_FIELDS = (
@@ -243,7 +249,7 @@ def read_trainer_state(path: Path) -> TrainerState:
             path, f"field {missing[0]!r} is missing: a resume would restart it from 0"
         )
     for name, value in data.items():
-        if name in ("best_metric", "best_model_checkpoint_metric"):
+        if name in ("best_metric", "best_model_checkpoint_metric", "entropy_coef", "last_entropy"):
             ok = value is None or (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)
