@@ -63,7 +63,9 @@ def test_entropy_bonus_is_the_steps_token_mean() -> None:
     # Two halves of a step add up to the whole step's mean, however it is split.
     whole = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     ones = torch.ones(1, 4)
-    halves = entropy_bonus(whole[:, :1], ones[:, :1], 4) + entropy_bonus(whole[:, 1:], ones[:, 1:], 4)
+    halves = entropy_bonus(whole[:, :1], ones[:, :1], 4) + entropy_bonus(
+        whole[:, 1:], ones[:, 1:], 4
+    )
     assert halves.item() == pytest.approx(2.5)
 
 

@@ -111,7 +111,9 @@ def high_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
     return active & (entropy.detach().double() >= threshold)
 
 
-def entropy_bonus(entropy: Tensor, mask: Tensor, num_active_tokens: Tensor | float | None) -> Tensor:
+def entropy_bonus(
+    entropy: Tensor, mask: Tensor, num_active_tokens: Tensor | float | None
+) -> Tensor:
     """sum(H * mask) / num_active_tokens: this micro-batch's share of the step's mean per-token
     entropy, so that the micro-batches of an optimizer step sum to it however the step is split.
 

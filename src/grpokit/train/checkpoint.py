@@ -42,9 +42,10 @@ from grpokit.models.manifest import (
 from grpokit.sampling import checkpoint_dirs
 from grpokit.train.fsdp import load_full_state
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 """The layout of trainer_state.json (its fields, below); the manifest records it. Version 2 added
-the best-checkpoint fields, which a version 1 file lacks (read as none recorded)."""
+the best-checkpoint fields, which a version 1 file lacks (read as none recorded); version 3 the
+adaptive entropy controller's (read as not moved yet)."""
 
 RESUME_FILES = (
     "trainable.safetensors",

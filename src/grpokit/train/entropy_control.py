@@ -64,7 +64,10 @@ class EntropyStep:
         return self.coef != 0.0
 
     def micro_batch(
-        self, entropy: torch.Tensor, mask: torch.Tensor, num_active_tokens: float | None
+        self,
+        entropy: torch.Tensor,
+        mask: torch.Tensor,
+        num_active_tokens: torch.Tensor | float | None,
     ) -> MicroBatchEntropy:
         """entropy (B, T) (with gradient when :attr:`entropy_grad`), mask (B, T) float: the
         loss's mask; num_active_tokens: the step's (all ranks)."""
