@@ -82,7 +82,6 @@ _COMPILE = "grpokit does not compile the model; its CPU decoder and oneDNN path 
 _VLLM = "grpokit's vLLM engine (training.use_vllm) does not take this setting; vLLM's own default applies"
 _LOSS = "this loss variant is not implemented"
 _LOSSES = "loss_type grpo, bnpo, dr_grpo, dapo, cispo or sapo; epsilon_high for clip-higher"
-_ENTROPY = "entropy regularisation is not implemented; the entropy monitor warns of a collapse"
 _LOADER = "prompts are held in memory; there is no data loader"
 _TRACKIO = "grpokit reports to tensorboard, wandb and mlflow, not trackio"
 
@@ -249,7 +248,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             vespo_k_neg=3.0,
             vespo_lambda_neg=2.0,
             off_policy_mask_threshold=None,
-            top_entropy_quantile=1.0,
         ),
         *_group(
             "refused",
@@ -258,16 +256,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             sync_ref_model=False,
             ref_model_mixup_alpha=0.6,
             ref_model_sync_steps=512,
-        ),
-        *_group(
-            "refused",
-            _ENTROPY,
-            entropy_coef=0.0,
-            use_adaptive_entropy=False,
-            entropy_coef_min=0.0,
-            entropy_coef_max=1.0,
-            entropy_coef_delta=0.005,
-            entropy_target=0.2,
         ),
         *_group(
             "refused",

@@ -352,6 +352,9 @@ def test_entropy_collapse_against_early_level() -> None:
     assert fired(alerts) == [("entropy_collapse", 8)]
     assert alerts[0].value == pytest.approx(0.1)
     assert "10% of its early level" in alerts[0].message
+    # It names the setting that counters a collapse, aimed at the run's own early entropy.
+    assert "training.use_adaptive_entropy: true with entropy_target: 1 " in alerts[0].message
+    assert "entropy_coef" in alerts[0].message
 
 
 def test_entropy_floor_fires_from_the_start() -> None:

@@ -22,6 +22,7 @@ from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
 from grpokit.core.advantages import MultiObjectiveAggregation
+from grpokit.core.entropy import EntropyControl
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
 from grpokit.rollout.tool_calls import check_pattern
 from grpokit.trl_fields import drop_accepted_trl_fields
@@ -400,6 +401,57 @@ class TrainingConfig(_Strict):
         "scale applied to it alone, a None left out of that reward's statistics and adding 0), "
         "their weighted sum is divided by its std over the batch, so that a dense score does "
         "not drown a 0/1 one (docs/math.md).",
+        json_schema_extra=_LOSS,
+    )
+    # ---- entropy control (TRL's names and defaults; grpokit.core.entropy, docs/math.md)
+    top_entropy_quantile: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="rho of 'Beyond the 80/20 Rule': only the tokens whose entropy is at or above "
+        "the (1 - rho) quantile of each micro-batch's token entropies train the policy term (the "
+        "KL still counts every token); 1 keeps every token, 0 only the highest-entropy one; the "
+        "paper recommends 0.2. Tokens of masked truncated completions are not counted.",
+        json_schema_extra=_LOSS,
+    )
+    entropy_coef: float = Field(
+        0.0,
+        description="Entropy bonus: the loss subtracts entropy_coef x the mean per-token entropy "
+        "of the step (over the tokens the policy term trains), the same for every loss_type; 0 "
+        "is off. With use_adaptive_entropy, the starting coefficient. Counters an entropy "
+        "collapse (monitor entropy_collapse).",
+        json_schema_extra=_LOSS,
+    )
+    use_adaptive_entropy: bool = Field(
+        False,
+        description="Skywork-OR1's adaptive entropy control: after each optimizer step the "
+        "coefficient rises by entropy_coef_delta if the step's entropy was at or below "
+        "entropy_target and falls by it otherwise (within entropy_coef_min..max), and is applied "
+        "only while the last step's entropy is at or below entropy_target.",
+        json_schema_extra=_LOSS,
+    )
+    entropy_coef_min: float = Field(
+        0.0,
+        description="use_adaptive_entropy: the coefficient's lower bound.",
+        json_schema_extra=_LOSS,
+    )
+    entropy_coef_max: float = Field(
+        1.0,
+        description="use_adaptive_entropy: the coefficient's upper bound.",
+        json_schema_extra=_LOSS,
+    )
+    entropy_coef_delta: float = Field(
+        0.005,
+        ge=0.0,
+        description="use_adaptive_entropy: how much the coefficient moves per optimizer step.",
+        json_schema_extra=_LOSS,
+    )
+    entropy_target: float = Field(
+        0.2,
+        description="use_adaptive_entropy: the mean per-token entropy (nats) at or below which "
+        "the bonus applies and grows, measured over the tokens the policy term trains. Language "
+        "models sample at 2-10 nats per token early on, so TRL's default 0.2 acts only on a "
+        "near-total collapse; set it near the entropy metric of the first steps.",
         json_schema_extra=_LOSS,
     )
 
@@ -852,6 +904,7 @@ class TrainingConfig(_Strict):
                 f"{_fix_accumulation(self.per_device_train_batch_size * self.num_processes, self.num_generations)}"
             )
         _ = self.loss_settings  # its checks (delta, cispo's cap) name the fields
+        _ = self.entropy_control  # its checks (the coefficient's bounds) name the fields
         if self.max_staleness:
             self._check_generating_ahead()
         if self.fsdp and self.use_vllm:
@@ -935,6 +988,19 @@ class TrainingConfig(_Strict):
             )
             if self.use_vllm and self.vllm_importance_sampling_correction
             else None,
+        )
+
+    @property
+    def entropy_control(self) -> EntropyControl:
+        """The entropy settings (raises ValueError naming a bad one)."""
+        return EntropyControl(
+            top_entropy_quantile=self.top_entropy_quantile,
+            entropy_coef=self.entropy_coef,
+            use_adaptive_entropy=self.use_adaptive_entropy,
+            entropy_coef_min=self.entropy_coef_min,
+            entropy_coef_max=self.entropy_coef_max,
+            entropy_coef_delta=self.entropy_coef_delta,
+            entropy_target=self.entropy_target,
         )
 
     @property

@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 from grpokit.core.truncation import truncate_logits, truncates
 
 __all__ = [
+    "differentiable_entropy",
     "entropy_from_logits",
     "head_logprobs",
     "head_scores",
@@ -219,6 +220,45 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE)
     return torch.cat(pieces).reshape(logits.shape[:-1])
 
 
+def differentiable_entropy(logits: Tensor, *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+    """:func:`entropy_from_logits` with a gradient, for an entropy bonus in the loss.
+
+    logits: (..., V). Returns (...) in float32 (float64 for float64 logits). The gradient is
+    dH/dz_v = -p_v (log p_v + H), written by hand a chunk of rows at a time, so that autograd
+    keeps no (rows, V) log-softmax and probabilities for the backward pass (only the logits).
+    """
+    _check_chunk_size(chunk_size)
+    result: Tensor = _Entropy.apply(logits, chunk_size)  # type: ignore[no-untyped-call]
+    return result
+
+
+class _Entropy(torch.autograd.Function):
+    """H = -sum_v p_v log p_v per row; backward: g * -p * (log p + H)."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, chunk_size: int) -> Tensor:
+        entropy = entropy_from_logits(logits.detach(), chunk_size=chunk_size)
+        ctx.save_for_backward(logits, entropy)
+        ctx.chunk_size = chunk_size
+        return entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None]:
+        logits, entropy = ctx.saved_tensors
+        vocab = logits.shape[-1]
+        rows = logits.reshape(-1, vocab)
+        g, h = grad_out.reshape(-1, 1).to(entropy.dtype), entropy.reshape(-1, 1)
+        grad = torch.empty(rows.shape, dtype=logits.dtype, device=logits.device)
+        for start in range(0, rows.shape[0], ctx.chunk_size):
+            end = start + ctx.chunk_size
+            logp = torch.log_softmax(rows[start:end].to(entropy.dtype), dim=-1)
+            # p log p is 0 where p = 0 (a -inf logit), not NaN.
+            block = logp.exp().mul_(logp.add(h[start:end])).nan_to_num_(nan=0.0)
+            grad[start:end] = block.mul_(-g[start:end])
+        return grad.reshape(logits.shape), None
+
+
 def head_logprobs(
     hidden: Tensor,
     head: Callable[[Tensor], Tensor],
@@ -252,6 +292,7 @@ def head_scores(
     with_entropy: bool = False,
     head_requires_grad: bool = True,
     truncation: tuple[int, float] | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Log-probabilities of ``token_ids`` under softmax(head(hidden) / temperature), and optionally
     the entropy of that distribution, with at most ``chunk_size`` positions' logits at a time.
@@ -261,6 +302,9 @@ def head_scores(
     (grpokit.core.truncation), and the third value is log S (..., N), the log of the kept mass
     (<= 0, differentiable like the log-probs): log-probs + log S are the untruncated ones. The
     entropy stays that of the untruncated distribution. Without it the third value is None.
+
+    ``entropy_grad``: the entropy is returned with its gradient (:func:`differentiable_entropy`),
+    for an entropy bonus in the loss; it implies ``with_entropy``.
 
     With ``head_requires_grad`` (the head's parameters are trained) each chunk's logits but the
     last chunk's are recomputed in the backward pass (the last chunk's are kept, so at most
@@ -286,6 +330,8 @@ def head_scores(
             f"hidden axis {tuple(hidden.shape[:-1])}"
         )
     rows, ids = hidden.reshape(-1, hidden.shape[-1]), token_ids.reshape(-1)
+    with_entropy = with_entropy or entropy_grad
+    stacked = truncated or entropy_grad  # the chunk's value holds several rows
 
     def chunk_logprobs(h: Tensor, chunk_ids: Tensor, entropy_out: list[Tensor]) -> Tensor:
         logits = head(h)
@@ -293,24 +339,28 @@ def head_scores(
             # Upcast first: bfloat16 logits divided in bfloat16 would round once more.
             logits = logits.to(_result_dtype(logits)) / temperature
         # The backward pass runs this again; the entropy is wanted once.
-        if with_entropy and not entropy_out:
+        if with_entropy and not entropy_grad and not entropy_out:
             entropy_out.append(entropy_from_logits(logits.detach(), chunk_size=_ENTROPY_ROWS))
+        # A differentiable entropy is one more row of the chunk's value (checkpointed and routed
+        # like the log-probs); its backward reads the logits, so nothing may overwrite them.
+        extra = [differentiable_entropy(logits, chunk_size=_ENTROPY_ROWS)] if entropy_grad else []
         # In their own smaller steps: a (chunk_size, V) temporary per operation of theirs would
         # double or triple the chunk's memory. The entropy makes four temporaries a step.
         # The logits are this function's own (the checkpoint recomputes them for its backward).
         if not truncated:
-            return selective_log_softmax(logits, chunk_ids, overwrite_logits=True)
+            logp = selective_log_softmax(logits, chunk_ids, overwrite_logits=not entropy_grad)
+            return torch.stack([logp, *extra]) if extra else logp
         assert truncation is not None
         # A truncated copy beside the logits: one more (chunk_size, V) tensor. Stacked, log-probs
         # over log S, so that one value per row serves the checkpoint and the row-wise gradient.
         # A frozen head takes two backward passes over the chunk (one per row), and the first
         # must leave the logits to the second.
         top_k, top_p = truncation
-        overwrite = head_requires_grad
+        overwrite = head_requires_grad and not entropy_grad
         kept = truncate_logits(logits, top_k=top_k, top_p=top_p, token_ids=chunk_ids)
         logp = selective_log_softmax(kept, chunk_ids, overwrite_logits=overwrite)
         full = selective_log_softmax(logits, chunk_ids, overwrite_logits=overwrite)
-        return torch.stack([logp, full - logp])
+        return torch.stack([logp, full - logp, *extra])
 
     logps: list[Tensor] = []
     entropies: list[Tensor] = []
@@ -321,9 +371,10 @@ def head_scores(
             with torch.enable_grad():
                 detached = h.detach().requires_grad_(True)
                 value = chunk_logprobs(detached, chunk_ids, entropy_out)
-                if truncated:  # each of the two rows its own gradient: two backward passes
+                if stacked:  # each row its own gradient: a backward pass per row
+                    last = value.shape[0] - 1
                     logp = torch.stack(
-                        [_rowwise(h, detached, value[i], retain=i == 0) for i in range(2)]
+                        [_rowwise(h, detached, value[i], retain=i < last) for i in range(last + 1)]
                     )
                 else:
                     logp = _rowwise(h, detached, value, retain=False)
@@ -344,11 +395,16 @@ def head_scores(
     if not logps:
         empty = hidden.new_zeros(token_ids.shape, dtype=_result_dtype(hidden))
         return empty, (empty if with_entropy else None), (empty if truncated else None)
-    entropy = torch.cat(entropies).reshape(token_ids.shape) if with_entropy else None
-    if not truncated:
+    if not stacked:
+        entropy = torch.cat(entropies).reshape(token_ids.shape) if with_entropy else None
         return torch.cat(logps).reshape(token_ids.shape), entropy, None
     both = torch.cat(logps, dim=1)
-    return both[0].reshape(token_ids.shape), entropy, both[1].reshape(token_ids.shape)
+    if entropy_grad:
+        entropy = both[-1].reshape(token_ids.shape)
+    else:
+        entropy = torch.cat(entropies).reshape(token_ids.shape) if with_entropy else None
+    log_kept = both[1].reshape(token_ids.shape) if truncated else None
+    return both[0].reshape(token_ids.shape), entropy, log_kept
 
 
 def _rowwise(h: Tensor, detached: Tensor, value: Tensor, *, retain: bool) -> Tensor:

@@ -401,6 +401,10 @@ class LossInputs:
     distribution, and kl_logp = logp + log S the untruncated one that the reference's log-probs
     score; the kept mass S = exp(kl_logp - logp) is then logged as ``sampling/kept_mass``.
     None: logp."""
+    policy_mask: Tensor | None = None
+    """(B, T) 0/1 on the tokens whose policy term trains (top_entropy_quantile's high-entropy
+    tokens, grpokit.core.entropy); the KL term and the normaliser still count every token of
+    ``mask``, as in TRL. None: every token of ``mask``."""
 
 
 @dataclass(frozen=True)
@@ -427,6 +431,7 @@ def _check_shapes(x: LossInputs) -> None:
         ("ref_logp", x.ref_logp),
         ("sampler_logp", x.sampler_logp),
         ("kl_logp", x.kl_logp),
+        ("policy_mask", x.policy_mask),
     )
     for name, other in others:
         if other is not None and tuple(other.shape) != expected:
@@ -476,6 +481,8 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
         correction = _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
         if correction is not None:
             per_token = per_token * correction
+    if x.policy_mask is not None:
+        per_token = per_token * x.policy_mask.detach().to(per_token.dtype)
     kl_logp_safe = logp_safe
     if x.kl_logp is not None:
         kl_logp_safe = torch.where(active, x.kl_logp.to(logp.dtype), zeros)

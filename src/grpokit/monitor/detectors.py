@@ -578,6 +578,9 @@ class EntropyDetector:
                 f"{now / fell.before:.0%} of its early level {fell.before:.3g}; "
                 f"{self.test.evidence(fell)}"
             )
+        # The setting that counters a collapse directly is the entropy bonus; its adaptive form
+        # needs a target, and the run's own early entropy is the one to aim for.
+        target = mean(self._early) if self._early else self.cfg.floor
         return [
             Alert(
                 self.rule,
@@ -585,8 +588,11 @@ class EntropyDetector:
                 now,
                 f"entropy collapsed to {now:.3g} nats/token ({why}"
                 f"{self._stalled.evidence()}): sampling is nearly "
-                f"deterministic, groups stop differing and learning stalls. Raise the "
-                f"temperature, lower the learning rate, or add beta.",
+                f"deterministic, groups stop differing and learning stalls. Counter it with an "
+                f"entropy bonus: training.use_adaptive_entropy: true with entropy_target: "
+                f"{target:.2g} (the early level) and entropy_coef: 0.005, or a fixed "
+                f"entropy_coef such as 0.001; or raise the temperature, lower the learning "
+                f"rate, or add beta.",
             )
         ]
 

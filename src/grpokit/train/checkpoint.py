@@ -42,9 +42,10 @@ from grpokit.models.manifest import (
 from grpokit.sampling import checkpoint_dirs
 from grpokit.train.fsdp import load_full_state
 
-STATE_VERSION = 2
+STATE_VERSION = 3
 """The layout of trainer_state.json (its fields, below); the manifest records it. Version 2 added
-the best-checkpoint fields, which a version 1 file lacks (read as none recorded)."""
+the best-checkpoint fields, which a version 1 file lacks (read as none recorded); version 3 the
+adaptive entropy controller's (read as not moved yet)."""
 
 RESUME_FILES = (
     "trainable.safetensors",
@@ -79,6 +80,12 @@ class TrainerState:
     """That checkpoint's value."""
     early_stopping_patience_counter: int = 0
     """Evals in a row that did not improve on best_metric (transformers' name)."""
+    entropy_coef: float | None = None
+    """training.use_adaptive_entropy: the coefficient the controller has reached (None: not
+    moved yet, training.entropy_coef)."""
+    last_entropy: float | None = None
+    """training.use_adaptive_entropy: the last step's entropy over its trained tokens (None: no
+    step measured yet; no bonus is applied before one)."""
 
 
 _V1_FIELDS = (
@@ -243,7 +250,7 @@ def read_trainer_state(path: Path) -> TrainerState:
             path, f"field {missing[0]!r} is missing: a resume would restart it from 0"
         )
     for name, value in data.items():
-        if name in ("best_metric", "best_model_checkpoint_metric"):
+        if name in ("best_metric", "best_model_checkpoint_metric", "entropy_coef", "last_entropy"):
             ok = value is None or (
                 isinstance(value, int | float)
                 and not isinstance(value, bool)

@@ -44,7 +44,12 @@ from typing import Any
 import torch
 
 from grpokit.config.training import TrainingConfig
-from grpokit.core.logprobs import entropy_from_logits, head_scores, selective_log_softmax
+from grpokit.core.logprobs import (
+    differentiable_entropy,
+    entropy_from_logits,
+    head_scores,
+    selective_log_softmax,
+)
 from grpokit.core.truncation import truncate_logits, truncates
 from grpokit.errors import UserError
 from grpokit.models.compat import (
@@ -167,6 +172,7 @@ def completion_scores(
     logprob_chunk_size: int | None = DEFAULT_LOGPROB_CHUNK_SIZE,
     padding_free: bool = False,
     truncation: tuple[int, float] | None = None,
+    entropy_grad: bool = False,
 ) -> Scores:
     """Log-probabilities (B, C) of the completion tokens, and optionally the entropy (B, C).
 
@@ -178,7 +184,8 @@ def completion_scores(
     of the untruncated distribution. Otherwise the third value is None.
 
     Logits are divided by the sampling temperature, as the rollout sampled from logits / T.
-    The entropy is a detached metric. With ``share_prompts`` (and rows that share a prompt, and
+    The entropy is a detached metric, or with ``entropy_grad`` (implies ``with_entropy``)
+    differentiable, for an entropy bonus in the loss. With ``share_prompts`` (and rows that share a prompt, and
     no gradient checkpointing, which cannot keep a cache), each distinct prompt is encoded once.
     ``logprob_chunk_size``: positions projected to the vocabulary at once (see the module's
     docstring); 0 or None projects all completion positions at once, as a plain forward does.
@@ -202,9 +209,10 @@ def completion_scores(
     chunked = bool(logprob_chunk_size) and _swappable_head(model) is not None
     scoring = _Scoring(
         temperature=temperature,
-        with_entropy=with_entropy,
+        with_entropy=with_entropy or entropy_grad,
         chunk_size=logprob_chunk_size if chunked and logprob_chunk_size else 0,
         truncation=truncation if truncation is not None and truncates(*truncation) else None,
+        entropy_grad=entropy_grad,
     )
     with compute_autocast(model):
         if padding_free:
@@ -234,6 +242,7 @@ class _Scoring:
     with_entropy: bool
     chunk_size: int
     truncation: tuple[int, float] | None = None
+    entropy_grad: bool = False
 
     def of_logits(self, logits: torch.Tensor, targets: torch.Tensor) -> Scores:
         """Scores of targets (B, n) from logits (B, n, V) that are all there."""
@@ -243,7 +252,9 @@ class _Scoring:
             logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / self.temperature
         logp = selective_log_softmax(logits, targets)
         entropy = None
-        if self.with_entropy:
+        if self.entropy_grad:
+            entropy = differentiable_entropy(logits)
+        elif self.with_entropy:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach())
         if self.truncation is None:
@@ -304,6 +315,7 @@ def _scored_forward(
                     with_entropy=scoring.with_entropy,
                     head_requires_grad=trained,
                     truncation=scoring.truncation,
+                    entropy_grad=scoring.entropy_grad,
                 )
             )
             return scores[-1][0]

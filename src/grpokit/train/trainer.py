@@ -67,6 +67,7 @@ from grpokit.train.distributed import (
     init_distributed,
     reduce_metrics,
 )
+from grpokit.train.entropy_control import EntropyStep
 from grpokit.train.experience import Experience
 from grpokit.train.failures import (
     NonFiniteSteps,
@@ -218,6 +219,7 @@ class GRPOTrainer:
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
         a = self.args
         self.loss = build_loss(a)
+        self.entropy_control = a.entropy_control
         self.lockstep = LockStep(
             self.dist, sharded=self.sharded, pad_token_id=self.pad_token_id, device=self.device
         )
@@ -503,6 +505,7 @@ class GRPOTrainer:
         batch: TokenBatch,
         with_entropy: bool = False,
         truncated: bool = True,
+        entropy_grad: bool = False,
     ) -> Scores:
         """(log-probs, entropy, log S): the log-probs of the truncated sampling distribution
         where :attr:`truncation` says so and ``truncated``, with log S (the log of the kept mass)
@@ -520,6 +523,7 @@ class GRPOTrainer:
             logprob_chunk_size=self.args.logprob_chunk_size,
             padding_free=self.args.padding_free,
             truncation=self.truncation if truncated else None,
+            entropy_grad=entropy_grad,
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
@@ -541,10 +545,13 @@ class GRPOTrainer:
             records = []
             for _ in range(a.num_iterations):
                 sums = LossSums(self.device)
+                entropy = EntropyStep.start(self.entropy_control, self.state)
                 for rows, old, ref in zip(micro_batches, old_logps, ref_logps, strict=True):
-                    self._loss_and_backward(exp, rows, old, ref, counts, sums)
+                    self._loss_and_backward(exp, rows, old, ref, counts, sums, entropy)
                 self.lockstep.finish(self.policy.model, backward=True)
                 records.append(self._apply_gradients(sums))
+                if entropy.active:
+                    entropy.finish(records[-1], self.state)
         self.engine.sync_weights()
         return records
 
@@ -556,6 +563,7 @@ class GRPOTrainer:
         ref_logp: torch.Tensor | None,
         counts: StepCounts,
         sums: LossSums,
+        entropy_step: EntropyStep,
     ) -> None:
         """Forward one micro-batch, add its share of the step's loss to the gradients."""
         batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
@@ -563,19 +571,38 @@ class GRPOTrainer:
         tool_mask = exp.tool_mask_of(rows)
         if tool_mask is not None:  # tool messages stay in the context, out of loss, KL, entropy
             mask = mask * tool_mask.to(self.device)
-        logp, entropy, log_kept = self._logprobs(self.policy.model, batch, with_entropy=True)
+        logp, entropy, log_kept = self._logprobs(
+            self.policy.model, batch, with_entropy=True, entropy_grad=entropy_step.entropy_grad
+        )
+        assert entropy is not None
+        ent = entropy_step.micro_batch(entropy, mask, counts.num_active_tokens)
         advantages = exp.advantages[rows].to(self.device)
         sampler = exp.sampler_logprobs(rows)
         sampler_logp = None if sampler is None else sampler.to(self.device)
         # Truncated sampling: the ratios on the truncated distribution, the KL on the full one.
         kl_logp = None if log_kept is None else logp + log_kept
         out = self.loss(
-            LossInputs(logp, old_logp, advantages, mask, ref_logp, counts, sampler_logp, kl_logp)
+            LossInputs(
+                logp,
+                old_logp,
+                advantages,
+                mask,
+                ref_logp,
+                counts,
+                sampler_logp,
+                kl_logp,
+                policy_mask=ent.policy_mask,
+            )
         )
         assert counts.num_sequences is not None
         weight = self.loss.micro_batch_weight(rows.stop - rows.start, counts.num_sequences)
-        torch.autograd.backward(out.loss * weight)
-        sums.add(out, weight, mask, entropy)
+        # The bonus is already this micro-batch's share of the step's (divided by the step's
+        # tokens), so it takes no micro-batch weight.
+        loss = out.loss * weight if ent.bonus is None else out.loss * weight - ent.bonus
+        torch.autograd.backward(loss)
+        if entropy_step.active:
+            out.metrics.update(ent.metrics)
+        sums.add(out, weight, mask, entropy.detach())
 
     def _apply_gradients(self, sums: LossSums) -> dict[str, float]:
         """Reduce, clip and apply the summed gradients, unless the loss or the norm is not finite
