@@ -104,9 +104,8 @@ TRL_FIELDS: dict[str, TrlField] = {
         ),
         *_group(
             "refused",
-            "Mixture-of-Experts auxiliary losses and an fp32 head are not implemented",
+            "Mixture-of-Experts auxiliary losses are not implemented",
             router_aux_loss_coef=None,
-            cast_lm_head_to_fp32=False,
         ),
         *_group(
             "refused",
@@ -195,14 +194,6 @@ TRL_FIELDS: dict[str, TrlField] = {
         # ---- generation and batches
         *_group(
             "refused",
-            "one generation batch feeds one optimizer step (TRL's default); its size is "
-            "per_device_train_batch_size x processes x gradient_accumulation_steps",
-            "training.gradient_accumulation_steps",
-            generation_batch_size=None,
-            steps_per_generation=None,
-        ),
-        *_group(
-            "refused",
             "the periodic held-out eval samples eval_samples completions per prompt",
             "training.eval_samples",
             num_generations_eval=None,
@@ -248,7 +239,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             vespo_lambda_pos=3.0,
             vespo_k_neg=3.0,
             vespo_lambda_neg=2.0,
-            off_policy_mask_threshold=None,
             top_entropy_quantile=1.0,
         ),
         *_group(
@@ -268,13 +258,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             entropy_coef_max=1.0,
             entropy_coef_delta=0.005,
             entropy_target=0.2,
-        ),
-        *_group(
-            "refused",
-            "grpokit's KL penalty is k3 without the importance ratio (its value is the same "
-            "on-policy, its gradient is not)",
-            accepted=(False,),
-            use_bias_correction_kl=True,
         ),
         *_group(
             "refused",
