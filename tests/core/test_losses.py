@@ -636,3 +636,14 @@ def test_bias_corrected_kl_on_policy_same_value_true_kl_gradient() -> None:
     assert float(out.loss) == pytest.approx(float(plain.loss))
     assert float(grad) == pytest.approx(0.1 * math.log(2))
     assert float(plain_grad) == pytest.approx(0.05)
+
+
+def test_off_policy_mask_reads_a_token_the_sampler_could_not_score_as_no_drift() -> None:
+    """Sampler log-probs (NaN, -0.25) against logp -1: drifts (0, 0.75), mean 0.375 <= 0.5, kept;
+    a NaN left in would make the mean NaN and drop the completion on one unscored token."""
+    logp = torch.full((1, 2), -1.0, dtype=F64)
+    sampler = tensor([[float("nan"), -0.25]])
+    x = LossInputs(logp, None, tensor([-1.0]), torch.ones(1, 2), sampler_logp=sampler)
+    out = policy_loss(x, LossSettings(loss_type="bnpo", off_policy_mask_threshold=0.5))
+    assert float(out.metrics["off_policy_mask/masked_frac"]) == 0.0
+    assert float(out.loss) == pytest.approx(1.0)

@@ -373,11 +373,12 @@ class TrainingConfig(_Strict):
         json_schema_extra=_LOSS,
     )
     use_bias_correction_kl: bool = Field(
-        False,
+        True,
         description="Multiply the k3 KL term by the importance ratio pi_theta / pi_old "
-        "(DeepSeek-V3.2): unbiased for KL(pi_theta || pi_ref) on samples of pi_old, and its "
-        "gradient is that KL's (k3 alone pulls along KL(pi_ref || pi_theta)'s). Same value "
-        "on-policy; needs beta > 0 to change anything.",
+        "(DeepSeek-V3.2; TRL 1.16's default): unbiased for KL(pi_theta || pi_ref) on samples of "
+        "pi_old, and its gradient is that KL's (k3 alone pulls along KL(pi_ref || pi_theta)'s). "
+        "The same value on-policy, another gradient; changes nothing with beta 0. false: k3 "
+        "alone (TRL before 1.16).",
         json_schema_extra=_LOSS,
     )
     num_iterations: int = Field(

@@ -235,6 +235,8 @@ def off_policy_sequence_mask(
     rule). Detached; inputs may hold anything on padding.
     """
     diff = torch.where(active, behaviour_logp.detach() - logp.detach(), torch.zeros_like(logp))
+    # A token the sampler could not score (NaN) is no evidence of drift (TRL does the same).
+    diff = torch.nan_to_num(diff, nan=0.0)
     count = active.sum(dim=-1, keepdim=True).clamp(min=1).to(diff.dtype)
     mean_log_ratio = diff.sum(dim=-1, keepdim=True) / count
     return (advantages.detach() >= 0) | (mean_log_ratio <= threshold)
