@@ -180,7 +180,7 @@ TRL_REFUSED = {
     "auto_find_batch_size": True,
     "resume_from_checkpoint": "runs/x/checkpoint-5",
     "entropy_coef": 0.01,
-    "generation_batch_size": 64,
+    "num_generations_eval": 4,
 }
 CHAT_USER = {"role": "user", "content": "hi"}
 

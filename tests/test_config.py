@@ -46,7 +46,7 @@ def test_seed_article_grpo_config_is_expressible(tmp_path: Path) -> None:
         0.01,
         512,
     )
-    assert t.generation_batch_size == 4 and t.prompts_per_step == 1
+    assert t.completions_per_generation == 4 and t.prompts_per_step == 1
     assert cfg.model.dtype == "bfloat16"  # bf16: true as in TRL
     assert cfg.resolve(cfg.data.train) == tmp_path / "prompts.jsonl"
 
@@ -252,3 +252,36 @@ def test_generating_ahead_says_what_it_needs(tmp_path: Path) -> None:
     ]:
         with pytest.raises(UserError, match=f"training: max_staleness: 2 {why}.*max_staleness: 0"):
             load_config(_write(tmp_path, BASE + extra + "  max_staleness: 2\n"))
+
+
+def test_steps_per_generation_follows_trls_batch_arithmetic() -> None:
+    """TRL's resolution (steps_per_generation from generation_batch_size, or gradient
+    accumulation) and rules, and grpokit's whole number of optimizer steps per generation."""
+    from pydantic import ValidationError
+
+    from grpokit.config import TrainingConfig
+
+    base = {"num_generations": 4, "per_device_train_batch_size": 4, "num_processes": 2}
+    t = TrainingConfig(**base)
+    assert (t.micro_batches_per_generation, t.completions_per_generation) == (1, 8)
+    assert t.updates_per_round == 1
+    t = TrainingConfig(**base, gradient_accumulation_steps=2, generation_batch_size=32)
+    assert (t.micro_batches_per_generation, t.updates_per_generation, t.prompts_per_step) == (
+        4,
+        2,
+        8,
+    )
+    t = TrainingConfig(**base, steps_per_generation=3, num_iterations=2)
+    assert (t.completions_per_generation, t.updates_per_round) == (24, 6)
+    # a TRL dump holds both, resolved: the same setting
+    both = TrainingConfig(**base, steps_per_generation=3, generation_batch_size=24)
+    assert both.updates_per_generation == 3
+    for bad, says in [
+        ({"steps_per_generation": 3, "generation_batch_size": 16}, "cannot both be set"),
+        ({"generation_batch_size": 12}, "not divisible by per_device_train_batch_size"),
+        ({"steps_per_generation": 3, "gradient_accumulation_steps": 2}, "multiple of gradient"),
+        ({"steps_per_generation": 1, "per_device_train_batch_size": 1}, "num_generations"),
+        ({"cast_lm_head_to_fp32": True, "fsdp": True}, "cast_lm_head_to_fp32"),
+    ]:
+        with pytest.raises(ValidationError, match=says):
+            TrainingConfig(**(base | bad))

@@ -103,9 +103,8 @@ TRL_FIELDS: dict[str, TrlField] = {
         ),
         *_group(
             "refused",
-            "Mixture-of-Experts auxiliary losses and an fp32 head are not implemented",
+            "Mixture-of-Experts auxiliary losses are not implemented",
             router_aux_loss_coef=None,
-            cast_lm_head_to_fp32=False,
         ),
         *_group(
             "refused",
@@ -194,14 +193,6 @@ TRL_FIELDS: dict[str, TrlField] = {
         # ---- generation and batches
         *_group(
             "refused",
-            "one generation batch feeds one optimizer step (TRL's default); its size is "
-            "per_device_train_batch_size x processes x gradient_accumulation_steps",
-            "training.gradient_accumulation_steps",
-            generation_batch_size=None,
-            steps_per_generation=None,
-        ),
-        *_group(
-            "refused",
             "the periodic held-out eval samples eval_samples completions per prompt",
             "training.eval_samples",
             num_generations_eval=None,
@@ -247,7 +238,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             vespo_lambda_pos=3.0,
             vespo_k_neg=3.0,
             vespo_lambda_neg=2.0,
-            off_policy_mask_threshold=None,
         ),
         *_group(
             "refused",
@@ -256,13 +246,6 @@ TRL_FIELDS: dict[str, TrlField] = {
             sync_ref_model=False,
             ref_model_mixup_alpha=0.6,
             ref_model_sync_steps=512,
-        ),
-        *_group(
-            "refused",
-            "grpokit's KL penalty is k3 without the importance ratio (its value is the same "
-            "on-policy, its gradient is not)",
-            accepted=(False,),
-            use_bias_correction_kl=True,
         ),
         *_group(
             "refused",

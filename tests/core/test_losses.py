@@ -559,3 +559,91 @@ def test_truncated_sampling_keeps_the_kl_on_the_full_log_probs() -> None:
     assert float(out.loss) == pytest.approx(-1.0 + 0.1 * k3_want, rel=1e-6)
     plain = policy_loss(x.__class__(logp, None, torch.tensor([1.0]), mask, ref), LossSettings())
     assert "sampling/kept_mass" not in plain.metrics
+
+
+# ---- off-policy stabilisers (DeepSeek-V3.2; TRL off_policy_mask_threshold, use_bias_correction_kl)
+
+
+def test_off_policy_mask_drops_negative_advantages_that_drifted_hand_computed() -> None:
+    """logp -1 everywhere; the sampler's log-probs give mean log-ratios sampler - logp of
+    (0.75, 0.75, 0.5, -0.5): row 0 has A > 0 (kept), row 1 A < 0 above 0.5 (dropped), row 2 A < 0
+    at 0.5 exactly (kept: <=), row 3 below. dapo, ratio 1: per-token -A, so
+    loss = (2 * -1 + 0 + 2 * 0.5 + 2 * 0.25) / 8 tokens = -0.0625 (unmasked: +0.1875)."""
+    logp = torch.full((4, 2), -1.0, dtype=F64, requires_grad=True)
+    sampler = tensor([[-0.5, 0.0], [-0.5, 0.0], [-0.5, -0.5], [-1.25, -1.75]])
+    adv = tensor([1.0, -1.0, -0.5, -0.25])
+    mask = torch.ones(4, 2)
+    x = LossInputs(logp, None, adv, mask, sampler_logp=sampler)
+    out = policy_loss(x, LossSettings(loss_type="dapo", off_policy_mask_threshold=0.5))
+    assert float(out.loss) == pytest.approx(-0.0625)
+    assert float(out.metrics["off_policy_mask/masked_frac"]) == pytest.approx(0.25)
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    # d/dlogp of -A * exp(logp - sg(logp)) / 8 = -A / 8 on kept rows, 0 on the dropped one
+    want = tensor([[-1 / 8] * 2, [0.0] * 2, [0.5 / 8] * 2, [0.25 / 8] * 2])
+    torch.testing.assert_close(grad, want)
+    off = policy_loss(x, LossSettings(loss_type="dapo"))
+    assert float(off.loss) == pytest.approx(0.1875)
+    assert "off_policy_mask/masked_frac" not in off.metrics
+
+
+def test_off_policy_mask_uses_pi_old_without_the_samplers_log_probs_and_ignores_padding() -> None:
+    """No sampler log-probs: the drift is old - logp. Both rows have A = -1 and one real token.
+    Row 0: old -0.25, logp -1, drift 0.75 > 0.5: dropped (its padding, NaN and a huge drift,
+    counts nowhere). Row 1: old -0.75, drift 0.25: kept; its ratio exp(-0.25) = 0.78 is below
+    1 - epsilon = 0.8, so its term is -min(w A, 0.8 A) = 0.8. bnpo over 2 tokens: 0.4 (unmasked,
+    row 0 clipped the same way: 0.8)."""
+    logp = tensor([[-1.0, float("nan")], [-1.0, 0.0]])
+    old = tensor([[-0.25, 50.0], [-0.75, 0.0]])
+    mask = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    adv = tensor([-1.0, -1.0])
+    x = LossInputs(logp, old, adv, mask)
+    out = policy_loss(x, LossSettings(loss_type="bnpo", off_policy_mask_threshold=0.5))
+    assert float(out.loss) == pytest.approx(0.4)
+    assert float(out.metrics["off_policy_mask/masked_frac"]) == pytest.approx(0.5)
+    assert float(policy_loss(x, LossSettings(loss_type="bnpo")).loss) == pytest.approx(0.8)
+
+
+def test_off_policy_mask_threshold_must_be_a_non_negative_log_ratio() -> None:
+    with pytest.raises(ValueError, match="off_policy_mask_threshold"):
+        LossSettings(off_policy_mask_threshold=-0.1)
+
+
+def test_bias_corrected_kl_hand_computed() -> None:
+    """One token: pi_theta 0.5, pi_old 0.25 (w = 2), pi_ref 0.25 (r = ref / theta = 0.5), A = 0,
+    beta 0.1. k3 = 0.5 - ln 0.5 - 1 = ln 2 - 0.5. Corrected: loss beta w k3 and gradient
+    beta w (logp - ref) = 0.1 * 2 * ln 2; plain: beta k3 and beta (1 - r) = 0.05."""
+    logp = tensor([[math.log(0.5)]])
+    old, ref = tensor([[math.log(0.25)]]), tensor([[math.log(0.25)]])
+    k3_value = math.log(2) - 0.5
+    args = (old, tensor([0.0]), torch.ones(1, 1))
+    out, grad = loss_and_grad(logp, *args, ref_logp=ref, beta=0.1, use_bias_correction_kl=True)
+    assert float(out.loss) == pytest.approx(0.1 * 2 * k3_value)
+    assert float(out.metrics[KL]) == pytest.approx(2 * k3_value)
+    assert float(grad) == pytest.approx(0.1 * 2 * math.log(2))
+    plain, plain_grad = loss_and_grad(logp, *args, ref_logp=ref, beta=0.1)
+    assert float(plain.loss) == pytest.approx(0.1 * k3_value)
+    assert float(plain_grad) == pytest.approx(0.1 * 0.5)
+
+
+def test_bias_corrected_kl_on_policy_same_value_true_kl_gradient() -> None:
+    """On-policy (old = None, w = 1 in value) the KL's value is unchanged, its gradient becomes
+    beta (logp - ref) per token (here 0.1 * ln 2 over 1 token) instead of beta (1 - r)."""
+    logp = tensor([[math.log(0.5)]])
+    ref = tensor([[math.log(0.25)]])
+    args = (None, tensor([0.0]), torch.ones(1, 1))
+    out, grad = loss_and_grad(logp, *args, ref_logp=ref, beta=0.1, use_bias_correction_kl=True)
+    plain, plain_grad = loss_and_grad(logp, *args, ref_logp=ref, beta=0.1)
+    assert float(out.loss) == pytest.approx(float(plain.loss))
+    assert float(grad) == pytest.approx(0.1 * math.log(2))
+    assert float(plain_grad) == pytest.approx(0.05)
+
+
+def test_off_policy_mask_reads_a_token_the_sampler_could_not_score_as_no_drift() -> None:
+    """Sampler log-probs (NaN, -0.25) against logp -1: drifts (0, 0.75), mean 0.375 <= 0.5, kept;
+    a NaN left in would make the mean NaN and drop the completion on one unscored token."""
+    logp = torch.full((1, 2), -1.0, dtype=F64)
+    sampler = tensor([[float("nan"), -0.25]])
+    x = LossInputs(logp, None, tensor([-1.0]), torch.ones(1, 2), sampler_logp=sampler)
+    out = policy_loss(x, LossSettings(loss_type="bnpo", off_policy_mask_threshold=0.5))
+    assert float(out.metrics["off_policy_mask/masked_frac"]) == 0.0
+    assert float(out.loss) == pytest.approx(1.0)

@@ -382,3 +382,74 @@ def test_top_p_and_top_k_ratios_on_the_distribution_drawn_from(
     else:
         assert record["mismatch/kl"] > 1.0 and record["mismatch/max_ratio"] < 0.05
         assert "sampling/kept_mass" not in record
+
+
+def test_off_policy_stabilisers_train_and_log(make_config: Callable[..., GRPOKitConfig]) -> None:
+    """TRL's off_policy_mask_threshold and use_bias_correction_kl through the trainer, two passes
+    per generation: the mask is measured every step and drops nothing on the first pass (the torch
+    engine samples with the trainer's weights: its log-ratio is rounding, far below 0.5)."""
+    cfg = make_config(
+        beta=0.04, num_iterations=2, off_policy_mask_threshold=0.5, use_bias_correction_kl=True
+    )
+    assert cfg.training.loss_settings.use_bias_correction_kl
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    before = _params(trainer)
+    result = trainer.train()
+    assert result.global_step == 2
+    assert any(not torch.equal(before[n], p) for n, p in _params(trainer).items())
+    first, second = result.history
+    assert first["off_policy_mask/masked_frac"] == 0.0
+    assert 0.0 <= second["off_policy_mask/masked_frac"] <= 1.0
+    assert all(math.isfinite(h["loss"]) and h["kl"] >= 0.0 for h in result.history)
+
+
+def test_steps_per_generation_takes_several_steps_on_slices_of_one_generation(
+    make_config: Callable[..., GRPOKitConfig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """steps_per_generation 4 with gradient_accumulation_steps 2: one generation of 4 x 4 = 16
+    completions (4 prompts) feeds 2 optimizer steps of 8, each on its own slice; with
+    num_iterations 2, the slices in turn twice. 8 prompts, one epoch: 2 generations, 8 steps."""
+    cfg = make_config(steps_per_generation=4, num_iterations=2, max_steps=-1, num_train_epochs=1)
+    assert cfg.training.completions_per_generation == 16 and cfg.training.prompts_per_step == 4
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    assert trainer.total_steps == 8
+    assert trainer.loss.needs.old_logp  # pi_old is taken apart from the first step on
+    seen: list[tuple[int, int]] = []
+    own = trainer._loss_and_backward
+
+    def recording(exp: Any, rows: slice, *args: Any) -> None:
+        seen.append((id(exp), len(exp)))
+        own(exp, rows, *args)
+
+    monkeypatch.setattr(trainer, "_loss_and_backward", recording)
+    result = trainer.train()
+    assert result.global_step == 8 and trainer.state.generation_round == 2
+    assert [h["step"] for h in result.history] == list(range(1, 9))
+    # 8 rows per step (2 micro-batches of 4), slice a, b, a, b per generation
+    per_step = [seen[i : i + 2] for i in range(0, len(seen), 2)]
+    assert len(per_step) == 8 and all(len(set(s)) == 1 and s[0][1] == 8 for s in per_step)
+    a, b, a2, b2 = (s[0][0] for s in per_step[:4])
+    assert a != b and (a, b) == (a2, b2)
+    assert all(math.isfinite(h["loss"]) for h in result.history)
+
+
+def test_cast_lm_head_to_fp32_in_a_bfloat16_model(
+    make_config: Callable[..., GRPOKitConfig],
+) -> None:
+    """The tiny model's head is tied to its embedding: both become float32, the embedding's
+    output stays bfloat16, the logits are float32, and a few steps train."""
+    from grpokit.models.fp32_head import Float32Head
+
+    cfg = make_config(model={"dtype": "bfloat16"}, cast_lm_head_to_fp32=True, beta=0.04)
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    inner = trainer.policy.model
+    head = inner.get_output_embeddings()
+    assert isinstance(head, Float32Head) and head.weight.dtype == torch.float32
+    assert inner.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert inner.get_input_embeddings()(ids).dtype == torch.bfloat16
+        assert inner(input_ids=ids).logits.dtype == torch.float32
+    result = trainer.train()
+    assert result.global_step == 2
+    assert all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in result.history)

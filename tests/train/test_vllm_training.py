@@ -84,7 +84,7 @@ def test_grpo_steps_on_vllm_match_the_torch_engine(
         assert all(h["completions/mean_length"] == 16.0 for h in run)
         assert all(math.isfinite(h["loss"]) and h["grad_norm"] > 0 for h in run)
         assert run[-1]["kl"] > 0.0, "the policy moved away from the reference"
-    per_step = trainer.args.generation_batch_size
+    per_step = trainer.args.completions_per_generation
     (m_t, se_t), (m_v, se_v) = _mean_and_se(on_torch, per_step), _mean_and_se(on_vllm, per_step)
     assert abs(m_t - m_v) < 4 * math.hypot(se_t, se_v), (m_t, m_v, se_t, se_v)
     entropy = [sum(h["entropy"] for h in run) / STEPS for run in (on_torch, on_vllm)]

@@ -1,9 +1,12 @@
 """The training: section: TRL's GRPOConfig names, grouped (generation, loss, optimisation,
 checkpointing, logging, distribution) for the help and the docs.
 
-Batch arithmetic follows TRL: `per_device_train_batch_size` counts completions, and one
-generation batch of `per_device_train_batch_size * world_size * gradient_accumulation_steps`
-completions (= prompts_per_step * num_generations) feeds one optimizer step per iteration.
+Batch arithmetic follows TRL: `per_device_train_batch_size` counts completions, an optimizer
+step takes `per_device_train_batch_size * world_size * gradient_accumulation_steps` of them, and
+one generation batch of `per_device_train_batch_size * world_size * steps_per_generation`
+completions (= prompts_per_step * num_generations; steps_per_generation defaults to
+gradient_accumulation_steps) feeds steps_per_generation / gradient_accumulation_steps optimizer
+steps per iteration.
 """
 
 from __future__ import annotations
@@ -166,6 +169,26 @@ class TrainingConfig(_Strict):
         3,
         ge=1,
         description="Generation rounds per step at most when dynamic_sampling is on.",
+        json_schema_extra=_GEN,
+    )
+    steps_per_generation: int | None = Field(
+        None,
+        ge=1,
+        description="Micro-batches of per_device_train_batch_size completions (per process) "
+        "generated at once: one generation batch of per_device_train_batch_size x processes x "
+        "steps_per_generation completions feeds steps_per_generation / "
+        "gradient_accumulation_steps optimizer steps (each on its own slice, in order; with "
+        "num_iterations, that many passes over the slices), their old log-probs taken once after "
+        "generation. null: gradient_accumulation_steps (one step per generation). A multiple of "
+        "gradient_accumulation_steps; not with generation_batch_size.",
+        json_schema_extra=_GEN,
+    )
+    generation_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Completions generated at once, all processes: steps_per_generation given "
+        "as a batch size (a multiple of per_device_train_batch_size x processes x "
+        "gradient_accumulation_steps and of num_generations). null: from steps_per_generation.",
         json_schema_extra=_GEN,
     )
     use_vllm: bool = Field(
@@ -338,6 +361,25 @@ class TrainingConfig(_Strict):
         "towards the reference stays on the untruncated log-probs; S is logged as "
         "sampling/kept_mass. false: the full softmax (each token's sampler ratio then carries "
         "S, and the mismatch correction truncates or masks for it).",
+        json_schema_extra=_LOSS,
+    )
+    off_policy_mask_threshold: float | None = Field(
+        None,
+        ge=0,
+        description="DeepSeek-V3.2's off-policy sequence mask: a completion with a negative "
+        "advantage whose mean log-ratio log pi_sampler - log pi_theta over its tokens exceeds "
+        "this (e.g. 0.5) is left out of the policy term (its KL term stays). The sampler's "
+        "log-probs see both the updates since generation and the engine's numerics; the share "
+        "of tokens dropped is logged as off_policy_mask/masked_frac. null: off.",
+        json_schema_extra=_LOSS,
+    )
+    use_bias_correction_kl: bool = Field(
+        True,
+        description="Multiply the k3 KL term by the importance ratio pi_theta / pi_old "
+        "(DeepSeek-V3.2; TRL 1.16's default): unbiased for KL(pi_theta || pi_ref) on samples of "
+        "pi_old, and its gradient is that KL's (k3 alone pulls along KL(pi_ref || pi_theta)'s). "
+        "The same value on-policy, another gradient; changes nothing with beta 0. false: k3 "
+        "alone (TRL before 1.16).",
         json_schema_extra=_LOSS,
     )
     num_iterations: int = Field(
@@ -524,6 +566,14 @@ class TrainingConfig(_Strict):
     adam_epsilon: float = Field(1e-8, ge=0, description="AdamW epsilon.", json_schema_extra=_OPT)
     bf16: bool = Field(
         False, description="Train in bfloat16 (sets model.dtype).", json_schema_extra=_OPT
+    )
+    cast_lm_head_to_fp32: bool = Field(
+        False,
+        description="Compute the output projection (lm head) in float32, its weights kept in "
+        "float32 and the hidden states upcast, for the policy and the reference (ScaleRL's "
+        "recipe): bfloat16 logits round each token's log-prob by up to about 1%, noise in every "
+        "ratio. Changes nothing in a float32 model. Not with LoRA on the head.",
+        json_schema_extra=_OPT,
     )
     gradient_checkpointing: bool | None = Field(
         None,
@@ -893,7 +943,15 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> TrainingConfig:
-        gen = self.generation_batch_size
+        self._check_steps_per_generation()
+        gen = self.completions_per_generation
+        given = self.steps_per_generation is not None or self.generation_batch_size is not None
+        if gen % self.num_generations and given:  # the groups must be whole (TRL's rule)
+            raise ValueError(
+                f"the generation batch of {gen} completions (steps_per_generation / "
+                f"generation_batch_size) is not divisible by num_generations = "
+                f"{self.num_generations}; make it a multiple"
+            )
         if gen % self.num_generations:
             raise ValueError(
                 f"the generation batch per_device_train_batch_size x num_processes x "
@@ -907,6 +965,11 @@ class TrainingConfig(_Strict):
         _ = self.entropy_control  # its checks (the coefficient's bounds) name the fields
         if self.max_staleness:
             self._check_generating_ahead()
+        if self.fsdp and self.cast_lm_head_to_fp32:
+            raise ValueError(
+                "fsdp and cast_lm_head_to_fp32 cannot be combined: FSDP shards units whose "
+                "parameters share one dtype, and the float32 head would not"
+            )
         if self.fsdp and self.use_vllm:
             raise ValueError(
                 "fsdp and use_vllm cannot be combined: vLLM keeps a whole copy of the weights on "
@@ -949,6 +1012,33 @@ class TrainingConfig(_Strict):
                 )
         return self
 
+    def _check_steps_per_generation(self) -> None:
+        """TRL's rules for steps_per_generation and generation_batch_size, and grpokit's one more:
+        a whole number of optimizer steps per generation."""
+        steps, size = self.steps_per_generation, self.generation_batch_size
+        per_micro_step = self.per_device_train_batch_size * self.num_processes
+        if size is not None and steps is not None and size != per_micro_step * steps:
+            # A TRL dump has both, resolved; consistent values are the same setting.
+            raise ValueError(
+                "generation_batch_size and steps_per_generation cannot both be set (unless "
+                f"generation_batch_size = per_device_train_batch_size x processes x "
+                f"steps_per_generation = {per_micro_step * steps}); set one"
+            )
+        if size is not None and size % per_micro_step:
+            raise ValueError(
+                f"generation_batch_size {size} is not divisible by per_device_train_batch_size x "
+                f"processes = {per_micro_step}"
+            )
+        micro = self.micro_batches_per_generation
+        if micro % self.gradient_accumulation_steps:
+            # TRL would then generate more than once per optimizer step; here one generation
+            # feeds whole optimizer steps.
+            raise ValueError(
+                f"steps_per_generation {micro} (micro-batches per generation) must be a multiple "
+                f"of gradient_accumulation_steps {self.gradient_accumulation_steps}: each "
+                "generation feeds whole optimizer steps"
+            )
+
     def _check_generating_ahead(self) -> None:
         """What max_staleness > 0 needs: a generation that runs beside the trainer, whose older
         policy is corrected for, in rounds of one size."""
@@ -988,6 +1078,8 @@ class TrainingConfig(_Strict):
             )
             if self.use_vllm and self.vllm_importance_sampling_correction
             else None,
+            off_policy_mask_threshold=self.off_policy_mask_threshold,
+            use_bias_correction_kl=self.use_bias_correction_kl,
         )
 
     @property
@@ -1004,15 +1096,40 @@ class TrainingConfig(_Strict):
         )
 
     @property
-    def generation_batch_size(self) -> int:
-        """Completions generated per optimizer step (all processes)."""
+    def micro_batches_per_generation(self) -> int:
+        """steps_per_generation resolved as TRL resolves it: given, from generation_batch_size,
+        or gradient_accumulation_steps."""
+        if self.steps_per_generation is not None:
+            return self.steps_per_generation
+        if self.generation_batch_size is not None:
+            return self.generation_batch_size // (
+                self.per_device_train_batch_size * self.num_processes
+            )
+        return self.gradient_accumulation_steps
+
+    @property
+    def completions_per_generation(self) -> int:
+        """Completions generated at once (all processes): generation_batch_size resolved."""
         return (
-            self.per_device_train_batch_size * self.num_processes * self.gradient_accumulation_steps
+            self.per_device_train_batch_size
+            * self.num_processes
+            * self.micro_batches_per_generation
         )
 
     @property
+    def updates_per_generation(self) -> int:
+        """Optimizer steps each pass takes on one generation batch (its slices)."""
+        return self.micro_batches_per_generation // self.gradient_accumulation_steps
+
+    @property
+    def updates_per_round(self) -> int:
+        """Optimizer steps per generation round: num_iterations passes over its slices."""
+        return self.num_iterations * self.updates_per_generation
+
+    @property
     def prompts_per_step(self) -> int:
-        return self.generation_batch_size // self.num_generations
+        """Prompts per generation round (per optimizer step with the defaults)."""
+        return self.completions_per_generation // self.num_generations
 
     @property
     def optimizer_kwargs(self) -> dict[str, Any]:

@@ -26,6 +26,12 @@ truncated importance weight rho = pi_old / pi_sampler (per token, or the product
 sequence), clipped to clip_max or zeroed outside [clip_min, clip_max] (TRL's
 vllm_importance_sampling_* modes; verl's rollout_is). The KL term is not reweighted.
 
+Off-policy stabilisers (DeepSeek-V3.2, arXiv 2512.02556; TRL's names): ``off_policy_mask_threshold``
+drops the policy term of each completion with a negative advantage whose mean log-ratio
+log pi_behaviour - log pi_theta exceeds the threshold (:func:`off_policy_sequence_mask`), and
+``use_bias_correction_kl`` multiplies the k3 KL term by the importance weight w, so that samples
+from pi_old estimate KL(pi_theta || pi_ref) and its gradient without bias.
+
 A new loss is a surrogate function and one line in :data:`LOSS_TYPES`; the trainer asks the loss
 what it needs (:attr:`PolicyLoss.needs`) and weights micro-batches as it says.
 
@@ -66,6 +72,7 @@ __all__ = [
     "masked_mean",
     "micro_batch_weight",
     "mismatch_weights",
+    "off_policy_sequence_mask",
     "policy_loss",
     "reduce",
 ]
@@ -211,6 +218,30 @@ def mismatch_weights(
     return weight, ratio, outside
 
 
+# ---- off-policy stabilisers ---------------------------------------------------------------------
+
+
+def off_policy_sequence_mask(
+    advantages: Tensor, logp: Tensor, behaviour_logp: Tensor, active: Tensor, threshold: float
+) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask (arXiv 2512.02556, eq. 9; TRL's
+    ``off_policy_mask_threshold``). (B, 1) advantages, (B, T) logp / behaviour_logp / bool active
+    -> (B, 1) bool, True where the completion's policy term is kept.
+
+    A completion is dropped when its advantage is negative and the mean over its active tokens of
+    log pi_behaviour - log pi_theta (a per-sequence estimate of KL(pi_behaviour || pi_theta)) is
+    above ``threshold``: pushing down a sample the current policy already finds much less likely
+    than the sampler did mostly adds noise. Kept when A >= 0 or the mean <= threshold (TRL's
+    rule). Detached; inputs may hold anything on padding.
+    """
+    diff = torch.where(active, behaviour_logp.detach() - logp.detach(), torch.zeros_like(logp))
+    # A token the sampler could not score (NaN) is no evidence of drift (TRL does the same).
+    diff = torch.nan_to_num(diff, nan=0.0)
+    count = active.sum(dim=-1, keepdim=True).clamp(min=1).to(diff.dtype)
+    mean_log_ratio = diff.sum(dim=-1, keepdim=True) / count
+    return (advantages.detach() >= 0) | (mean_log_ratio <= threshold)
+
+
 # ---- surrogates ----------------------------------------------------------------------------------
 
 
@@ -235,6 +266,11 @@ class LossSettings:
     mismatch: MismatchCorrection | None = None
     """Correct for the sampler's numerics (None: only measure the gap, when its log-probs are
     given)."""
+    off_policy_mask_threshold: float | None = None
+    """Drop the policy term of negative-advantage completions whose mean log-ratio
+    log pi_behaviour - log pi_theta exceeds it (:func:`off_policy_sequence_mask`); None: off."""
+    use_bias_correction_kl: bool = False
+    """Multiply the k3 KL term by the importance weight w (with its gradient)."""
 
     @property
     def eps_high(self) -> float:
@@ -263,6 +299,11 @@ class LossSettings:
         if self.max_completion_length is not None and self.max_completion_length < 1:
             raise ValueError(
                 f"max_completion_length must be >= 1, got {self.max_completion_length!r}"
+            )
+        if self.off_policy_mask_threshold is not None and not self.off_policy_mask_threshold >= 0:
+            raise ValueError(
+                f"off_policy_mask_threshold must be >= 0 (a log-ratio, e.g. 0.5), got "
+                f"{self.off_policy_mask_threshold!r}"
             )
         for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
             if not getattr(self, name) > 0.0:
@@ -476,6 +517,7 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
         SurrogateInputs(weight=weight, logp=logp_safe, advantages=adv, active=active), s
     )
     metrics = {k: masked_mean(v.detach(), active) for k, v in per_token_metrics.items()}
+    sampler_safe = None
     if x.sampler_logp is not None:
         sampler_safe = torch.where(active, x.sampler_logp.detach().to(logp.dtype), zeros)
         correction = _mismatch(old_safe, sampler_safe, active, s.mismatch, metrics)
@@ -483,6 +525,17 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
             per_token = per_token * correction
     if x.policy_mask is not None:
         per_token = per_token * x.policy_mask.detach().to(per_token.dtype)
+    if s.off_policy_mask_threshold is not None:
+        # The sampler's log-probs see both gaps, the updates since generation and the kernels'
+        # (TRL prefers vLLM's for the same reason); pi_old where the sampler's are not given.
+        behaviour = old_safe if sampler_safe is None else sampler_safe
+        keep = off_policy_sequence_mask(
+            adv, logp_safe, behaviour, active, s.off_policy_mask_threshold
+        )
+        per_token = torch.where(keep, per_token, zeros)  # where, not *: a NaN term stays out
+        metrics["off_policy_mask/masked_frac"] = masked_mean(
+            (~keep).expand_as(active).to(logp.dtype), active
+        )
     kl_logp_safe = logp_safe
     if x.kl_logp is not None:
         kl_logp_safe = torch.where(active, x.kl_logp.to(logp.dtype), zeros)
@@ -492,6 +545,11 @@ def policy_loss(x: LossInputs, s: LossSettings) -> LossOutput:
     if x.ref_logp is not None:
         ref_safe = torch.where(active, x.ref_logp.detach().to(logp.dtype), zeros)
         kl_per_token = k3(kl_logp_safe, ref_safe)
+        if s.use_bias_correction_kl:
+            # E_old[w k3] = KL(pi_theta || pi_ref), and the gradient of w k3 is
+            # w (logp - ref) grad logp: in expectation the gradient of that KL (k3's own is the
+            # gradient of KL(pi_ref || pi_theta), grpokit.core.kl).
+            kl_per_token = kl_per_token * weight
         metrics["kl"] = masked_mean(kl_per_token.detach(), active)
         if s.beta > 0.0:
             per_token = per_token + s.beta * kl_per_token
@@ -550,6 +608,7 @@ class PolicyLoss:
 
     settings: LossSettings
     num_iterations: int = 1
+    """Optimizer steps on one generation (mu x steps_per_generation / gradient accumulation)."""
 
     @property
     def needs(self) -> LossNeeds:

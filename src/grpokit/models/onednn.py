@@ -191,6 +191,7 @@ def store_frozen_linears_in_compute_dtype(model: torch.nn.Module) -> int:
             and isinstance(weight, torch.nn.Parameter)
             and not weight.requires_grad
             and weight.dtype == torch.float32
+            and not getattr(module, "keeps_float32", False)  # cast_lm_head_to_fp32's head
         ):
             module.weight = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
             converted += 1

@@ -74,7 +74,7 @@ def sample_groups(
             sampler.chunks(
                 rows,
                 generations,
-                prompts_per_chunk=cfg.training.generation_batch_size // generations,
+                prompts_per_chunk=cfg.training.completions_per_generation // generations,
                 seed=seed,
                 reseed_each_chunk=False,
                 progress=bar,

@@ -34,6 +34,26 @@ class Experience:
     def __len__(self) -> int:
         return len(self.completion_ids)
 
+    def split(self, parts: int) -> list[Experience]:
+        """``parts`` consecutive slices of as equal a number of rows as can be (TRL's
+        steps_per_generation: one per optimizer step); some may be empty."""
+        n = len(self)
+        out = []
+        for i in range(parts):
+            rows = slice(i * n // parts, (i + 1) * n // parts)
+            out.append(
+                Experience(
+                    self.prompt_ids[rows],
+                    self.completion_ids[rows],
+                    self.advantages[rows],
+                    self.loss_mask_rows[rows],
+                    None if self.sampler_logps is None else self.sampler_logps[rows],
+                    None if self.tool_mask is None else self.tool_mask[rows],
+                    None if self.ref_logps is None else self.ref_logps[rows],
+                )
+            )
+        return out
+
     def micro_batch_rows(
         self, size: int, token_budget: int | None = None, *, packed: bool = False
     ) -> list[slice]:

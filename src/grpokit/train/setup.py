@@ -22,6 +22,7 @@ from grpokit.data.chat import prompts_past_context
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.files import write_atomic, write_json
+from grpokit.models.fp32_head import cast_lm_head_to_fp32
 from grpokit.models.loading import Policy, model_context
 from grpokit.models.onednn import store_frozen_linears_in_compute_dtype
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
@@ -66,6 +67,10 @@ def build_policy(
         device=torch.device("cpu") if sharded else device,
     )
     broadcast_parameters(policy.model, dist)
+    if cfg.training.cast_lm_head_to_fp32:
+        for model in (policy.model, policy.reference):
+            if model is not None:
+                cast_lm_head_to_fp32(model)
     if policy.reference is not None and not sharded:
         # Under FSDP the reference is sharded like the policy, whose units need one dtype.
         store_frozen_linears_in_compute_dtype(policy.reference)
@@ -96,7 +101,7 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
             and policy.uses_adapter
             and policy.reference is None
             and policy.compute_dtype == torch.float32
-            and reference_rows_pay(args.generation_batch_size // args.num_processes)
+            and reference_rows_pay(args.completions_per_generation // args.num_processes)
             and not sharded
             and not (cfg.tools or cfg.environment_factory)
         )
@@ -116,7 +121,7 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
             if args.max_prompt_length is not None
             else None
         ),
-        max_num_seqs=-(-args.generation_batch_size // args.num_processes),  # one call's rows
+        max_num_seqs=-(-args.completions_per_generation // args.num_processes),  # one call's rows
         server_url=args.vllm_server_base_url,
         dtype=policy.compute_dtype,  # what the trainer computes in, not vLLM's reading of "auto"
         seed=args.seed,
@@ -133,15 +138,17 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
 
 def build_loss(args: TrainingConfig) -> PolicyLoss:
     """The policy loss of ``loss_type`` with its settings; it tells the trainer what it needs."""
-    return PolicyLoss(args.loss_settings, num_iterations=args.num_iterations)
+    # pi_old must be taken apart from pi_theta whenever one generation feeds several updates.
+    return PolicyLoss(args.loss_settings, num_iterations=args.updates_per_round)
 
 
 def total_steps(args: TrainingConfig, num_prompts: int) -> int:
-    """Optimizer steps of the run: max_steps, or the epochs' generation rounds x mu."""
+    """Optimizer steps of the run: max_steps, or the epochs' generation rounds x the updates of
+    each (mu x steps_per_generation / gradient_accumulation_steps)."""
     if args.max_steps > 0:
         return args.max_steps
     rounds = math.ceil(args.num_train_epochs * num_prompts / args.prompts_per_step)
-    return max(1, rounds) * args.num_iterations
+    return max(1, rounds) * args.updates_per_round
 
 
 def build_optimizer(

@@ -1,6 +1,7 @@
 """The GRPO training loop: rollout -> reward -> advantage -> update -> log, in one readable place.
 
-`GRPOTrainer.step()` is the whole algorithm of one optimizer step (or num_iterations of them);
+`GRPOTrainer.step()` is the whole algorithm of one generation round and its optimizer steps (one,
+or num_iterations passes over steps_per_generation / gradient_accumulation_steps slices);
 the set-up is a list of named steps (:mod:`grpokit.train.setup`), and checkpoints live in
 :mod:`grpokit.train.checkpoint`. The loss is a :class:`~grpokit.core.losses.PolicyLoss`: the
 trainer feeds it micro-batches and weights them as it says, without knowing the loss type.
@@ -141,6 +142,18 @@ def heldout_metric_names(rewards: RewardSet) -> list[str]:
         if top is not None:  # a pass is reaching the reward's maximum
             names.append(f"eval/{name}/pass_rate")
     return names + [f"eval/{part}/pass_rate" for part in rewards.part_names]
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    """One optimizer step's slice of a generation batch, its micro-batches, the log-probs that
+    stay fixed during the update (pi_old, pi_ref; None where not needed) and its counts."""
+
+    exp: Experience
+    micro_batches: list[slice]
+    old_logps: list[torch.Tensor | None]
+    ref_logps: list[torch.Tensor | None]
+    counts: StepCounts
 
 
 class GRPOTrainer:
@@ -380,7 +393,7 @@ class GRPOTrainer:
         metrics = {"time/generate": 0.0, "time/score": 0.0}
         n_groups = generated = 0
         rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
-        later_rounds = -(-(self.total_steps - self.state.global_step) // a.num_iterations) - 1
+        later_rounds = -(-(self.total_steps - self.state.global_step) // a.updates_per_round) - 1
         for _ in range(rounds):
             need = want_groups - n_groups if a.dynamic_sampling else want_groups
             drawn = self.rollouts.next(need, later_rounds=later_rounds)
@@ -527,31 +540,45 @@ class GRPOTrainer:
         )
 
     def update(self, exp: Experience) -> list[dict[str, float]]:
-        """num_iterations optimizer steps on one experience batch; metrics of each. The rollout
-        engine then takes the new weights (vLLM holds its own copy)."""
+        """num_iterations passes over one experience batch, each an optimizer step on every one
+        of its updates_per_generation slices in turn (TRL's steps_per_generation); metrics of
+        each step. The rollout engine then takes the new weights (vLLM holds its own copy)."""
         a = self.args
-        micro_batches = exp.micro_batch_rows(
-            a.per_device_train_batch_size, a.max_tokens_per_micro_batch, packed=a.padding_free
-        )
-        self.lockstep.plan(len(micro_batches))
+        steps: list[_StepPlan] = []
         with frozen_casts_kept(self.policy.model):
-            old_logps, ref_logps = self._fixed_logprobs(exp, micro_batches)
-            # Global counts: each rank's loss is then its share of the global loss (grads are
-            # summed).
-            active, num_rows = all_reduce_scalars([exp.active_tokens(), len(exp)], self.dist)
-            counts = StepCounts(max(1, int(active)), max(1, int(num_rows)), a.max_completion_length)
+            # pi_old of every slice before the first update: all were drawn from it.
+            for part in exp.split(a.updates_per_generation):
+                micro_batches = part.micro_batch_rows(
+                    a.per_device_train_batch_size,
+                    a.max_tokens_per_micro_batch,
+                    packed=a.padding_free,
+                )
+                self.lockstep.plan(len(micro_batches))
+                old_logps, ref_logps = self._fixed_logprobs(part, micro_batches)
+                # Global counts: each rank's loss is then its share of the global loss (grads
+                # are summed).
+                active, num_rows = all_reduce_scalars([part.active_tokens(), len(part)], self.dist)
+                counts = StepCounts(
+                    max(1, int(active)), max(1, int(num_rows)), a.max_completion_length
+                )
+                steps.append(_StepPlan(part, micro_batches, old_logps, ref_logps, counts))
             if not self.policy.model.training:  # the switch walks every module, even a no-op
                 self.policy.model.train()
             records = []
             for _ in range(a.num_iterations):
-                sums = LossSums(self.device)
-                entropy = EntropyStep.start(self.entropy_control, self.state)
-                for rows, old, ref in zip(micro_batches, old_logps, ref_logps, strict=True):
-                    self._loss_and_backward(exp, rows, old, ref, counts, sums, entropy)
-                self.lockstep.finish(self.policy.model, backward=True)
-                records.append(self._apply_gradients(sums))
-                if entropy.active:
-                    entropy.finish(records[-1], self.state)
+                for step in steps:
+                    self.lockstep.plan(len(step.micro_batches))
+                    sums = LossSums(self.device)
+                    entropy = EntropyStep.start(self.entropy_control, self.state)
+                    fixed = zip(step.micro_batches, step.old_logps, step.ref_logps, strict=True)
+                    for rows, old, ref in fixed:
+                        self._loss_and_backward(
+                            step.exp, rows, old, ref, step.counts, sums, entropy
+                        )
+                    self.lockstep.finish(self.policy.model, backward=True)
+                    records.append(self._apply_gradients(sums))
+                    if entropy.active:
+                        entropy.finish(records[-1], self.state)
         self.engine.sync_weights()
         return records
 
@@ -632,13 +659,13 @@ class GRPOTrainer:
 
     def _no_update(self) -> list[dict[str, float]]:
         """A round whose groups all had equal rewards has nothing to learn from: no gradient,
-        but it still counts num_iterations steps, as :func:`total_steps` and the schedule do."""
+        but it still counts its steps, as :func:`total_steps` and the schedule do."""
         self.log(
             f"step {self.state.global_step + 1}: every group had equal rewards; no update "
             "(see frac_reward_zero_std; grpokit preflight explains the cold start)"
         )
         records = []
-        for _ in range(self.args.num_iterations):
+        for _ in range(self.args.updates_per_round):
             self._advance_schedule()
             records.append({"loss": 0.0, "grad_norm": 0.0})
         return records
@@ -652,7 +679,7 @@ class GRPOTrainer:
         return exp
 
     def step(self) -> list[dict[str, Any]]:
-        """One generation round and its num_iterations optimizer steps; returns their metrics."""
+        """One generation round and its optimizer steps (updates_per_round); their metrics."""
         t0 = time.perf_counter()
         collected = self.collect()
         scored = collected.scored
@@ -862,7 +889,7 @@ class GRPOTrainer:
     @property
     def steps_per_epoch(self) -> int:
         rounds = math.ceil(len(self.rows) / self.args.prompts_per_step)
-        return max(1, rounds) * self.args.num_iterations
+        return max(1, rounds) * self.args.updates_per_round
 
     @property
     def resume_command(self) -> str:
