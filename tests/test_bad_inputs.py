@@ -319,6 +319,9 @@ CASES: list[Case] = [
         "address without nnodes", lambda c: ["train", str(c), "--master-addr", "h"], "--nnodes"
     ),
     cli_case("master port 0", lambda c: ["train", str(c), "--master-port", "0"], "--master-port"),
+    cli_case(
+        "port without nnodes", lambda c: ["train", str(c), "--master-port", "29400"], "--nnodes"
+    ),
     cli_case("set without =", lambda c: ["train", str(c), "--set", "training.beta"], "--set"),
     cli_case("set empty key", lambda c: ["train", str(c), "--set", "=1"], "--set"),
     cli_case("set empty part", lambda c: ["train", str(c), "--set", "training..beta=1"], "--set"),

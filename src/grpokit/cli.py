@@ -164,8 +164,10 @@ def train(
             f"from it in a new directory: grpokit train CONFIG --set model.init_from="
             f"{config}/checkpoint-N --output-dir {output_dir}"
         )
-    if nnodes is None and (master_addr is not None or node_rank):
-        raise UserError("--node-rank and --master-addr go with --nnodes (the number of machines)")
+    if nnodes is None and (master_addr is not None or node_rank or master_port != 29500):
+        raise UserError(
+            "--node-rank, --master-addr and --master-port go with --nnodes (the number of machines)"
+        )
     if nproc is not None or nnodes is not None:
         from grpokit.train.distributed import Nodes, launch
 
