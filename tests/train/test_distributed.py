@@ -193,7 +193,8 @@ def _fsdp_worker(config: str, out: str) -> None:
 def _nodes_worker(config: str, out: str) -> None:
     """One process of a two-machine run (one process on each): the ``dp`` worker's update on its
     share, in float32 (so that the checkpoint resumes into the command's float32 model), with the
-    launcher's variables and where grpokit was imported from; then a real step."""
+    launcher's variables and where grpokit was imported from; then a real step, and what a resume
+    from its checkpoint restores."""
     cfg = load_config(config, ["training.gradient_accumulation_steps=1"])
     trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
     advantages, metrics = _update_on_share(trainer)
@@ -209,6 +210,17 @@ def _nodes_worker(config: str, out: str) -> None:
         Path(out) / f"rank{trainer.dist.rank}.pt",
     )
     trainer.train()  # rank 0 alone logs and writes checkpoint-2
+
+    # Both machines restore rank 0's checkpoint; each draws its own samples from there on.
+    resumed = GRPOTrainer(cfg, resume=True, progress=False, log=lambda m: None)
+    torch.save(
+        {
+            "params": _trainable(resumed),
+            "step": resumed.state.global_step,
+            "generator": resumed.generator.get_state(),
+        },
+        Path(out) / f"resumed{resumed.dist.rank}.pt",
+    )
 
 
 def _env() -> dict[str, str]:
@@ -469,6 +481,13 @@ def test_two_nodes_update_like_one_process_and_resume(
     )
 
     run = config.output_dir
+    saved = load_file(run / "checkpoint-2" / "trainable.safetensors")
+    restored = [torch.load(out / f"resumed{r}.pt", weights_only=False) for r in range(2)]
+    for r in restored:
+        assert r["step"] == 2 and sorted(r["params"]) == sorted(saved)
+        assert all(torch.equal(r["params"][n], saved[n]) for n in saved)
+    # Seeded by RANK, not LOCAL_RANK (0 on both): the machines sample different completions.
+    assert not torch.equal(restored[0]["generator"], restored[1]["generator"])
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]  # logged once, by rank 0
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
