@@ -306,6 +306,22 @@ CASES: list[Case] = [
     cli_case("nproc 0", lambda c: ["train", str(c), "--nproc", "0"], "--nproc"),
     cli_case("nproc -2", lambda c: ["train", str(c), "--nproc", "-2"], "--nproc"),
     cli_case("nproc text", lambda c: ["train", str(c), "--nproc", "two"], "--nproc"),
+    cli_case("nnodes 0", lambda c: ["train", str(c), "--nnodes", "0"], "--nnodes"),
+    cli_case(
+        "nnodes without address", lambda c: ["train", str(c), "--nnodes", "2"], "--master-addr"
+    ),
+    cli_case(
+        "node rank past nnodes",
+        lambda c: ["train", str(c), "--nnodes", "2", "--node-rank", "2", "--master-addr", "h"],
+        "--node-rank",
+    ),
+    cli_case(
+        "address without nnodes", lambda c: ["train", str(c), "--master-addr", "h"], "--nnodes"
+    ),
+    cli_case("master port 0", lambda c: ["train", str(c), "--master-port", "0"], "--master-port"),
+    cli_case(
+        "port without nnodes", lambda c: ["train", str(c), "--master-port", "29400"], "--nnodes"
+    ),
     cli_case("set without =", lambda c: ["train", str(c), "--set", "training.beta"], "--set"),
     cli_case("set empty key", lambda c: ["train", str(c), "--set", "=1"], "--set"),
     cli_case("set empty part", lambda c: ["train", str(c), "--set", "training..beta=1"], "--set"),

@@ -103,6 +103,33 @@ def _print_config_help(ctx: click.Context, _param: click.Parameter, value: bool)
     "`torchrun --nproc-per-node N -m grpokit train ...`).",
 )
 @click.option(
+    "--nnodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Machines in the run: start the same command on each, with its own --node-rank and "
+    "the same --master-addr (runs torchrun's static rendezvous; --nproc processes on each, "
+    "default 1). The run directory must be on a filesystem every machine sees.",
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="This machine's number, 0 to --nnodes - 1; machine 0 holds rank 0, which writes the run.",
+)
+@click.option(
+    "--master-addr",
+    default=None,
+    help="With --nnodes: the address of machine 0, reachable from every machine.",
+)
+@click.option(
+    "--master-port",
+    type=click.IntRange(min=1, max=65535),
+    default=29500,  # torchrun's default (the CLI imports no torch before it runs)
+    show_default=True,
+    help="With --nnodes: a free port on machine 0 for the rendezvous.",
+)
+@click.option(
     "--help-config",
     is_flag=True,
     expose_value=False,
@@ -118,6 +145,10 @@ def train(
     output_dir: Path | None,
     no_progress: bool,
     nproc: int | None,
+    nnodes: int | None,
+    node_rank: int,
+    master_addr: str | None,
+    master_port: int,
 ) -> None:
     """Train with GRPO. CONFIG is a YAML file, or a run directory to resume.
 
@@ -133,13 +164,18 @@ def train(
             f"from it in a new directory: grpokit train CONFIG --set model.init_from="
             f"{config}/checkpoint-N --output-dir {output_dir}"
         )
-    if nproc is not None:
-        from grpokit.train.distributed import launch
+    if nnodes is None and (master_addr is not None or node_rank or master_port != 29500):
+        raise UserError(
+            "--node-rank, --master-addr and --master-port go with --nnodes (the number of machines)"
+        )
+    if nproc is not None or nnodes is not None:
+        from grpokit.train.distributed import Nodes, launch
 
         args = ["train", str(config), *(f"--set={o}" for o in overrides), "--no-progress"]
         if output_dir is not None:
             args += ["--output-dir", str(output_dir)]
-        sys.exit(launch(nproc, args))
+        nodes = Nodes(nnodes or 1, node_rank, master_addr, master_port)
+        sys.exit(launch(nproc or 1, args, nodes))
 
     from grpokit.evaluate.report import build_report
     from grpokit.preflight.run import advice_on_steps

@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,12 +29,19 @@ from float64_identity import to_float64, use_rms_norm_in_input_precision
 from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
+import grpokit
 from grpokit.config import GRPOKitConfig, load_config
 from grpokit.core.advantages import compute_advantages
 from grpokit.errors import UserError
 from grpokit.models.loading import load_policy
 from grpokit.rollout.base import SamplingParams
-from grpokit.train.distributed import DistContext, launch_command, reduce_metrics, shard_slice
+from grpokit.train.distributed import (
+    DistContext,
+    Nodes,
+    launch_command,
+    reduce_metrics,
+    shard_slice,
+)
 from grpokit.train.experience import Experience
 from grpokit.train.fsdp import full_state, gathered, shard_policy
 from grpokit.train.trainer import GRPOTrainer
@@ -61,6 +70,7 @@ FSDP_TRAINING = {
     "eval_steps": 1,
 }
 PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 30, 1137]]
+SRC = Path(__file__).resolve().parents[2] / "src"
 ROLLOUT_SEED = 123
 
 
@@ -180,12 +190,62 @@ def _fsdp_worker(config: str, out: str) -> None:
     resumed.train()
 
 
+def _nodes_worker(config: str, out: str) -> None:
+    """One process of a two-machine run (one process on each): the ``dp`` worker's update on its
+    share, in float32 (so that the checkpoint resumes into the command's float32 model), with the
+    launcher's variables and where grpokit was imported from; then a real step, and what a resume
+    from its checkpoint restores."""
+    cfg = load_config(config, ["training.gradient_accumulation_steps=1"])
+    trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+    advantages, metrics = _update_on_share(trainer)
+    launcher = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+    torch.save(
+        {
+            "params": _trainable(trainer),
+            "advantages": advantages,
+            "metrics": metrics,
+            "env": {k: os.environ.get(k) for k in launcher},
+            "grpokit": grpokit.__file__,
+        },
+        Path(out) / f"rank{trainer.dist.rank}.pt",
+    )
+    trainer.train()  # rank 0 alone logs and writes checkpoint-2
+
+    # Both machines restore rank 0's checkpoint; each draws its own samples from there on.
+    resumed = GRPOTrainer(cfg, resume=True, progress=False, log=lambda m: None)
+    torch.save(
+        {
+            "params": _trainable(resumed),
+            "step": resumed.state.global_step,
+            "generator": resumed.generator.get_state(),
+        },
+        Path(out) / f"resumed{resumed.dist.rank}.pt",
+    )
+
+
+def _env() -> dict[str, str]:
+    """This environment without a launcher's variables, importing grpokit from this checkout."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in launcher and not k.startswith(("TORCHELASTIC_", "GROUP_", "LOCAL_WORLD"))
+    }
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(SRC))
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _torchrun(config: GRPOKitConfig, out: Path, mode: str) -> subprocess.Popen[bytes]:
     """Start this file as the worker script in 2 processes."""
     assert config.config_path is not None
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src"))
+    env = _env()
     cmd = [
         sys.executable,
         "-m",
@@ -346,6 +406,108 @@ def test_fsdp_two_processes_update_like_one_and_resume(
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
 
 
+def _two_nodes(
+    commands: list[list[str]], meanwhile: Callable[[], None] = lambda: None
+) -> list[tuple[int, str]]:
+    """Run one command per "machine" (two processes started apart, as on two hosts), and
+    ``meanwhile`` here while they run; each one's exit status and output."""
+    procs = [
+        subprocess.Popen(c, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for c in commands
+    ]
+    try:
+        meanwhile()
+        outputs = [p.communicate(timeout=300)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, text) for p, text in zip(procs, outputs, strict=True)]
+
+
+def _grpokit_nodes(*args: str) -> list[list[str]]:
+    """`grpokit ARGS` on two machines, grpokit's own form (machine 0 at 127.0.0.1)."""
+    where = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()))
+    return [
+        [sys.executable, "-m", "grpokit", *args, *where, "--node-rank", str(node)]
+        for node in range(2)
+    ]
+
+
+@pytest.mark.slow  # four launches of torchrun and grpokit: about 55 CPU seconds, 90 s on 2 cores
+def test_two_nodes_update_like_one_process_and_resume(
+    config: GRPOKitConfig, tmp_path: Path
+) -> None:
+    """Two machines of one process each, as torchrun starts them with a c10d rendezvous (here
+    both on localhost, gloo): LOCAL_RANK is 0 on both while RANK is 0 and 1. The update equals one
+    process's, rank 0 alone writes the run, and `grpokit train RUN --nnodes 2` resumes it."""
+    assert config.config_path is not None
+    out = tmp_path / "nodes-out"
+    out.mkdir()
+    port = _free_port()
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
+    rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=grpokit"]
+    worker = [str(Path(__file__).resolve()), str(config.config_path), str(out), "nodes"]
+    reference: dict[str, Any] = {}
+
+    def single_process() -> None:
+        """The single-process reference on the same global batch (float32, as the workers: one
+        process accumulates 2 micro-batches where 2 processes sum over gloo)."""
+        single = _single(config)
+        reference["before"] = _trainable(single)
+        reference["metrics"] = single.update(_fixed_batch()[0])
+        reference["after"] = _trainable(single)
+
+    # On two hosts the endpoint's own host serves the rendezvous; on one, say which does.
+    commands = [
+        [*torchrun, *rendezvous, f"--rdzv-conf=is_host={int(node == 0)}", *worker]
+        for node in range(2)
+    ]
+    for status, text in _two_nodes(commands, single_process):
+        assert status == 0, text[-4000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+    # What the launcher set: a local rank 0 on each machine, global ranks 0 and 1.
+    assert [r["env"]["RANK"] for r in ranks] == ["0", "1"]
+    assert [r["env"]["LOCAL_RANK"] for r in ranks] == ["0", "0"]
+    assert sorted(r["env"]["GROUP_RANK"] for r in ranks) == ["0", "1"]  # the machine's number
+    assert [r["env"]["WORLD_SIZE"] for r in ranks] == ["2", "2"]
+    assert all(Path(r["grpokit"]).is_relative_to(SRC) for r in ranks)  # this checkout's code
+    # float32: the two ways of summing the same gradients differ in rounding (~1e-7 relative),
+    # which AdamW's two steps at lr 1e-2 carry into the weights: the FSDP test's tolerances.
+    _assert_same_update(ranks, reference["metrics"], reference["before"], reference["after"])
+    torch.testing.assert_close(
+        torch.cat([ranks[0]["advantages"], ranks[1]["advantages"]]),
+        compute_advantages(_fixed_batch()[1], GROUP, scale="batch"),
+    )
+
+    run = config.output_dir
+    saved = load_file(run / "checkpoint-2" / "trainable.safetensors")
+    restored = [torch.load(out / f"resumed{r}.pt", weights_only=False) for r in range(2)]
+    for r in restored:
+        assert r["step"] == 2 and sorted(r["params"]) == sorted(saved)
+        assert all(torch.equal(r["params"][n], saved[n]) for n in saved)
+    # Seeded by RANK, not LOCAL_RANK (0 on both): the machines sample different completions.
+    assert not torch.equal(restored[0]["generator"], restored[1]["generator"])
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]  # logged once, by rank 0
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2"]
+    completions = (run / "completions.jsonl").read_text().splitlines()
+    assert len(completions) == GROUP  # rank 0's group only
+    assert not list(run.glob(".grpokit-shared-*"))  # the shared-directory probe is gone
+
+    # Resume on both machines with grpokit's own form (torchrun's static rendezvous: machine 0
+    # holds rank 0), one generation round (mu = 2 optimizer steps) further.
+    resumed = _two_nodes(_grpokit_nodes("train", str(run), "--set", "training.max_steps=4"))
+    for status, text in resumed:
+        assert status == 0, text[-4000:]
+    said = "".join(text for _, text in resumed)
+    assert said.count("resumed from") == 1 and "at step 2" in said, said[-4000:]
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3, 4]
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert len((run / "completions.jsonl").read_text().splitlines()) == 2 * GROUP
+
+
 def test_fsdp_names_the_setting_when_no_layer_matches(tiny_model_dir: Path) -> None:
     policy = load_policy(str(tiny_model_dir), need_reference=True)
     with pytest.raises(UserError, match="NoSuchLayer.*fsdp_config.transformer_layer_cls_to_wrap"):
@@ -372,8 +534,34 @@ def test_launch_command_runs_grpokit_under_torchrun() -> None:
     assert cmd[-4:] == ["-m", "grpokit", "train", "cfg.yaml"]
     with pytest.raises(UserError):
         launch_command(0, ["train"])
+    # One machine's share of several: the static rendezvous at machine 0's address.
+    cmd = launch_command(2, ["train", "c.yaml"], Nodes(3, 2, "10.0.0.1"))
+    flags = ["--nnodes=3", "--node-rank=2", "--master-addr=10.0.0.1", "--master-port=29500"]
+    assert cmd[3:7] == flags and "--standalone" not in cmd
+    assert "--nproc-per-node=2" in cmd
+    with pytest.raises(UserError, match="--master-addr"):
+        launch_command(1, ["train"], Nodes(2))
+    with pytest.raises(UserError, match="--node-rank must be 0 to 1"):
+        launch_command(1, ["train"], Nodes(2, 2, "h"))
+
+
+def test_two_nodes_refuse_run_directories_that_differ(
+    config: GRPOKitConfig, tmp_path: Path
+) -> None:
+    """Machines that do not see one run directory (here: each given its own) stop, each with
+    the message, before a model is loaded; rank 0 removed its probe file."""
+    assert config.config_path is not None
+    commands = _grpokit_nodes("train", str(config.config_path))
+    for node, command in enumerate(commands):
+        command += ["--output-dir", str(tmp_path / f"node{node}")]
+    for status, text in _two_nodes(commands):
+        assert status != 0, text[-4000:]
+        assert "is not the one rank 1 on" in text and "filesystem every machine mounts" in text
+    assert not list(tmp_path.glob("node*/.grpokit-shared-*"))
 
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    {"dp": _worker, "fsdp": _fsdp_worker}[sys.argv[3]](sys.argv[1], sys.argv[2])
+    {"dp": _worker, "fsdp": _fsdp_worker, "nodes": _nodes_worker}[sys.argv[3]](
+        sys.argv[1], sys.argv[2]
+    )

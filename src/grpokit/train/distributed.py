@@ -1,8 +1,11 @@
 """Data-parallel GRPO over several processes with ``torch.distributed`` (gloo on CPU, nccl on GPU).
 
-A launcher (``torchrun``, ``accelerate launch``, or ``grpokit train --nproc N``) starts one process
-per device and sets ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``; every process runs the same trainer
-on the same config. The split of work, and why each collective is there:
+A launcher (``torchrun``, ``accelerate launch``, or ``grpokit train --nproc N``, on several machines
+``--nnodes M --node-rank R --master-addr HOST``) starts one process per device and sets ``RANK`` /
+``WORLD_SIZE`` / ``LOCAL_RANK``; every process runs the same trainer on the same config.
+``LOCAL_RANK`` (the process's number on its own machine) only picks its GPU: with several machines
+each one has a ``LOCAL_RANK`` 0, so who writes, which share of the data and which seed all follow
+the global ``RANK``. The split of work, and why each collective is there:
 
 - every rank draws the same global list of prompts (same seeded order) and keeps a contiguous
   share of *whole groups*, so a group's advantages never need another rank's rewards;
@@ -21,12 +24,15 @@ Nothing here is called in a single process run: :data:`SINGLE` makes every helpe
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,12 +40,15 @@ import torch.distributed as dist
 from grpokit.errors import UserError
 
 __all__ = [
+    "DEFAULT_MASTER_PORT",
     "SINGLE",
     "DistContext",
+    "Nodes",
     "all_reduce_gradients",
     "all_reduce_scalars",
     "barrier",
     "broadcast_parameters",
+    "check_shared_run_dir",
     "gather_rows",
     "init_distributed",
     "launch",
@@ -47,6 +56,9 @@ __all__ = [
     "reduce_metrics",
     "shard_slice",
 ]
+
+DEFAULT_MASTER_PORT = 29500
+"""torchrun's own default for ``--master-port``."""
 
 _BUCKET_ELEMENTS = 1 << 24
 """Gradients are all-reduced in flat buckets of at most this many elements (64 MiB in float32):
@@ -202,6 +214,44 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
+def check_shared_run_dir(run_dir: Path, ctx: DistContext) -> None:
+    """Fail on every rank unless every rank sees the files rank 0 writes in ``run_dir``.
+
+    Rank 0 alone writes the run, and every rank reads its checkpoints to resume: on several
+    machines the directory must be one they all mount (NFS and the like) at the same path. Rank 0
+    writes a one-off token there, the others read it back.
+
+    Raises:
+        UserError: on every rank, naming the hosts that do not see it.
+    """
+    if not ctx.enabled:
+        return
+    # A name and a token of rank 0's choosing, so that a stale copy of the directory fails too.
+    shared = [f".grpokit-shared-{secrets.token_hex(4)}", secrets.token_hex(8)]
+    dist.broadcast_object_list(shared, src=0)
+    probe = run_dir / shared[0]
+    if ctx.is_main:
+        probe.write_text(shared[1], encoding="utf-8")
+    barrier(ctx)
+    try:
+        seen = probe.read_text(encoding="utf-8") == shared[1]
+    except OSError:
+        seen = False
+    views: list[tuple[str, bool] | None] = [None] * ctx.world_size
+    dist.all_gather_object(views, (socket.gethostname(), seen))
+    if ctx.is_main:
+        probe.unlink(missing_ok=True)
+    blind = [f"rank {r} on {v[0]}" for r, v in enumerate(views) if v is not None and not v[1]]
+    if blind:
+        host = views[0][0] if views[0] is not None else "?"
+        raise UserError(
+            f"{run_dir}: the run directory rank 0 writes (on {host}) is not the one "
+            f"{', '.join(blind)} sees. Rank 0 alone writes checkpoints and every process reads them to "
+            "resume: on several machines put training.output_dir (or --output-dir) on a "
+            "filesystem every machine mounts at the same path"
+        )
+
+
 _SUMMED = ("loss", "num_tokens")
 
 
@@ -268,15 +318,51 @@ def _comm_device() -> torch.device:
 # ---- launching ---------------------------------------------------------------------------------
 
 
-def launch_command(nproc: int, grpokit_args: Sequence[str]) -> list[str]:
-    """The torchrun command line that runs ``grpokit <grpokit_args>`` in ``nproc`` processes."""
+@dataclass(frozen=True)
+class Nodes:
+    """This machine's place among the machines of a run (torchrun's static rendezvous)."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    """The address of machine 0, which holds rank 0 and so writes the run's files."""
+    master_port: int = DEFAULT_MASTER_PORT
+
+    def torchrun_args(self) -> list[str]:
+        """torchrun's flags for this machine; one machine alone is ``--standalone``."""
+        if self.nnodes < 1:
+            raise UserError(f"--nnodes must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UserError(
+                f"--node-rank must be 0 to {self.nnodes - 1} with --nnodes {self.nnodes}"
+            )
+        if self.nnodes == 1:
+            return ["--standalone"]
+        if not self.master_addr:
+            raise UserError(
+                "--nnodes > 1 needs --master-addr: the address of the machine started with "
+                "--node-rank 0, reachable from every machine"
+            )
+        if not 0 < self.master_port < 65536:
+            raise UserError(f"--master-port must be 1 to 65535, got {self.master_port}")
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={self.master_port}",
+        ]
+
+
+def launch_command(nproc: int, grpokit_args: Sequence[str], nodes: Nodes = Nodes()) -> list[str]:
+    """The torchrun command line that runs ``grpokit <grpokit_args>`` in ``nproc`` processes on
+    this machine: every machine of a multi-node run runs it with its own ``nodes.node_rank``."""
     if nproc < 1:
         raise UserError(f"--nproc must be >= 1, got {nproc}")
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *nodes.torchrun_args(),
         f"--nproc-per-node={nproc}",
         "-m",
         "grpokit",
@@ -284,11 +370,13 @@ def launch_command(nproc: int, grpokit_args: Sequence[str]) -> list[str]:
     ]
 
 
-def launch(nproc: int, grpokit_args: Sequence[str]) -> int:
-    """Run ``grpokit <grpokit_args>`` in ``nproc`` local processes; returns the exit code."""
+def launch(nproc: int, grpokit_args: Sequence[str], nodes: Nodes = Nodes()) -> int:
+    """Run ``grpokit <grpokit_args>`` in ``nproc`` processes on this machine; returns the exit
+    code."""
+    cmd = launch_command(nproc, grpokit_args, nodes)
     if shutil.which(sys.executable) is None:  # pragma: no cover - the running interpreter exists
         raise UserError(f"cannot find the Python interpreter {sys.executable}")
     env = dict(os.environ)
-    # Each process gets its share of the cores instead of all of them (oversubscription).
+    # Each process gets its share of this machine's cores instead of all of them.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    return subprocess.call(launch_command(nproc, grpokit_args), env=env)
+    return subprocess.call(cmd, env=env)

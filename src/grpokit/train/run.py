@@ -166,7 +166,15 @@ def resume_run(
     cfg_path = run_dir / "config.yaml"
     info_path = run_dir / "run.json"
     if not cfg_path.is_file() or not info_path.is_file():
-        raise UserError(f"{run_dir}: not a grpokit run directory (no config.yaml / run.json)")
+        shared = (
+            "; on several machines the run directory must be on a filesystem every machine "
+            "mounts at the same path"
+            if os.environ.get("RANK", "0") != "0"
+            else ""
+        )
+        raise UserError(
+            f"{run_dir}: not a grpokit run directory (no config.yaml / run.json){shared}"
+        )
     data, lines = read_config_data(cfg_path)
     # Relative paths in the config keep meaning what they meant when the run started.
     started_in = Path(json.loads(info_path.read_text())["config_dir"])

@@ -64,6 +64,7 @@ from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_scalars,
     barrier,
+    check_shared_run_dir,
     gather_rows,
     init_distributed,
     reduce_metrics,
@@ -199,6 +200,7 @@ class GRPOTrainer:
         self.heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
         system_prompt = self.cfg.system_prompt
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_shared_run_dir(self.run_dir, self.dist)  # several machines: one directory for all
         if self.dist.is_main:
             for leftover in remove_partial_checkpoints(self.run_dir):
                 self.log(f"removed {leftover.name}, left by a checkpoint write that did not finish")
