@@ -445,6 +445,7 @@ GRPOKIT_ONLY: dict[str, str] = {
     "advantage_estimator": "RLOO's leave-one-out baseline",
     "dynamic_sampling": "DAPO's dynamic sampling",
     "max_dynamic_sampling_rounds": "DAPO's dynamic sampling",
+    "curriculum": "prime-rl's difficulty pools: prompts whose groups were flat drawn less often",
     "max_tokens_per_micro_batch": "verl's token budget per micro-batch",
     "logprob_chunk_size": "log-probs a chunk of positions at a time, without the whole logits",
     "padding_free": "TRL's SFTConfig has it (GRPOConfig does not): sequences packed without padding",

@@ -31,6 +31,7 @@ from grpokit.config.sections import (
 from grpokit.config.training import (
     GENERATION_KWARGS,
     TRAINING_GROUPS,
+    CurriculumConfig,
     FSDPConfig,
     TrainingConfig,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "TRAINING_GROUPS",
     "DataConfig",
     "DatasetSpec",
+    "CurriculumConfig",
     "FSDPConfig",
     "GRPOKitConfig",
     "LoraConfig",

@@ -25,6 +25,7 @@ from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
 from grpokit.core.advantages import MultiObjectiveAggregation
+from grpokit.core.curriculum import Curriculum
 from grpokit.core.entropy import EntropyControl
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
 from grpokit.rollout.tool_calls import check_pattern
@@ -81,6 +82,33 @@ class FSDPConfig(_Strict):
             "default the model's own decoder layer classes (transformers' _no_split_modules, "
             "e.g. LlamaDecoderLayer)."
         ),
+    )
+
+
+class CurriculumConfig(_Strict):
+    """A pass-rate curriculum: prompts whose last group was flat (every completion scored the
+    same) are drawn less often (docs/math.md, "Groups that all score the same")."""
+
+    easy_threshold: float = Field(
+        0.5,
+        description="A prompt whose last group was flat is easy when that group's mean total "
+        "reward is at least this (every completion right), hard below it (every completion "
+        "wrong). The default suits rewards that are 0 when wrong and 1 or more when right.",
+    )
+    easy_keep_prob: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="The probability that an easy prompt is drawn when the prompt order reaches "
+        "it; otherwise it is passed over until the next epoch, and the step takes the next "
+        "prompt instead.",
+    )
+    hard_keep_prob: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="The same for a hard prompt. Other prompts (their last group had a spread, "
+        "or none drawn yet) are always drawn.",
     )
 
 
@@ -169,6 +197,16 @@ class TrainingConfig(_Strict):
         3,
         ge=1,
         description="Generation rounds per step at most when dynamic_sampling is on.",
+        json_schema_extra=_GEN,
+    )
+    curriculum: CurriculumConfig | None = Field(
+        None,
+        description="A pass-rate curriculum (prime-rl's difficulty pools): each prompt's last "
+        "group is recorded, and prompts whose group was flat, all right (easy) or all wrong "
+        "(hard), are drawn less often, so a step keeps its prompts and more of them have a "
+        "reward spread. The records are saved with each checkpoint. null: off; {} turns it on "
+        "with its defaults. Logs curriculum/easy, /normal, /hard (prompts in each pool) and "
+        "/passed_over.",
         json_schema_extra=_GEN,
     )
     steps_per_generation: int | None = Field(
@@ -1081,6 +1119,14 @@ class TrainingConfig(_Strict):
             off_policy_mask_threshold=self.off_policy_mask_threshold,
             use_bias_correction_kl=self.use_bias_correction_kl,
         )
+
+    @property
+    def curriculum_settings(self) -> Curriculum | None:
+        """The curriculum's settings (None: off)."""
+        c = self.curriculum
+        if c is None:
+            return None
+        return Curriculum(c.easy_threshold, c.easy_keep_prob, c.hard_keep_prob)
 
     @property
     def entropy_control(self) -> EntropyControl:

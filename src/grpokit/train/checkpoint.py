@@ -5,6 +5,7 @@ checkpoint-<step>/
   trainable.safetensors   the trainable parameters by name (what resume loads back)
   optimizer.pt, scheduler.pt, rng.pt
   trainer_state.json      step, data position, metrics needed to continue
+  curriculum.json         with training.curriculum: each prompt's record (optional)
   config.yaml             the resolved config
   manifest.json           written last: every file's size and sha256, the tensors' names,
                           shapes and dtypes (see grpokit.models.manifest)
@@ -55,6 +56,10 @@ RESUME_FILES = (
     "trainer_state.json",
 )
 """The files a resume reads (besides model/, which eval and export read)."""
+
+CURRICULUM_FILE = "curriculum.json"
+"""training.curriculum's records (prompt index -> [groups, last mean reward, last flat]); a
+checkpoint written without the curriculum has none."""
 
 
 @dataclass
@@ -129,13 +134,14 @@ def save_checkpoint(
     model_state: dict[str, torch.Tensor] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     rng: dict[str, Any] | None = None,
+    curriculum: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``checkpoint-<global_step>`` into ``run_dir``.
 
     ``model_state`` and ``optimizer_state`` replace the model's and optimizer's own state dicts
     when given: the whole tensors gathered from a sharded (FSDP) model, in the same layout.
     ``rng`` replaces the current random states (see :func:`rng_state`): those taken at the start
-    of a step that then failed.
+    of a step that then failed. ``curriculum``: the curriculum's records (curriculum.json).
     Written under ``.tmp-checkpoint-<step>`` and renamed when whole; a failed write (a full
     disk) removes its partial directory and leaves the earlier checkpoints as they were.
     """
@@ -152,6 +158,7 @@ def save_checkpoint(
             rng=rng if rng is not None else rng_state(generator),
             state=state,
             config_yaml=config_yaml,
+            curriculum=curriculum,
         )
     except BaseException as exc:
         full = _out_of_space(run_dir, exc)
@@ -208,6 +215,7 @@ def _write(
     rng: dict[str, Any],
     state: TrainerState,
     config_yaml: str,
+    curriculum: dict[str, Any] | None = None,
 ) -> None:
     tmp.mkdir(parents=True)
     policy.save(tmp / "model", state_dict=model_state)
@@ -222,7 +230,24 @@ def _write(
     torch.save(rng, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
     (tmp / "config.yaml").write_text(config_yaml, encoding="utf-8")
+    if curriculum is not None:
+        (tmp / CURRICULUM_FILE).write_text(json.dumps(curriculum), encoding="utf-8")
     write_manifest(tmp, trainer_state_version=STATE_VERSION)  # last: the checkpoint is whole
+
+
+def read_curriculum(checkpoint: Path) -> Any | None:
+    """The parsed curriculum.json of ``checkpoint`` (None when it has none).
+
+    Raises:
+        CheckpointDamaged: when it is not JSON.
+    """
+    path = checkpoint / CURRICULUM_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointDamaged(path, f"not valid JSON ({exc})") from None
 
 
 def read_trainer_state(path: Path) -> TrainerState:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from grpokit.data.prompts import PromptRow
@@ -33,13 +35,30 @@ class PromptStream:
         self._order = self._order_of(epoch)
 
     def take(self, n: int) -> list[PromptRow]:
-        out: list[PromptRow] = []
+        return [self.rows[i] for i in self.take_indices(n)[0]]
+
+    def take_indices(
+        self, n: int, keep: Callable[[int, int, int], bool] | None = None
+    ) -> tuple[list[int], int]:
+        """The next ``n`` prompts' indices into ``rows``, and how many were passed over.
+
+        ``keep(index, epoch, position)``: whether to take the prompt at that slot (a curriculum;
+        default all). Once as many prompts as the data set holds have been passed over in one
+        call, the rest are taken as they come, so that a data set whose prompts all fail
+        ``keep`` still fills the step.
+        """
+        out: list[int] = []
+        passed = 0
         while len(out) < n:
             if self.position >= len(self._order):
                 self.seek(self.epoch + 1, 0)
-            out.append(self.rows[self._order[self.position]])
+            index = self._order[self.position]
+            if keep is None or passed >= len(self.rows) or keep(index, self.epoch, self.position):
+                out.append(index)
+            else:
+                passed += 1
             self.position += 1
-        return out
+        return out, passed
 
     @property
     def epoch_float(self) -> float:

@@ -11,6 +11,7 @@ import torch
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.sampling import Sampler, ScoredBatch
+from grpokit.train.curriculum import PromptCurriculum
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import DistContext, shard_slice
 
@@ -21,6 +22,8 @@ class Drawn:
 
     epoch / position: the prompt stream's resume point after this round's prompts (the stream
         itself may be further on, at rounds taken ahead).
+    indices: the round's prompts over all ranks, as indices into the training rows, in the order
+        :func:`~grpokit.train.distributed.gather_rows` puts their groups.
     metrics: ``staleness`` when generating ahead: weight updates between the policy that sampled
         the round and the one trained on it.
     """
@@ -28,6 +31,7 @@ class Drawn:
     scored: ScoredBatch
     epoch: int
     position: int
+    indices: list[int] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -36,6 +40,7 @@ class _Taken:
     rows: list[PromptRow]
     epoch: int
     position: int
+    indices: list[int]
 
 
 class Rollouts:
@@ -47,6 +52,8 @@ class Rollouts:
     round is scored, so their generation runs while this round's update does. A round taken k
     rounds ahead is sampled from weights at most k updates older than those trained on it.
     Scoring stays on this (the main) thread: some rewards need it (signal-based time limits).
+
+    With a ``curriculum``, the stream passes over the prompts it does not keep.
     """
 
     def __init__(
@@ -58,6 +65,7 @@ class Rollouts:
         num_generations: int,
         generator: torch.Generator,
         max_staleness: int = 0,
+        curriculum: PromptCurriculum | None = None,
     ) -> None:
         if max_staleness and sampler.tools is not None:
             raise UserError(
@@ -70,6 +78,7 @@ class Rollouts:
         self.num_generations = num_generations
         self.generator = generator
         self.max_staleness = max_staleness
+        self.curriculum = curriculum
         self._taken: deque[_Taken] = deque()
 
     def next(self, prompts: int, *, later_rounds: int) -> Drawn:
@@ -90,12 +99,16 @@ class Rollouts:
                     f"a batch {staleness} weight updates old, outside 0..{self.max_staleness}"
                 )
             metrics["staleness"] = float(staleness)
-        return Drawn(scored, taken.epoch, taken.position, metrics)
+        return Drawn(scored, taken.epoch, taken.position, taken.indices, metrics)
 
     def _take(self, prompts: int) -> None:
         world = self.dist.world_size
-        rows = self.stream.take(-(-prompts // world) * world)
-        rows = rows[shard_slice(len(rows), self.dist)]
-        self._taken.append(_Taken(rows, self.stream.epoch, self.stream.position))
+        curriculum = self.curriculum
+        keep = curriculum.keep if curriculum is not None else None
+        indices, passed = self.stream.take_indices(-(-prompts // world) * world, keep)
+        if curriculum is not None:
+            curriculum.passed_over += passed
+        rows = [self.stream.rows[i] for i in indices][shard_slice(len(indices), self.dist)]
+        self._taken.append(_Taken(rows, self.stream.epoch, self.stream.position, indices))
         if self.max_staleness:
             self.sampler.prefetch(rows, self.num_generations)

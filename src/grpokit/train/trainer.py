@@ -25,6 +25,7 @@ import torch
 
 from grpokit.config import GRPOKitConfig
 from grpokit.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS
+from grpokit.core.curriculum import PromptRecord
 from grpokit.core.losses import LossInputs, StepCounts
 from grpokit.core.stats import cluster_mean_stderr
 from grpokit.data.prompts import check_columns
@@ -55,11 +56,13 @@ from grpokit.train.best import record_checkpoint, record_eval, stops_early
 from grpokit.train.checkpoint import (
     TrainerState,
     load_checkpoint,
+    read_curriculum,
     remove_partial_checkpoints,
     rng_state,
     save_checkpoint,
 )
 from grpokit.train.console import reward_warnings_to, stop_guard
+from grpokit.train.curriculum import PromptCurriculum
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import (
     all_reduce_scalars,
@@ -243,6 +246,15 @@ class GRPOTrainer:
             a, self.policy.trainable_parameters(), self.total_steps
         )
         self.stream = PromptStream(self.rows, seed=a.seed, shuffle=self.cfg.data.shuffle)
+        curriculum = a.curriculum_settings
+        self.curriculum = (
+            PromptCurriculum(curriculum, num_prompts=len(self.rows), seed=a.seed)
+            if curriculum is not None
+            else None
+        )
+        # The curriculum's records at the start of the running step: what an emergency
+        # checkpoint saves with the state of that moment.
+        self._curriculum_before: dict[int, PromptRecord] | None = None
         self.rollouts = Rollouts(
             self.stream,
             self.sampler,
@@ -250,6 +262,7 @@ class GRPOTrainer:
             num_generations=a.num_generations,
             generator=self.generator,
             max_staleness=a.max_staleness,
+            curriculum=self.curriculum,
         )
         self.state = self._restore() if resume else TrainerState()
         self.sinks: list[MetricsSink] = []
@@ -317,8 +330,10 @@ class GRPOTrainer:
         if not found:
             raise UserError(f"{self.run_dir}: no checkpoint-<step> directory to resume from")
         damaged: list[CheckpointDamaged] = []
+        records = None
         for ckpt in reversed(found):
             try:
+                records = self._read_curriculum(ckpt)
                 state = load_checkpoint(
                     ckpt,
                     policy=self.policy,
@@ -339,6 +354,11 @@ class GRPOTrainer:
                 "run, or restore a checkpoint from a copy"
             )
         self.stream.seek(state.epoch, state.position)
+        if self.curriculum is not None:
+            if records is None:
+                self.log(f"{ckpt.name} has no curriculum records: the curriculum starts afresh")
+            else:
+                self.curriculum.records = records
         if self.dist.rank:  # the checkpoint holds rank 0's generator
             self.generator.manual_seed(self._rank_seed(state.generation_round))
         if damaged:
@@ -348,6 +368,18 @@ class GRPOTrainer:
             )
         self.log(f"resumed from {ckpt} at step {state.global_step}")
         return state
+
+    def _read_curriculum(self, ckpt: Path) -> dict[int, PromptRecord] | None:
+        """The curriculum's records saved in ``ckpt`` (None: curriculum off, or none saved)."""
+        if self.curriculum is None:
+            return None
+        data = read_curriculum(ckpt)
+        if data is None:
+            return None
+        try:
+            return self.curriculum.parse(data)
+        except ValueError as exc:
+            raise CheckpointDamaged(ckpt / "curriculum.json", str(exc)) from None
 
     @property
     def engine(self) -> RolloutEngine:
@@ -407,9 +439,15 @@ class GRPOTrainer:
             metrics |= drawn.metrics
             scores = scored.scores
             advantages = self._local_advantages(scores.total, scores.per_function)
+            no_signal = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation].no_signal
+            if self.curriculum is not None:  # every rank records every group of the round
+                total = gather_rows(scores.total, self.dist)
+                flat = no_signal(
+                    total, gather_rows(scores.per_function, self.dist), a.num_generations
+                )
+                self.curriculum.observe(drawn.indices, total, flat)
             keep = torch.ones(len(scored.rows), dtype=torch.bool)
             if a.dynamic_sampling:
-                no_signal = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation].no_signal
                 keep = ~no_signal(scores.total, scores.per_function, a.num_generations)
             kept.append((scored, advantages, keep))
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
@@ -692,6 +730,8 @@ class GRPOTrainer:
             scored, self.rewards.max_values, text_ngram=text_ngram, tool_names=tools
         )
         shared |= collected.metrics
+        if self.curriculum is not None:
+            shared |= self.curriculum.metrics()
         exp = self._joined(collected.experience)
         updates = self.update(exp) if exp is not None else self._no_update()
         shared["time/update"] = time.perf_counter() - t1
@@ -822,6 +862,7 @@ class GRPOTrainer:
                 model_state=model_state,
                 optimizer_state=optimizer_state,
                 rng=rng,
+                curriculum=self.curriculum.state() if self.curriculum is not None else None,
             )
         except BaseException:  # not written: the best one is still the one before
             self.state.best_model_checkpoint, self.state.best_model_checkpoint_metric = was_best
@@ -852,6 +893,8 @@ class GRPOTrainer:
                 while self.state.global_step < self.total_steps and stopped() is None:
                     # What a checkpoint of the last completed step holds, should this step fail.
                     self._before_step = (replace(self.state), rng_state(self.generator))
+                    if self.curriculum is not None:
+                        self._curriculum_before = self.curriculum.snapshot()
                     self._weights_changed = False
                     records = self.step()
                     self._before_step = None
@@ -1016,6 +1059,8 @@ class GRPOTrainer:
         rng = None
         if self._before_step is not None:  # back to where the failed step started
             self.state, rng = self._before_step
+            if self.curriculum is not None and self._curriculum_before is not None:
+                self.curriculum.records = self._curriculum_before
         try:
             path = self._save(rng=rng)
         except Exception as save_exc:
