@@ -36,6 +36,7 @@ from grpokit.demo import (
         LONG,
         QUICK,
         replace(DEMO, lora_r=None, num_generations=12, prompts_per_step=3, dtype="float32"),
+        replace(DEMO, curriculum={"easy_keep_prob": 0.2}),
     ],
 )
 def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSettings) -> None:
@@ -47,6 +48,10 @@ def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSetting
     assert t.per_device_train_batch_size <= 8 and t.max_steps == settings.grpo_steps
     assert (load_config(path).model.lora is None) == (settings.lora_r is None)
     assert load_config(path).model.dtype == settings.dtype
+    curriculum = t.curriculum_settings
+    assert (curriculum is None) == (settings.curriculum is None)
+    if curriculum is not None:
+        assert curriculum.easy_keep_prob == 0.2 and curriculum.hard_keep_prob == 0.1
 
 
 def test_demo_and_long_demo_measure_on_200_fresh_problems() -> None:

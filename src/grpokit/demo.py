@@ -71,6 +71,8 @@ class DemoSettings:
     loss_type: LossTypeName = "dapo"
     temperature: float = 1.0
     dynamic_sampling: bool = False
+    curriculum: dict[str, float] | None = None
+    """training.curriculum (e.g. {} for its defaults, {"easy_keep_prob": 0.2}); None: off."""
     n_heldout: int = 32
     n_eval: int = 200
     """Measure every stage on this many fresh problems (disjoint from anything the demo's data can
@@ -134,6 +136,7 @@ def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any
             "beta": s.beta,
             "loss_type": s.loss_type,
             "dynamic_sampling": s.dynamic_sampling,
+            **({"curriculum": s.curriculum} if s.curriculum is not None else {}),
             "lr_scheduler_type": s.lr_scheduler_type,
             "seed": s.seed,
             "save_steps": 0,
