@@ -171,3 +171,19 @@ def test_damaged_records_are_named(
     (tmp_path / "run" / "checkpoint-1" / "manifest.json").unlink()  # no checksum to catch it
     with pytest.raises(UserError, match=r"curriculum.json.*prompt 99 is beyond the 8"):
         GRPOTrainer(cfg, progress=False, log=lambda m: None, resume=True)
+
+
+def test_with_dynamic_sampling_the_curriculum_sees_every_round(
+    curriculum_config: Callable[..., GRPOKitConfig],
+) -> None:
+    # Dynamic sampling drops the flat groups and draws again; the curriculum records the groups
+    # of every round, kept or dropped.
+    trainer, drawn = _run(
+        curriculum_config(
+            max_steps=3, output_dir="both", dynamic_sampling=True, curriculum={"easy_keep_prob": 0}
+        )
+    )
+    assert trainer.state.global_step == 3
+    seen = {t for r in drawn for t in r}
+    assert len(trainer.curriculum.records) == len(seen)  # type: ignore[union-attr]
+    assert trainer.history[-1]["curriculum/easy"] == len(seen & set(EASY))
