@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +260,43 @@ def test_run_report_warns_about_a_foreign_database(run_dir: Path, tmp_path: Path
     shutil.copy(other.db_path, run_dir / "review.sqlite")
     html = build_report(run_dir).read_text(encoding="utf-8")
     assert "holds the labels of other samples" in html
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_server_stops_on_a_signal_with_a_connection_open(tmp_path: Path, stop: int) -> None:
+    """Ctrl-C or SIGTERM stops `grpokit review` at once with its closing line and exit code 0:
+    sent as soon as the address is printed, while a browser holds a connection that sends
+    nothing (a preconnect or a kept-alive socket) and one that sent half a request, in a process
+    that started with SIGINT ignored (as a shell starts a command in the background). Before,
+    such a server never stopped on SIGINT (the browser test waited 60 s for it so), and SIGTERM
+    or a signal sent right after the address killed it without its closing line."""
+    gen = make_generate_file(tmp_path / "gen" / "samples.jsonl")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpokit", "review", str(gen), "--reviewer", "ann"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_ignore_sigint,
+    )
+    assert proc.stdout is not None
+    try:
+        first = proc.stdout.readline()  # the URL, printed once the port is bound
+        port = int(first.split("http://127.0.0.1:", 1)[1].split("/", 1)[0])
+        with (
+            socket.create_connection(("127.0.0.1", port)),  # idle
+            socket.create_connection(("127.0.0.1", port)) as half,
+        ):
+            half.sendall(b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port)
+            proc.send_signal(stop)
+            # Generous for a loaded machine; it takes about 0.5 s (the server's poll interval).
+            out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, first + out
+    assert "stopped; 0 label(s) by ann" in out

@@ -115,21 +115,22 @@ def test_errors_become_error_messages(tools_dir: Path) -> None:
 
 @pytest.mark.parametrize("name", ["hang", "hang_async"])
 def test_hanging_tools_time_out_together(tools_dir: Path, name: str) -> None:
-    runner = _runner(tools_dir, name, "calculator", timeout=0.3)
+    timeout, hanging = 1.0, 5
+    runner = _runner(tools_dir, name, "calculator", timeout=timeout)
     t0 = time.monotonic()
     rows = runner.run(
-        [
-            [ToolCall(name, {"x": 1})],
-            [ToolCall(name, {"x": 2})],
-            [ToolCall("calculator", {"a": 2, "b": 2})],
-        ]
+        [[ToolCall(name, {"x": x})] for x in range(hanging)]
+        + [[ToolCall("calculator", {"a": 2, "b": 2})]]
     )
     results = [r for row in rows for r in row]
     elapsed = time.monotonic() - t0
-    assert elapsed < 1.5  # one timeout for all calls, not one each
-    assert [r.failed for r in results] == [True, True, False]
-    assert json.loads(results[0].content) == {"error": f"{name} did not finish within 0.3 s"}
-    assert results[2].content == "4"
+    # One timeout for all calls, not one each: the rows one after another would take at least
+    # 5 s, together about 1 s (4 s to spare for a loaded machine; with 2 rows at 0.3 s and a
+    # 1.5 s bound, as before, one after another would have passed too).
+    assert elapsed < hanging * timeout
+    assert [r.failed for r in results] == [True] * hanging + [False]
+    assert json.loads(results[0].content) == {"error": f"{name} did not finish within 1 s"}
+    assert results[-1].content == "4"
 
 
 def test_huge_result_is_cut_with_a_note(tools_dir: Path) -> None:
@@ -148,22 +149,25 @@ def test_a_rows_calls_run_in_order_rows_concurrently() -> None:
     from grpokit.rollout.tools import tool_from_function
 
     log: list[int] = []
+    # Both rows' first calls must be running at once to pass it: rows run one after another
+    # would leave the first call waiting until the runner's timeout (no wall-clock bound that a
+    # loaded machine could miss).
+    both_first = threading.Barrier(2)
 
     def step(x: int) -> int:
-        """Record a step; the first one is slow.
+        """Record a step; the first ones wait for each other.
 
         Args:
             x: the step's number
         """
-        time.sleep(0.3 if x == 1 else 0.0)
+        if x == 1:
+            both_first.wait()
         log.append(x)
         return x
 
-    runner = ToolRunner([tool_from_function(step, where="test")], timeout=5, max_result_chars=10)
-    t0 = time.monotonic()
+    runner = ToolRunner([tool_from_function(step, where="test")], timeout=30, max_result_chars=10)
     rows = runner.run(
         [[ToolCall("step", {"x": 1}), ToolCall("step", {"x": 2})], [ToolCall("step", {"x": 1})]]
     )
     assert [[r.content for r in row] for row in rows] == [["1", "2"], ["1"]]
     assert log.index(2) > log.index(1)  # the second call of a row waited for the first
-    assert time.monotonic() - t0 < 0.55  # the two rows' slow calls ran side by side

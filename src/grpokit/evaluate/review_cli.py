@@ -134,22 +134,20 @@ def review_cmd(
             click.echo(f"{what}: {len(pairs)} in {path}")
         return
 
-    from grpokit.evaluate.review_server import ReviewApp, make_server
+    from grpokit.evaluate.review_server import ReviewApp, make_server, serve_until_stopped
 
     who = reviewer or _default_reviewer()
     app = ReviewApp(store, found.samples, who)
     server = make_server(app, port)
     state = app.state()
     mode = f"{len(store.items)} checklist item(s)" if store.items else "one 1-5 score"
-    click.echo(
-        f"review: http://127.0.0.1:{server.server_port}/  ({state['total']} samples, "
-        f"{state['labelled']} labelled by {who}; {mode}; labels in {store.path})"
-    )
-    click.echo("stop with Ctrl-C; the labels are saved as you go", err=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+
+    def ready() -> None:
+        click.echo(
+            f"review: http://127.0.0.1:{server.server_port}/  ({state['total']} samples, "
+            f"{state['labelled']} labelled by {who}; {mode}; labels in {store.path})"
+        )
+        click.echo("stop with Ctrl-C; the labels are saved as you go", err=True)
+
+    serve_until_stopped(server, ready)  # Ctrl-C or SIGTERM
     click.echo(f"stopped; {len(store.labels(who))} label(s) by {who} in {store.path}")

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Sequence
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
@@ -369,3 +372,49 @@ def make_server(app: ReviewApp, port: int = 0) -> ThreadingHTTPServer:
         raise
     server.daemon_threads = True
     return server
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def serve_until_stopped(
+    server: ThreadingHTTPServer, ready: Callable[[], None] = lambda: None, poll: float = 0.2
+) -> int:
+    """Serve until SIGINT (Ctrl-C) or SIGTERM arrives, then stop and close; the signal's number.
+    ``ready`` runs once the signals are caught (it prints the address: a signal sent as soon as
+    that is read must find the handler in place).
+
+    Both signals get a handler of their own for the time of the call, also where the process
+    started with SIGINT ignored (a shell leaves it so for a command it starts in the background,
+    and Python then installs no Ctrl-C handler): "stop with Ctrl-C" must stop the server
+    wherever it runs. The handler only records the signal; the requests are served in a thread,
+    and the main thread stops them with ``shutdown()``, which returns within the server's poll
+    interval, never in the middle of a request. The handler threads are daemons that
+    ``server_close`` does not wait for, so a connection a browser keeps open (kept alive or
+    opened ahead of a request that never comes) cannot hold the exit up.
+
+    Must be called from the main thread (signal handlers can only be set there).
+    """
+    received: list[int] = []
+
+    def record(signum: int, _frame: object) -> None:
+        received.append(signum)
+
+    previous = {sig: signal.signal(sig, record) for sig in STOP_SIGNALS}
+    thread = threading.Thread(target=server.serve_forever, name="review-server", daemon=True)
+    try:
+        ready()
+        thread.start()
+        try:
+            while not received and thread.is_alive():
+                # A signal runs the handler during the sleep, which then sleeps on (PEP 475):
+                # the loop sees the signal within ``poll`` seconds.
+                time.sleep(poll)
+        finally:
+            server.shutdown()  # serve_forever returns within its poll interval
+            thread.join()
+    finally:
+        server.server_close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return received[0] if received else 0

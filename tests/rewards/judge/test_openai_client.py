@@ -136,8 +136,9 @@ def test_concurrency_is_bounded_and_parallel(fake_judge: FakeFactory, tmp_path: 
         reward.close()
     assert scores == [0.5] * 12
     assert server.max_in_flight == 3
-    # 12 requests of 0.3 s, 3 at a time: 4 waves (1.2 s), far below the 3.6 s of one at a time.
-    assert 1.15 <= elapsed < 2.6
+    # 12 requests of 0.3 s, 3 at a time: 4 waves (1.2 s), below the 3.6 s of one at a time
+    # (max_in_flight shows the parallelism; the bound leaves a loaded machine 2.4 s).
+    assert 1.15 <= elapsed < 3.6
 
 
 def test_batch_takes_about_the_slowest_request(fake_judge: FakeFactory, tmp_path: Path) -> None:
@@ -150,7 +151,7 @@ def test_batch_takes_about_the_slowest_request(fake_judge: FakeFactory, tmp_path
     finally:
         reward.close()
     assert server.max_in_flight == 8
-    assert elapsed < 1.6  # not 8 x 0.4 s
+    assert elapsed < 8 * 0.4  # not one after another (about 0.4 s; the rest for a loaded machine)
 
 
 def test_slow_server_hits_the_timeout(fake_judge: FakeFactory, tmp_path: Path) -> None:
@@ -166,7 +167,7 @@ def test_slow_server_hits_the_timeout(fake_judge: FakeFactory, tmp_path: Path) -
         assert reward.last_metrics["judge/request_failure_rate"] == 1.0
     finally:
         reward.close()
-    assert elapsed < 1.5
+    assert elapsed < 3.0  # both tries cut at 0.3 s (about 0.6 s), not the server's 3 s
     assert len(server.requests) == 2
 
 
