@@ -179,7 +179,7 @@ TRL_REFUSED = {
     "trust_remote_code": True,
     "auto_find_batch_size": True,
     "resume_from_checkpoint": "runs/x/checkpoint-5",
-    "entropy_coef": 0.01,
+    "vespo_k_pos": 1.0,
     "num_generations_eval": 4,
 }
 CHAT_USER = {"role": "user", "content": "hi"}
