@@ -81,16 +81,20 @@ def _assert_same_outputs(path: Path, model: torch.nn.Module, tokenizer: Any) -> 
     llm = open_llama(path)
     try:
         assert llm.n_vocab == len(tokenizer)
+        decided_total = 0
         for text in PROMPTS:
             ids = chat_ids(tokenizer, text)
             expected = torch_greedy(model, ids, GREEDY_TOKENS)
             assert len(set(expected)) > 3, "degenerate reference continuation"
             assert_close_logits(llm, model, ids + expected)
             # Token for token up to a near tie (a random model has some: Gemma 3's with an adapter
-            # had top two logits 1.3e-4 apart, less than llama.cpp's GELU rounding moves them).
+            # had top two logits 1.3e-4 apart, less than llama.cpp's GELU rounding moves them;
+            # Gemma's with an adapter a tie at the 4th token of one prompt).
             decided = decided_prefix(llm, model, ids, expected)
-            assert decided >= GREEDY_TOKENS // 2, (text, decided)
+            decided_total += decided
             assert llama_greedy(llm, ids, GREEDY_TOKENS)[:decided] == expected[:decided], text
+        # Not vacuous: ties cut short at most half of the tokens compared, over all prompts.
+        assert decided_total >= len(PROMPTS) * GREEDY_TOKENS // 2, decided_total
     finally:
         llm.close()
 
