@@ -109,14 +109,14 @@ def export_cmd(
     )
     path = export_loaded(loaded, fmt=fmt, out=out, outtype=outtype, log=log)  # type: ignore[arg-type]
     click.echo(f"exported: {path}")
-    if check and fmt == "gguf" and not gguf_runtime_available():
+    from grpokit.models import gguf_runtime
+
+    if check and fmt == "gguf" and not gguf_runtime.available():
         # The export itself is done and sound; only the check needs llama.cpp in-process, an
         # optional install: say so instead of failing a finished export.
-        from grpokit.models.gguf_runtime import INSTALL_HINT
-
         click.echo(
             "fidelity: not checked: running the GGUF in llama.cpp needs cyllama "
-            f"({INSTALL_HINT}, or pip install 'grpokit[gguf]'); --check 0 skips this note"
+            f"({gguf_runtime.INSTALL_HINT}, or pip install 'grpokit[gguf]'); --check 0 skips this note"
         )
         return
     if check:
@@ -135,15 +135,6 @@ def export_cmd(
             log=log,
         )
         click.echo(result.summary)
-
-
-def gguf_runtime_available() -> bool:
-    """Whether llama.cpp can run in-process (cyllama importable), which a GGUF check needs."""
-    try:
-        import cyllama  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _run_config(checkpoint: str, given: Path | None) -> object | None:

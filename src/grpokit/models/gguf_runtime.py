@@ -37,6 +37,15 @@ _GGML_TYPE_F32 = 0
 _FLASH_ATTN_DISABLED = 0  # enum llama_flash_attn_type
 
 
+def available() -> bool:
+    """Whether llama.cpp can run in-process here (cyllama imports)."""
+    try:
+        import cyllama  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def require_cyllama(what: str) -> Any:
     """cyllama's llama.cpp module, or :class:`UserError` saying that ``what`` needs it and how to
     install it."""
