@@ -228,6 +228,11 @@ def test_missing_path_that_is_no_hub_name(tmp_path: Path) -> None:
         load_prompts(tmp_path / "nope.jsonl")
     with pytest.raises(UserError, match="no such file or folder"):
         load_prompts("missing-file.csv")
+    # A file type `datasets` does not read, or any suffix on a name without an owner: a missing
+    # file, not a hub dataset to look up (offline that lookup retries for over 20 s).
+    for name in ("train.xlsx", "prompts.v2", "someone/prompts.tsv"):
+        with pytest.raises(UserError, match="no such file or folder"):
+            load_prompts(name)
 
 
 def test_chat_template_kwargs_reach_the_template(tiny_tokenizer) -> None:  # type: ignore[no-untyped-def]

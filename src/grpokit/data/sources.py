@@ -207,9 +207,17 @@ def _load_hub(source: DatasetSource) -> Any:
             ) from None
 
 
+# Suffixes of files people keep data in besides BUILDERS': a missing "train.xlsx" is a file the
+# user meant, and asking the hub for it costs `datasets`' five retries (over 20 s offline).
+_FILE_SUFFIXES = {*BUILDERS, ".xlsx", ".xls", ".ods", ".tsv", ".txt", ".yaml", ".yml", ".xml"}
+
+
 def _looks_like_hub_name(path: str) -> bool:
-    """``owner/name`` or ``name``, and not a missing local file named like a data file."""
-    return bool(_HUB_ID.match(path)) and Path(path).suffix.lower() not in BUILDERS
+    """``owner/name`` or ``name``, and not a missing local file: a data file's suffix, or any
+    suffix on a name without an owner (the hub's owner-less dataset names have none)."""
+    suffix = Path(path).suffix.lower()
+    file_like = suffix in _FILE_SUFFIXES or (suffix != "" and "/" not in path)
+    return bool(_HUB_ID.match(path)) and not file_like
 
 
 def _reason(e: BaseException) -> str:
