@@ -119,14 +119,32 @@ setup_demo() {
   mark_done demo
 }
 
+# apt's Chromium and pip's packages go to different places, and both mostly wait on downloads
+# and disks: the browser installs in the background while pip works (a minute less set-up).
+BROWSER_LOG=
+start_browser() {
+  BROWSER_LOG=$(mktemp)
+  install_browser >"$BROWSER_LOG" 2>&1 &
+  BROWSER_PID=$!
+}
+wait_browser() {
+  local rc=0
+  wait "$BROWSER_PID" || rc=$?
+  cat "$BROWSER_LOG"
+  rm -f "$BROWSER_LOG"
+  return $rc
+}
+
 setup_test() {
   STEP=0 STEPS=3
-  echo "setting up what the tests need in $VENV"
+  echo "setting up what the tests need in $VENV (Chromium from apt meanwhile, in the background)"
+  start_browser
   step "the dev tools and trackers (pytest, ruff, mypy, trl, wandb, mlflow)" "1.5 min" \
     pip_install -e ".[dev,wandb,mlflow]"
   step "llama.cpp: its server (xllamacpp) and its C API (cyllama), prebuilt wheels" "15 s" \
     install_llama_cpp
-  step "Chromium and a Japanese font (apt)" "1 min" install_browser
+  step "Chromium and a Japanese font (apt; waiting for what is left of it)" "1 min in all" \
+    wait_browser
   mark_done test
 }
 

@@ -1,7 +1,9 @@
 """The benchmarks still run: each script with --smoke on the tiny model, checking the ratios block.
 
 They measure nothing here (a tiny random model on a shared machine); they only keep the scripts
-from rotting. TRL is a dev dependency, so the training-step benchmark runs its real peer.
+from rotting. TRL is a dev dependency, so the training-step benchmark runs its real peer. Each
+starts a process that imports torch, transformers and often TRL (5-16 s): all but the rollout's
+are slow tests, which CI runs (`make test-slow`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def test_async_rollouts_benchmark_prints_its_ratio() -> None:
     assert set(_run("async_rollouts.py", timeout=1500)) == {"synchronous / ahead seconds per step"}
 
 
+@pytest.mark.slow
 def test_training_step_benchmark_against_trl_prints_its_ratios() -> None:
     pytest.importorskip("trl")
     ratios = _run("train_step.py")
@@ -93,17 +96,20 @@ def test_training_step_benchmark_against_trl_prints_its_ratios() -> None:
     }
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_prints_its_ratios() -> None:
     ratios = _run("scaling.py")
     assert len(ratios) == 3  # a 2 x 2 grid against its first point
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_measures_log_prob_memory() -> None:
     ratios = _run("scaling.py", "--memory")
     assert set(ratios) == {"L 64: chunk 16 / all at once, memory above the model"}
     assert all(v > 0 for v in ratios.values())
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_against_trl_prints_its_ratios() -> None:
     pytest.importorskip("trl")
     ratios = _run("scaling.py", "--vs-trl")
@@ -114,11 +120,13 @@ def test_scaling_benchmark_against_trl_prints_its_ratios() -> None:
     assert all(v > 0 for v in ratios.values())
 
 
+@pytest.mark.slow
 def test_memory_benchmark_compares_the_memory_settings() -> None:
     ratios = _run("memory.py")
     assert set(ratios) == {"L 8: lean / default, peak memory"}
 
 
+@pytest.mark.slow
 def test_scaling_benchmark_compares_padded_and_packed() -> None:
     ratios = _run("scaling.py", "--packing")
     assert set(ratios) == {
@@ -128,6 +136,7 @@ def test_scaling_benchmark_compares_padded_and_packed() -> None:
     assert all(v > 0 for v in ratios.values())
 
 
+@pytest.mark.slow
 def test_log_softmax_benchmark_against_torch_and_trl() -> None:
     ratios = _run("logsoftmax.py")
     assert set(ratios) == {
