@@ -124,7 +124,9 @@ def run(args: argparse.Namespace) -> None:
         "load_after": os.getloadavg(),
         "wall_seconds": wall,
         **{k: summary[k] for k in ("settings", "stages", "seconds", "sft_entropy")},
-        **{k: summary[k] for k in ("reward_early", "reward_late") if k in summary},
+        **{
+            k: summary[k] for k in ("reward_early", "reward_late", "zero_std_share") if k in summary
+        },
         "alerts": [a["message"] for a in summary.get("alerts", [])],
     }
     with open(args.results, "a", encoding="utf-8") as f:
@@ -147,17 +149,20 @@ def table_line(record: dict[str, Any]) -> str:
     # CPU seconds of one thread: comparable across runs whatever else loaded the machine
     grpo = f"{sec['grpo cpu']:.0f}" if "grpo cpu" in sec else "-"
     load = (record["load_before"][0] + record["load_after"][0]) / 2
+    share = record.get("zero_std_share")
+    zero_std = "-" if share is None else f"{share:.2f}"
     return (
         f"| {record['name']} | {record['template']}; {changes} | {_answer(record, 'after SFT')} "
-        f"| {record['sft_entropy']:.2f} | {_answer(record, 'after GRPO')} | {sec['sft cpu']:.0f} "
+        f"| {record['sft_entropy']:.2f} | {_answer(record, 'after GRPO')} | {zero_std} "
+        f"| {sec['sft cpu']:.0f} "
         f"| {grpo} | {len(record['alerts'])} | {load:.1f} |"
     )
 
 
 def table(path: Path) -> None:
     print(
-        "| run | change | SFT answer | SFT entropy | GRPO answer | SFT cpu s | GRPO cpu s | alerts "
-        "| load |\n|---|---|---|---|---|---|---|---|---|"
+        "| run | change | SFT answer | SFT entropy | GRPO answer | zero-std groups | SFT cpu s "
+        "| GRPO cpu s | alerts | load |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     for line in path.read_text(encoding="utf-8").splitlines():
         print(table_line(json.loads(line)))

@@ -434,6 +434,10 @@ def _answers(samples: int) -> str:
     return "one answer each" if samples == 1 else f"{samples} answers each"
 
 
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
 def _training_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
     """The training reward early and late, and the monitors' alerts."""
     curve = [h["reward"] for h in history if not math.isnan(h.get("reward", math.nan))]
@@ -442,6 +446,10 @@ def _training_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
         "reward_window": k,
         "reward_early": sum(curve[:k]) / k,
         "reward_late": sum(curve[-k:]) / k,
+        # groups of a step's first generation round whose rewards were all equal (no signal)
+        "zero_std_share": _mean(
+            [h["frac_reward_zero_std"] for h in history if "frac_reward_zero_std" in h]
+        ),
         "alerts": [a for h in history for a in h.get("alerts", [])],
     }
 
