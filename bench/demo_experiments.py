@@ -154,7 +154,7 @@ def table_line(record: dict[str, Any]) -> str:
     return (
         f"| {record['name']} | {record['template']}; {changes} | {_answer(record, 'after SFT')} "
         f"| {record['sft_entropy']:.2f} | {_answer(record, 'after GRPO')} | {zero_std} "
-        f"| {sec['sft cpu']:.0f} "
+        f"| {sec.get('sft cpu', 0):.0f} "
         f"| {grpo} | {len(record['alerts'])} | {load:.1f} |"
     )
 

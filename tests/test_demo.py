@@ -19,6 +19,7 @@ from grpokit.demo import (
     DEMO,
     LONG,
     QUICK,
+    REAL,
     TOOL_DEMO,
     TOOL_QUICK,
     TOOL_RECIPE,
@@ -26,7 +27,9 @@ from grpokit.demo import (
     DemoSettings,
     ToolDemoSettings,
     demo_config,
+    settings_for,
 )
+from grpokit.model_files.named import NAMED_MODELS, is_installed
 
 
 @pytest.mark.parametrize(
@@ -35,6 +38,7 @@ from grpokit.demo import (
         DEMO,
         LONG,
         QUICK,
+        REAL,
         replace(DEMO, lora_r=None, num_generations=12, prompts_per_step=3, dtype="float32"),
         replace(DEMO, curriculum={"easy_keep_prob": 0.2}),
     ],
@@ -48,6 +52,9 @@ def test_demo_settings_make_a_valid_config(tmp_path: Path, settings: DemoSetting
     assert t.per_device_train_batch_size <= 8 and t.max_steps == settings.grpo_steps
     assert (load_config(path).model.lora is None) == (settings.lora_r is None)
     assert load_config(path).model.dtype == settings.dtype
+    assert load_config(path).model.name_or_path == settings.model
+    # GRPO starts from the SFT's checkpoint, or from the model itself where there is no SFT
+    assert (load_config(path).model.init_from is None) == (settings.sft_steps == 0)
     curriculum = t.curriculum_settings
     assert (curriculum is None) == (settings.curriculum is None)
     if curriculum is not None:
@@ -84,7 +91,20 @@ def test_tool_demo_settings_make_a_valid_config(settings: ToolDemoSettings) -> N
 
 def test_tool_demo_refuses_the_addition_demo_options() -> None:
     result = CliRunner().invoke(main, ["demo", "--tools", "--long"])
-    assert result.exit_code == 2 and "--long and --dtype" in result.output
+    assert result.exit_code == 2 and "--long, --model and --dtype" in result.output
+    result = CliRunner().invoke(main, ["demo", "--tools", "--model", "x"])
+    assert result.exit_code == 2 and "--long, --model and --dtype" in result.output
+
+
+def test_demo_of_another_model_starts_grpo_from_it() -> None:
+    assert settings_for(None) == DEMO and settings_for(None, quick=True) == QUICK
+    assert settings_for(None, long_run=True) == LONG
+    real = settings_for("qwen2.5-coder-0.5b-instruct")
+    assert real == REAL and real.sft_steps == 0 and real.grpo_steps > 0
+    quick = settings_for("some.gguf", quick=True)
+    assert quick.model == "some.gguf" and quick.sft_steps == 0 and quick.grpo_steps == 2
+    result = CliRunner().invoke(main, ["demo", "--long", "--model", "x"])
+    assert result.exit_code == 2 and "not with --model" in result.output
 
 
 @pytest.mark.slow
@@ -160,6 +180,29 @@ def test_demo_quick_runs_every_stage(tmp_path: Path) -> None:
     assert "forecast from the SFT's" in text
     lines = (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == [1, 2]
+    assert (tmp_path / "grpo" / "checkpoint-2" / "model").is_dir()
+
+
+@pytest.mark.slow
+def test_demo_quick_of_a_real_model_starts_grpo_from_it(tmp_path: Path) -> None:
+    name = "qwen2.5-coder-0.5b-instruct"
+    if not is_installed(NAMED_MODELS[name]):
+        pytest.skip(f"{name} is not installed: make setup-models")
+    out = subprocess.run(
+        [sys.executable, "-m", "grpokit", "demo", "--quick", "--model", name,
+         "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = " ".join(out.stdout.split())
+    assert "SFT warm-start: none" in text and "after GRPO - base model" in text
+    summary = json.loads((tmp_path / "demo_summary.json").read_text())
+    assert list(summary["stages"]) == ["base model", "after GRPO"]
+    assert summary["settings"]["model"] == name and summary["settings"]["sft_steps"] == 0
+    # Qwen follows the demo's format without an SFT (3 answers in 4 at full size)
+    assert summary["stages"]["base model"][0]["passed"] > 0
+    assert "forecast from the base model's" in text
+    assert not (tmp_path / "sft").exists()
     assert (tmp_path / "grpo" / "checkpoint-2" / "model").is_dir()
 
 

@@ -226,6 +226,14 @@ def train(
     help="A longer SFT and twice the GRPO steps, in float32: about 93% correct on the 200 fresh "
     "problems instead of about 88%, for about 30 CPU-minutes instead of 13 (docs/demo.md).",
 )
+@click.option(
+    "--model",
+    default=None,
+    metavar="NAME",
+    help="Train this model instead of the embedded one: a named model (grpokit models), a model "
+    "folder or a GGUF file. No SFT: GRPO starts from the model, which must already follow the "
+    "format sometimes (qwen2.5-coder-0.5b-instruct: 3 answers in 4; docs/demo.md).",
+)
 @seed_option("Seeds the SFT's order and GRPO's sampling; the problems stay the same.")
 @click.option(
     "--dtype",
@@ -240,6 +248,7 @@ def demo(
     quick: bool,
     with_tools: bool,
     long_run: bool,
+    model: str | None,
     seed: int,
     dtype: Literal["auto", "float32"] | None,
 ) -> None:
@@ -251,19 +260,21 @@ def demo(
     """
     from dataclasses import replace
 
-    from grpokit.demo import DEMO, LONG, QUICK, TOOL_DEMO, TOOL_QUICK, run_demo, run_tool_demo
+    from grpokit.demo import TOOL_DEMO, TOOL_QUICK, run_demo, run_tool_demo, settings_for
 
     if quick and long_run:
         raise UserError("grpokit demo: choose --quick or --long, not both")
     if with_tools:
-        if long_run or dtype is not None:
-            raise UserError("grpokit demo --tools: --long and --dtype apply to the addition demo")
+        if long_run or dtype is not None or model is not None:
+            raise UserError(
+                "grpokit demo --tools: --long, --model and --dtype apply to the addition demo"
+            )
         tool_settings = replace(TOOL_QUICK if quick else TOOL_DEMO, seed=seed)
         if steps is not None:
             tool_settings = replace(tool_settings, grpo_steps=steps)
         run_tool_demo(output_dir, tool_settings)
         return
-    settings = replace(QUICK if quick else LONG if long_run else DEMO, seed=seed)
+    settings = replace(settings_for(model, quick=quick, long_run=long_run), seed=seed)
     if steps is not None:
         settings = replace(settings, grpo_steps=steps)
     if dtype is not None:

@@ -36,6 +36,7 @@ from grpokit.data.tasks import (
     multiplication_row,
     write_arithmetic_task,
 )
+from grpokit.errors import UserError
 from grpokit.files import write_jsonl
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
@@ -53,10 +54,13 @@ class DemoSettings:
     """What the demo's result depends on. The defaults were chosen by measuring each change on
     200 fresh problems (docs/demo.md); ``bench/demo_experiments.py`` reruns those experiments."""
 
+    model: str = EMBEDDED_MODEL
+    """The model trained: a named model (``grpokit models``), a model folder or a GGUF file."""
     demonstration: Callable[[int, int], dict[str, str]] = arithmetic_demonstration
     """Writes the worked answer of a + b that the SFT imitates."""
     n_demos: int = 384
     sft_steps: int = 48
+    """0: no SFT; GRPO starts from the model itself (one that already follows the format)."""
     sft_batch_size: int = 8
     sft_learning_rate: float = 5e-5
     grpo_steps: int = 20
@@ -98,6 +102,20 @@ LONG = replace(DEMO, n_demos=512, sft_steps=64, grpo_steps=40, eval_samples=2, d
 """Measured in docs/demo.md: a longer SFT on more demonstrations, then twice the GRPO steps, in
 float32, each problem answered twice."""
 QUICK = replace(DEMO, n_demos=64, sft_steps=4, grpo_steps=2, n_heldout=8, n_eval=0, eval_samples=2)
+REAL_MODEL = "qwen2.5-coder-0.5b-instruct"
+REAL = replace(DEMO, model=REAL_MODEL, sft_steps=0, grpo_steps=30)
+"""``grpokit demo --model NAME``, measured on Qwen2.5-Coder-0.5B-Instruct (docs/demo.md): it follows
+the format in about 3 of 4 answers from the start, so GRPO starts from the model itself, LoRA r 16
+on the demo's settings."""
+
+
+def settings_for(model: str | None, *, quick: bool = False, long_run: bool = False) -> DemoSettings:
+    """The demo's settings for ``grpokit demo [--model NAME] [--quick | --long]``."""
+    if model is None or model == EMBEDDED_MODEL:
+        return QUICK if quick else LONG if long_run else DEMO
+    if long_run:
+        raise UserError("grpokit demo --long: a longer run of the embedded model; not with --model")
+    return replace(QUICK, model=model, sft_steps=0) if quick else replace(REAL, model=model)
 
 
 def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any]:
@@ -106,9 +124,9 @@ def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any
     micro_batch = math.gcd(completions, 8)  # micro-batches of at most 8 completions
     return {
         "model": {
-            "name_or_path": EMBEDDED_MODEL,
+            "name_or_path": s.model,
             "dtype": s.dtype,
-            "init_from": str(sft_dir),
+            "init_from": str(sft_dir) if s.sft_steps else None,
             "lora": {"r": s.lora_r, "alpha": 2 * s.lora_r, "dropout": 0.0} if s.lora_r else None,
         },
         "data": {
@@ -239,7 +257,7 @@ def _load_base(
     """The base model in full (SFT trains every weight), sampled as the GRPO run will sample."""
     return Sampler.load(
         ModelConfig(
-            name_or_path=EMBEDDED_MODEL,
+            name_or_path=cfg.model.name_or_path,
             dtype=cfg.model.dtype,
             init_from=str(init_from) if init_from else None,
         ),
@@ -311,49 +329,62 @@ def run_demo(
 
     base = _load_base(cfg, rewards, output_dir)
     policy = base.policy
-    if measure_base:
+    # The stage GRPO starts from, against which its gain is measured.
+    start = "after SFT" if s.sft_steps else "base model"
+    if measure_base or not s.sft_steps:
         console.print(
             f"[bold]1/4[/] base model on {len(rows)} held-out problems, {_answers(s.eval_samples)}"
         )
-        base_format = measure("base model", base)[0]
-        console.print(f"  format followed: {base_format.cell()}")
+        base_format, base_answer = measure("base model", base)
+        console.print(f"  format followed: {base_format.cell()}, answer {base_answer.cell()}")
         if not base_format.passed:
             console.print(
                 "  [yellow]cold start[/]: the base model never follows the format, so every "
-                "reward is 0 and GRPO has no signal. Warm-starting with a short SFT on generated "
-                "demonstrations (grpokit sft does the same for your task)."
+                "reward is 0 and GRPO has no signal. "
+                + (
+                    "Warm-starting with a short SFT on generated demonstrations (grpokit sft "
+                    "does the same for your task)."
+                    if s.sft_steps
+                    else "Without an SFT (sft_steps 0) GRPO will not learn."
+                )
             )
 
-    console.print(f"[bold]2/4[/] SFT warm-start: {s.sft_steps} steps on {paths['demos'].name}")
-    t, cpu = time.perf_counter(), time.process_time()
-    if sft_from is not None:
-        earlier = json.loads((sft_from.parent / "demo_summary.json").read_text())
-        history = earlier.get("sft_history") or [{"entropy": earlier["sft_entropy"]}]
-        if sft_dir.exists():
-            shutil.rmtree(sft_dir)
-        shutil.copytree(sft_from, sft_dir)
-        base = _load_base(cfg, rewards, output_dir, init_from=sft_dir)
+    history: list[dict[str, Any]] = []
+    sft_entropy = math.nan
+    if not s.sft_steps:
+        console.print("[bold]2/4[/] SFT warm-start: none; GRPO starts from the model itself")
     else:
-        history = run_sft(
-            policy.model,
-            policy.tokenizer,
-            load_demonstrations(paths["demos"]),
-            policy.trainable_parameters(),
-            system_prompt=ARITHMETIC_SYSTEM_PROMPT,
-            max_steps=s.sft_steps,
-            batch_size=s.sft_batch_size,
-            learning_rate=s.sft_learning_rate,
-            seed=s.seed,
-            log=lambda m: console.print("  " + m),
+        console.print(f"[bold]2/4[/] SFT warm-start: {s.sft_steps} steps on {paths['demos'].name}")
+        t, cpu = time.perf_counter(), time.process_time()
+        if sft_from is not None:
+            earlier = json.loads((sft_from.parent / "demo_summary.json").read_text())
+            history = earlier.get("sft_history") or [{"entropy": earlier["sft_entropy"]}]
+            if sft_dir.exists():
+                shutil.rmtree(sft_dir)
+            shutil.copytree(sft_from, sft_dir)
+            base = _load_base(cfg, rewards, output_dir, init_from=sft_dir)
+        else:
+            history = run_sft(
+                policy.model,
+                policy.tokenizer,
+                load_demonstrations(paths["demos"]),
+                policy.trainable_parameters(),
+                system_prompt=ARITHMETIC_SYSTEM_PROMPT,
+                max_steps=s.sft_steps,
+                batch_size=s.sft_batch_size,
+                learning_rate=s.sft_learning_rate,
+                seed=s.seed,
+                log=lambda m: console.print("  " + m),
+            )
+            policy.save(sft_dir)
+        timed("sft", t, cpu)
+        sft = measure("after SFT", base)
+        sft_entropy = history[-1]["entropy"]
+        console.print(
+            f"  format {sft[0].cell()}, answer {sft[1].cell()}, entropy {sft_entropy:.2f} "
+            f"nats/token (low, yet the digits that decide an answer still vary, so GRPO's groups "
+            f"do)"
         )
-        policy.save(sft_dir)
-    timed("sft", t, cpu)
-    sft = measure("after SFT", base)
-    sft_entropy = history[-1]["entropy"]
-    console.print(
-        f"  format {sft[0].cell()}, answer {sft[1].cell()}, entropy {sft_entropy:.2f} "
-        f"nats/token (low, yet the digits that decide an answer still vary, so GRPO's groups do)"
-    )
     del policy, base
 
     summary: dict[str, Any] = {
@@ -387,22 +418,23 @@ def run_demo(
     console.print(table)
     if "after GRPO" in measured:
         answer = len(results["after GRPO"]) - 1
-        gain = paired_gain(measured["after SFT"], measured["after GRPO"], answer)
+        gain = paired_gain(measured[start], measured["after GRPO"], answer)
         summary["grpo_gain"] = {"mean": gain[0], "low": gain[1], "high": gain[2]}
         console.print(
-            f"{results['after GRPO'][answer].name}: after GRPO - after SFT = {gain[0]:+.3f} "
+            f"{results['after GRPO'][answer].name}: after GRPO - {start} = {gain[0]:+.3f} "
             f"[{gain[1]:+.3f}, {gain[2]:+.3f}] (paired over the {len(rows)} problems, 95%)"
         )
     train = cfg.training
     summary["forecast"] = forecast_against_grpo(
-        results["after SFT"],
+        results[start],
         results.get("after GRPO"),
         beta=train.beta,
         scale_rewards=train.scale_rewards,
     )
     for row in summary["forecast"]:
         line = (
-            f"{row['reward']}: forecast from the SFT's {_percent(row['p_ref'])} at beta "
+            f"{row['reward']}: forecast from the {start.removeprefix('after ')}'s "
+            f"{_percent(row['p_ref'])} at beta "
             f"{train.beta:g}: {_percent(row['forecast'])} [{_percent(row['forecast_low'])}, "
             f"{_percent(row['forecast_high'])}]"
         )
@@ -418,10 +450,11 @@ def run_demo(
             f"{summary['reward_late']:.3f}; monitor alerts: {len(summary['alerts'])}; curve in "
             f"{Path(summary['run_dir']) / 'metrics.jsonl'}"
         )
+    stages = ", ".join(
+        f"{n} {seconds[k]:.0f} s" for n, k in (("SFT", "sft"), ("GRPO", "grpo")) if k in seconds
+    )
     console.print(
-        f"total time {seconds['total']:.0f} s (SFT {seconds['sft']:.0f} s"
-        + (f", GRPO {seconds['grpo']:.0f} s" if "grpo" in seconds else "")
-        + f"); load average {os.getloadavg()[0]:.2f}"
+        f"total time {seconds['total']:.0f} s ({stages}); load average {os.getloadavg()[0]:.2f}"
     )
     summary["stages"] = {name: [asdict(r) for r in stage] for name, stage in results.items()}
     summary["seconds"] = seconds
