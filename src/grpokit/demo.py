@@ -77,6 +77,9 @@ class DemoSettings:
     dynamic_sampling: bool = False
     curriculum: dict[str, float] | None = None
     """training.curriculum (e.g. {} for its defaults, {"easy_keep_prob": 0.2}); None: off."""
+    n_train: int = 256
+    """GRPO's training prompts (at most 256: fresh problems avoid that many). Fewer make prompts
+    recur within a run, which a curriculum needs (20 steps x 2 prompts meet 40 of 256 once)."""
     n_heldout: int = 32
     n_eval: int = 200
     """Measure every stage on this many fresh problems (disjoint from anything the demo's data can
@@ -291,7 +294,11 @@ def run_demo(
     data_dir = output_dir / "data"
     sft_dir = output_dir / "sft"
     paths = write_arithmetic_task(
-        data_dir, n_heldout=s.n_heldout, n_demos=s.n_demos, demonstration=s.demonstration
+        data_dir,
+        n_train=s.n_train,
+        n_heldout=s.n_heldout,
+        n_demos=s.n_demos,
+        demonstration=s.demonstration,
     )
     cfg_path = output_dir / "grpo.yaml"
     cfg_path.write_text(yaml.safe_dump(demo_config(data_dir, sft_dir, s), sort_keys=False))
