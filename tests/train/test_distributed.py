@@ -529,6 +529,40 @@ def test_two_nodes_update_like_one_process_and_resume(
     assert len((run / "completions.jsonl").read_text().splitlines()) == 2 * GROUP
 
 
+def test_fsdp_in_one_process_of_a_group_of_one(
+    make_config: Callable[..., GRPOKitConfig],
+) -> None:
+    """A single process that has joined a process group of one itself shards (the FSDP code on
+    one device, as bench/gpu_check.py runs it on a GPU) and updates as it does unsharded."""
+    config = make_config(**FSDP_TRAINING)
+    exp, _ = _fixed_batch()
+    unsharded = _single(config, fsdp=True)  # no process group: fsdp is ignored
+    assert not unsharded.sharded
+    before = _trainable(unsharded)
+    unsharded_metrics = unsharded.update(exp)
+    expected = _trainable(unsharded)
+    unsharded.close()
+
+    dist = torch.distributed
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cfg = config.model_copy(deep=True)
+        cfg.training.fsdp = True
+        trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
+        assert trainer.sharded and trainer.dist.world_size == 1
+        assert all(isinstance(p, DTensor) for p in trainer.policy.model.parameters())
+        metrics = trainer.update(exp)
+        got = _trainable(trainer)
+        trainer.close()
+    finally:
+        dist.destroy_process_group()
+    assert max(float((expected[n] - before[n]).abs().max()) for n in expected) > 1e-3
+    for name, want in expected.items():
+        torch.testing.assert_close(got[name], want, rtol=1e-4, atol=1e-5)
+    for step, step_unsharded in zip(metrics, unsharded_metrics, strict=True):
+        assert step["loss"] == pytest.approx(step_unsharded["loss"], rel=1e-4, abs=1e-6)
+
+
 def test_fsdp_names_the_setting_when_no_layer_matches(tiny_model_dir: Path) -> None:
     policy = load_policy(str(tiny_model_dir), need_reference=True)
     with pytest.raises(UserError, match="NoSuchLayer.*fsdp_config.transformer_layer_cls_to_wrap"):

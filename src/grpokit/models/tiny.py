@@ -1,11 +1,14 @@
 """Tiny randomly initialised Llama models with the real SmolLM2 tokenizer, for fast tests and
-benchmarks of the machinery (not of learning): they load and run in well under a second. Small
-tokenizers of other families (Llama 3, Qwen2, ...) are built here too, for tests of what depends
-on the tokenizer."""
+benchmarks of the machinery (not of learning): they load and run in well under a second. The same
+builder makes Qwen2 models (attention biases) and models of real sizes, in bfloat16 and on a GPU,
+for benchmarks of real shapes. Small tokenizers of other families (Llama 3, Qwen2, ...) are built
+here too, for tests of what depends on the tokenizer."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,28 +28,60 @@ TINY_CONFIG: dict[str, Any] = {
 """The default shape: 2 layers of width 64 (about 3.3M parameters, nearly all the embedding)."""
 
 
+MODEL_TYPES = ("llama", "qwen2")
+"""The architectures :func:`make_tiny_model_dir` builds (transformers' ``model_type``)."""
+
+
 def make_tiny_model_dir(
     out_dir: str | Path,
     *,
     seed: int = 0,
     tokenizer_dir: str | Path | None = None,
+    model_type: str = "llama",
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
     **config_overrides: Any,
 ) -> Path:
-    """Save a randomly initialised ``LlamaForCausalLM`` plus a tokenizer to ``out_dir``.
+    """Save a randomly initialised causal LM (``LlamaForCausalLM`` by default) plus a tokenizer
+    to ``out_dir``.
 
     Args:
         out_dir: directory to write (created).
-        seed: seed of the weight initialisation; the same seed gives the same weights.
+        seed: seed of the weight initialisation; the same seed gives the same weights on the same
+            device.
         tokenizer_dir: where the tokenizer (and chat template) comes from; default the embedded
             SmolLM2 model (converted on first use). Its vocabulary size sets the model's.
-        config_overrides: LlamaConfig fields replacing :data:`TINY_CONFIG`'s.
+        model_type: one of :data:`MODEL_TYPES`; ``qwen2`` is Qwen2's architecture (biases on the
+            attention's query, key and value projections).
+        dtype: of the saved weights; default float32. Initialising in the saved dtype keeps a
+            model of billions of parameters from needing a float32 copy first.
+        device: where the weights are initialised; default the CPU. A GPU initialises billions
+            of parameters in about a second, where the CPU takes a minute or more.
+        config_overrides: config fields (LlamaConfig's, Qwen2Config's) replacing
+            :data:`TINY_CONFIG`'s.
 
     Returns:
         ``out_dir`` as a Path.
     """
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    return _save_tiny(LlamaForCausalLM, out_dir, seed, tokenizer_dir, config_overrides)
+    classes: dict[str, tuple[Any, Any]] = {
+        "llama": (LlamaConfig, LlamaForCausalLM),
+        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+    }
+    if model_type not in classes:
+        raise ValueError(f"unknown model_type {model_type!r}; one of {', '.join(MODEL_TYPES)}")
+    config_class, model_class = classes[model_type]
+    return _save_tiny(
+        model_class,
+        out_dir,
+        seed,
+        tokenizer_dir,
+        config_overrides,
+        config_class=config_class,
+        dtype=dtype,
+        device=device,
+    )
 
 
 def make_tiny_classifier_dir(
@@ -75,11 +110,16 @@ def _save_tiny(
     seed: int,
     tokenizer_dir: str | Path | None,
     config_overrides: dict[str, Any],
+    config_class: Any = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
 ) -> Path:
     from transformers import AutoTokenizer, LlamaConfig
 
     from grpokit.model_files.resolve import pad_token_id
 
+    config_class = config_class or LlamaConfig
+    where = torch.device(device if device is not None else "cpu")
     out = Path(out_dir)
     source = Path(tokenizer_dir) if tokenizer_dir is not None else embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(source)
@@ -93,11 +133,13 @@ def _save_tiny(
         "pad_token_id": pad_id,
         **config_overrides,
     }
-    config = LlamaConfig(**settings)
+    config = config_class(**settings)
     # Fork the RNG so building a model does not change the caller's random stream.
-    with torch.random.fork_rng(devices=[]):
+    gpus = [where.index if where.index is not None else 0] if where.type == "cuda" else []
+    with torch.random.fork_rng(devices=gpus):
         torch.manual_seed(seed)
-        model = model_class(config)
+        with where, _default_dtype(dtype or torch.get_default_dtype()):
+            model = model_class(config)
     if model.can_generate():
         model.generation_config.eos_token_id = eos_id
         model.generation_config.pad_token_id = pad_id
@@ -105,6 +147,17 @@ def _save_tiny(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """torch's default dtype set to ``dtype`` inside, restored after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 TOKENIZER_FAMILIES = ("llama3", "qwen2", "smollm", "gpt2", "tekken")

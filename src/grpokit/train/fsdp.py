@@ -2,7 +2,9 @@
 state do not fit one device.
 
 With ``training.fsdp`` and 2+ processes, every rank keeps 1/N of each parameter (torch's
-``fully_shard``: per-parameter DTensors sharded on dim 0). The split of the data, the reward
+``fully_shard``: per-parameter DTensors sharded on dim 0). A single process shards only where it
+has joined a process group of one itself: nothing is saved then, but the code below runs on one
+device (bench/gpu_check.py does this on a GPU). The split of the data, the reward
 gathering and the loss normalisation are those of :mod:`grpokit.train.distributed`; what sharding
 changes, and why:
 

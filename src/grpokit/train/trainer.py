@@ -191,9 +191,11 @@ class GRPOTrainer:
             self.show_progress = False
         # A live bar on a terminal; otherwise (progress off, a log file, CI) a line per step.
         self.live_bar = self.show_progress and on_terminal()
-        # Sharding over one process would save nothing, so the same config runs on a laptop.
-        self.sharded = self.args.fsdp and self.dist.enabled
-        if self.args.fsdp and not self.dist.enabled:
+        # Sharding over one process would save nothing, so the same config runs on a laptop. A
+        # process that has joined a process group of one itself shards all the same: that runs
+        # the FSDP code on a single GPU (bench/gpu_check.py), where two processes cannot share it.
+        self.sharded = self.args.fsdp and (self.dist.enabled or torch.distributed.is_initialized())
+        if self.args.fsdp and not self.sharded:
             self.log(
                 "training.fsdp: a single process holds the whole model; FSDP needs 2+ processes"
             )
