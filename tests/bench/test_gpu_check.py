@@ -68,6 +68,7 @@ def _import_gpu_check() -> Any:
     return gpu_check
 
 
+@pytest.mark.slow  # two tiny models, both libraries, FSDP: about 40 s; CI runs it (make test-slow)
 def test_cpu_smoke_prints_both_libraries_and_a_resume() -> None:
     pytest.importorskip("trl")
     proc = _gpu_check("--cpu-smoke", "--threads", "1", timeout=600)

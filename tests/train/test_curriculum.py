@@ -162,6 +162,18 @@ def test_the_records_survive_a_resume(
             assert x[key] == pytest.approx(y[key], rel=1e-5, abs=1e-7), (x["step"], key)
 
 
+def test_a_run_too_short_for_any_prompt_to_recur_is_told_so(
+    curriculum_config: Callable[..., GRPOKitConfig],
+) -> None:
+    said: list[str] = []
+    cfg = curriculum_config(max_steps=4, output_dir="short", curriculum={})
+    GRPOTrainer(cfg, progress=False, log=said.append)  # 4 steps x 2 prompts: the 8 once each
+    assert any("draws 8 prompts of 8" in m and "changes nothing" in m for m in said)
+    said.clear()
+    GRPOTrainer(curriculum_config(max_steps=5, output_dir="long", curriculum={}), log=said.append)
+    assert not any("changes nothing" in m for m in said)
+
+
 def test_damaged_records_are_named(
     curriculum_config: Callable[..., GRPOKitConfig], tmp_path: Path
 ) -> None:

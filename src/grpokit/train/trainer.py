@@ -254,6 +254,14 @@ class GRPOTrainer:
             if curriculum is not None
             else None
         )
+        drawn = self.total_steps * a.prompts_per_step
+        if self.curriculum is not None and drawn <= len(self.rows):
+            # It acts from a prompt's second draw; the demo's 20 steps met 40 of 256 once.
+            self.log(
+                f"training.curriculum: this run draws {drawn} prompts of {len(self.rows)}, so "
+                "none comes round again and the curriculum changes nothing; it acts from a "
+                "prompt's second draw (more steps, or fewer prompts)"
+            )
         # The curriculum's records at the start of the running step: what an emergency
         # checkpoint saves with the state of that moment.
         self._curriculum_before: dict[int, PromptRecord] | None = None
