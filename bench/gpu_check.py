@@ -58,7 +58,6 @@ import atexit
 import copy
 import json
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -72,6 +71,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     REPO,
+    _safetensors_header,
     emit_result,
     load_average,
     median,
@@ -81,6 +81,7 @@ from _common import (  # noqa: E402
     print_ratios,
     reset_peak_rss_mib,
     run_child,
+    suppress_end_tokens,
 )
 from train_step import (  # noqa: E402
     SETTINGS,
@@ -407,62 +408,6 @@ def smoke_tokenizer(model_type: str, work: Path) -> Path:
     from grpokit.models.tiny import make_tiny_tokenizer_dir
 
     return make_tiny_tokenizer_dir(work / f"{model_type}-tokenizer", model_type)
-
-
-def _safetensors_header(path: Path) -> tuple[int, dict[str, Any]]:
-    """Where the tensors' bytes start in a safetensors file, and its header: name -> dtype,
-    shape, data_offsets (from that start)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header: dict[str, Any] = json.loads(f.read(size))
-    header.pop("__metadata__", None)
-    return 8 + size, header
-
-
-def zero_rows(path: Path, name: str, rows: Sequence[int]) -> bool:
-    """Zero ``rows`` of the tensor ``name`` in a safetensors file, in place: only those rows'
-    bytes are written (the 7B shape's file is 15 GB). False where the file does not hold it."""
-    start, header = _safetensors_header(path)
-    if name not in header:
-        return False
-    first, last = header[name]["data_offsets"]
-    row_bytes = (last - first) // header[name]["shape"][0]
-    with path.open("r+b") as f:
-        for row in rows:
-            f.seek(start + first + row * row_bytes)
-            f.write(bytes(row_bytes))
-    return True
-
-
-def suppress_end_tokens(model_dir: Path) -> tuple[list[int], int]:
-    """Zero the output-layer rows of every token that ends a completion, and of the ids past the
-    tokenizer's vocabulary, in the saved weights.
-
-    Their logit is then 0, below the largest of the other random logits (tens of thousands) at
-    every position, so greedy decoding never picks them. The ids past the tokenizer (the 7B's
-    head has 152,064 rows, 128 more than the carried tokenizer's tokens) decode to nothing:
-    zeroed, every completion is text, as a trained model's is.
-
-    Where the head is tied to the input embeddings (Qwen2.5 0.5B and 1.5B; the file holds
-    ``model.embed_tokens.weight`` alone) the rows zeroed are the embeddings': the end tokens' input
-    embedding is zero too. Prompts hold one (the chat template closes each turn with it), where a
-    random model reads a zero vector instead of a random one, which its first norm keeps zero: the
-    same work, on both sides. Returns the end token ids and how many ids past the tokenizer.
-    """
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    config = AutoConfig.from_pretrained(model_dir)
-    ids = {tokenizer.eos_token_id}
-    generation_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-    ids |= set(generation_eos if isinstance(generation_eos, list) else [generation_eos])
-    end = sorted(int(i) for i in ids if i is not None)
-    past = range(len(tokenizer), config.vocab_size)
-    name = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
-    for path in sorted(model_dir.glob("*.safetensors")):
-        if zero_rows(path, name, [*end, *past]):
-            return end, len(past)
-    raise RuntimeError(f"{model_dir}: no {name} in its safetensors files")
 
 
 def saved_parameters(model_dir: Path) -> int:

@@ -44,7 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     MIN_MEASURED,
     QUESTIONS,
+    REPO,
     emit_result,
+    fixed_length_copy,
     load_average,
     median,
     model_path,
@@ -305,6 +307,12 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=1, help="prompts per step")
     ap.add_argument("--num-generations", type=int, default=4)
     ap.add_argument("--max-completion-length", type=int, default=64)
+    ap.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="suppress the end tokens (a copy of the model in bench/.fixed-length): every "
+        "completion runs to the limit; a real model's answers end after a few words",
+    )
     ap.add_argument("--gradient-checkpointing", action="store_true")
     ap.add_argument(
         "--lean-memory",
@@ -336,6 +344,8 @@ def main() -> None:
         args.peers = args.peers or ["grpokit", "trl"]
     peers = args.peers or (PEERS if bf16 else ["grpokit", "trl"])
     path = model_path(args.smoke, args.model)
+    if args.fixed_length:
+        path = fixed_length_copy(path, REPO / "bench" / ".fixed-length")
     common = [
         f"--model-path={path}",
         f"--steps={args.steps}",
