@@ -50,10 +50,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     MIN_MEASURED,
-    REPO,
     VLLM_TINY_SHAPE,
     chat_prompts,
-    fixed_length_copy,
     load_average,
     median,
     model_path,
@@ -167,12 +165,6 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=MIN_MEASURED, help="measured repeats")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument(
-        "--fixed-length",
-        action="store_true",
-        help="suppress the end tokens (a copy of the model in bench/.fixed-length): every "
-        "completion runs to the limit; a real model's answers end after a few words",
-    )
     ap.add_argument("--no-vllm", action="store_true", help="leave vLLM out even where installed")
     ap.add_argument(
         "--fixed-length",
@@ -197,8 +189,6 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_path(args.smoke, args.model, **VLLM_TINY_SHAPE)
-    if args.fixed_length:
-        path = fixed_length_copy(path, REPO / "bench" / ".fixed-length")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     eos = [int(tokenizer.eos_token_id)]
