@@ -48,6 +48,32 @@ def test_a_listed_command_that_is_missing_is_an_error(monkeypatch: pytest.Monkey
         register_commands(click.Group(), (("grpokit.no_such_cli", "some_cmd"),))
 
 
+def test_help_imports_no_torch_transformers_or_matplotlib() -> None:
+    """The modules of most commands import them, which takes seconds; `grpokit --help` lists
+    those commands from grpokit.cli's table without importing them."""
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from grpokit.cli import main\n"
+        "assert CliRunner().invoke(main, ['--help']).exit_code == 0\n"
+        "print(sorted({'torch', 'transformers', 'matplotlib'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_listing_says_what_each_command_says_of_itself() -> None:
+    """grpokit.cli's table gives each command's name and help as the command itself does, at any
+    terminal width."""
+    group = click.Group()
+    register_commands(group)
+    for name, command in group.commands.items():
+        for limit in (20, 45, 80, 500):
+            listed = main.commands[name].get_short_help_str(limit)
+            assert listed == command.get_short_help_str(limit), (name, limit)
+
+
 def test_help_config_groups_the_training_fields() -> None:
     result = CliRunner().invoke(main, ["train", "--help-config"])
     assert result.exit_code == 0, result.output

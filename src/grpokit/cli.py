@@ -1,4 +1,5 @@
-"""The `grpokit` command. Heavy imports happen inside commands so `--help` stays instant."""
+"""The `grpokit` command. Heavy imports happen inside commands, and the commands of COMMANDS are
+imported only when used, so `--help` stays instant."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import os
 import sys
 import traceback
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, cast
 
 import click
 
@@ -282,38 +284,151 @@ def demo(
     run_demo(output_dir, settings)
 
 
-COMMANDS: tuple[tuple[str, str], ...] = (
-    ("grpokit.rewards.cli", "rewards_cli"),
-    ("grpokit.rewards.judge.cli", "judge_cli"),
-    ("grpokit.evaluate.cli", "report_cmd"),
-    ("grpokit.evaluate.cli", "compare_cmd"),
-    ("grpokit.evaluate.cli", "eval_cmd"),
-    ("grpokit.preflight.cli", "preflight_cmd"),
-    ("grpokit.preflight.cli", "theory_cmd"),
-    ("grpokit.train.sft_cli", "sft_cmd"),
-    ("grpokit.models.cli", "export_cmd"),
-    ("grpokit.models.cli", "models_cmd"),
-    ("grpokit.evaluate.generate_cli", "generate_cmd"),
-    ("grpokit.evaluate.review_cli", "review_cmd"),
-    ("grpokit.recipes.cli", "recipes_cli"),
-    ("grpokit.rollout.cli", "vllm_serve_cmd"),
+class Listed(NamedTuple):
+    """A command that lives with its feature: where it is, and what `grpokit --help` says of it."""
+
+    module: str
+    attr: str
+    name: str
+    summary: str
+    """The first sentence of the command's help, which click shortens to fit the terminal."""
+
+
+COMMANDS: tuple[Listed, ...] = (
+    Listed(
+        "grpokit.rewards.cli",
+        "rewards_cli",
+        "rewards",
+        "Inspect and test the rewards a config declares.",
+    ),
+    Listed(
+        "grpokit.rewards.judge.cli",
+        "judge_cli",
+        "judge",
+        "Inspect LLM-as-a-judge rewards and trained reward models.",
+    ),
+    Listed(
+        "grpokit.evaluate.cli",
+        "report_cmd",
+        "report",
+        "One self-contained HTML report of a run (plots also as PNG in RUN_DIR/report/).",
+    ),
+    Listed(
+        "grpokit.evaluate.cli",
+        "compare_cmd",
+        "compare",
+        "Overlay the key curves of several runs and list how their configs differ.",
+    ),
+    Listed(
+        "grpokit.evaluate.cli",
+        "eval_cmd",
+        "eval",
+        "Compare models (the base first) on held-out prompts: per-prompt table, pass rates with "
+        "95% intervals, pass@k, lengths and a paired comparison.",
+    ),
+    Listed(
+        "grpokit.preflight.cli",
+        "preflight_cmd",
+        "preflight",
+        "Will this run learn at all? Sample groups as training would, and say.",
+    ),
+    Listed(
+        "grpokit.preflight.cli",
+        "theory_cmd",
+        "theory",
+        "Success amplification: iterate p_{n+1} = h(p_n) from p_ref (docs/math.md, section 5).",
+    ),
+    Listed(
+        "grpokit.train.sft_cli",
+        "sft_cmd",
+        "sft",
+        "Supervised warm-start for a model that never produces what the rewards check.",
+    ),
+    Listed(
+        "grpokit.models.cli",
+        "export_cmd",
+        "export",
+        "Export CHECKPOINT (a checkpoint-N/, a run directory for its latest checkpoint (its best "
+        "with --best or training.load_best_model_at_end), or a model directory) for use outside "
+        "grpokit.",
+    ),
+    Listed(
+        "grpokit.models.cli",
+        "models_cmd",
+        "models",
+        "The named offline models: which are installed and converted, and what each costs.",
+    ),
+    Listed(
+        "grpokit.evaluate.generate_cli",
+        "generate_cmd",
+        "generate",
+        "Sample several models side by side with the same seeds and sampling settings, scored by "
+        "the config's rewards when --config is given.",
+    ),
+    Listed(
+        "grpokit.evaluate.review_cli",
+        "review_cmd",
+        "review",
+        "Grade samples by hand, blind, on a local web page; compare the grades with the judges.",
+    ),
+    Listed(
+        "grpokit.recipes.cli",
+        "recipes_cli",
+        "recipes",
+        "Ready configs shipped with grpokit: list them, or copy one into a directory to edit.",
+    ),
+    Listed(
+        "grpokit.rollout.cli",
+        "vllm_serve_cmd",
+        "vllm-serve",
+        "Serve a model with vLLM for `vllm_mode: server` without NCCL (weights pushed as files).",
+    ),
 )
-"""The commands that live with their feature: (module, attribute) of each."""
+"""The commands that live with their feature. Their modules import torch, transformers or
+matplotlib, which takes seconds, so `main` lists them from this table and imports a module only
+when its command is used; tests/test_cli.py checks the table against the commands."""
 
 
-def register_commands(group: click.Group, commands: tuple[tuple[str, str], ...] = COMMANDS) -> None:
-    """Add each command to ``group``. All of them ship with grpokit, so a module or attribute
-    that is missing (a renamed command) is an error here, not a command that quietly vanishes."""
+def _load(module: str, attr: str) -> click.Command:
+    """The command ``attr`` of ``module``. All of them ship with grpokit, so a module or attribute
+    that is missing (a renamed command) is an error, not a command that quietly vanishes."""
     import importlib
 
-    for module, attr in commands:
-        command = getattr(importlib.import_module(module), attr, None)
-        if not isinstance(command, click.Command):
-            raise ImportError(f"{module} has no click command {attr!r} (listed in grpokit.cli)")
-        group.add_command(command)
+    command = getattr(importlib.import_module(module), attr, None)
+    if not isinstance(command, click.Command):
+        raise ImportError(f"{module} has no click command {attr!r} (listed in grpokit.cli)")
+    return command
 
 
-register_commands(main)
+def register_commands(group: click.Group, commands: Iterable[tuple[str, ...]] = COMMANDS) -> None:
+    """Add each command of ``commands`` (module and attribute first) itself to ``group``,
+    importing its module now: what checks the table, where `main` holds stand-ins."""
+    for module, attr, *_ in commands:
+        group.add_command(_load(module, attr))
+
+
+class _ListedCommand:
+    """Stands in `main` for a command of COMMANDS. `grpokit --help` asks only its name, whether
+    it is hidden and its short help, answered from the table; any other question (running it,
+    its own --help, its params) imports its module and is answered by the command itself."""
+
+    def __init__(self, listed: Listed) -> None:
+        self.listed = listed
+        self.name = listed.name
+        self.hidden = False
+        self._command: click.Command | None = None
+        # A command of the summary alone shortens it exactly as the real one shortens its help.
+        self.get_short_help_str = click.Command(listed.name, help=listed.summary).get_short_help_str
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._command is None:
+            self._command = _load(self.listed.module, self.listed.attr)
+        return getattr(self._command, attr)
+
+
+for _listed in COMMANDS:
+    # Not a click.Command, but it answers every question as the command does.
+    main.add_command(cast(click.Command, _ListedCommand(_listed)))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ import math
 import os
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -254,22 +255,68 @@ def _percent(value: float | None) -> str:
     return "?" if value is None or math.isnan(value) else f"{value:.0%}"
 
 
-def _load_base(
-    cfg: GRPOKitConfig, rewards: RewardSet, output_dir: Path, *, init_from: Path | None = None
-) -> Sampler:
-    """The base model in full (SFT trains every weight), sampled as the GRPO run will sample."""
-    return Sampler.load(
-        ModelConfig(
-            name_or_path=cfg.model.name_or_path,
-            dtype=cfg.model.dtype,
-            init_from=str(init_from) if init_from else None,
-        ),
-        rewards,
-        sampling=sampling_params(cfg.training),
-        system_prompt=cfg.system_prompt,
-        max_prompt_length=cfg.training.max_prompt_length,
-        base_dir=output_dir,
-    )
+@dataclass
+class Measurements:
+    """A demo run's held-out measurements, stage by stage, and how long each part took."""
+
+    rows: list[PromptRow]
+    """The problems every stage answers, with the same seeds."""
+    samples_per_prompt: int
+    samples_file: Path
+    """heldout_samples.jsonl: every held-out completion so far, rewritten after each stage."""
+    results: dict[str, list[StageResult]] = field(default_factory=dict)
+    sampled: dict[str, Sampled] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall-clock seconds of each part, and "<part> cpu": the CPU seconds of all its threads."""
+
+    @contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        t, cpu = time.perf_counter(), time.process_time()
+        yield
+        self.seconds[part] = time.perf_counter() - t
+        self.seconds[f"{part} cpu"] = time.process_time() - cpu
+
+    def measure(self, stage: str, sampler: Sampler) -> list[StageResult]:
+        """``sampler``'s pass rates on the held-out problems, recorded as ``stage``."""
+        with self.timed(f"eval {stage}"):
+            sampled = heldout_pass_rates(sampler, self.rows, samples=self.samples_per_prompt)
+        self.sampled[stage] = sampled
+        self.results[stage] = stage_results(sampled)
+        self.samples.extend(
+            {"prompt": self.rows[x.prompt_index].prompt, **asdict(x)}
+            for x in sampled.samples(stage)
+        )
+        write_jsonl(self.samples_file, self.samples)
+        return self.results[stage]
+
+
+@dataclass(frozen=True)
+class _DemoRun:
+    """What the stages of one demo run share."""
+
+    settings: DemoSettings
+    output_dir: Path
+    cfg: GRPOKitConfig
+    rewards: RewardSet
+    measurements: Measurements
+    console: Console
+
+    def load_model(self, *, init_from: Path | None = None) -> Sampler:
+        """The model in full (SFT trains every weight), sampled as the GRPO run will sample."""
+        cfg = self.cfg
+        return Sampler.load(
+            ModelConfig(
+                name_or_path=cfg.model.name_or_path,
+                dtype=cfg.model.dtype,
+                init_from=str(init_from) if init_from else None,
+            ),
+            self.rewards,
+            sampling=sampling_params(cfg.training),
+            system_prompt=cfg.system_prompt,
+            max_prompt_length=cfg.training.max_prompt_length,
+            base_dir=self.output_dir,
+        )
 
 
 def run_demo(
@@ -288,11 +335,32 @@ def run_demo(
         of trained again (experiments on the GRPO stage).
     With ``settings.grpo_steps`` 0 the demo stops after the SFT.
     """
-    console = console or Console()
+    run, demos = _start(output_dir.resolve(), settings, console or Console())
     s = settings
-    output_dir = output_dir.resolve()
+    t0 = time.perf_counter()
+    base = run.load_model()
+    if measure_base or not s.sft_steps:  # without an SFT, GRPO's gain is measured from the base
+        _measure_base(run, base)
+    history, sft_entropy = _sft_stage(run, base, demos, sft_from)
+    del base  # freed before GRPO loads its own copy
+    summary: dict[str, Any] = {
+        "settings": s.describe(),
+        "sft_entropy": sft_entropy,
+        "sft_history": history,
+    }
+    if s.grpo_steps:
+        summary |= _grpo_stage(run)
+    run.measurements.seconds["total"] = time.perf_counter() - t0
+    summary |= _report(run, summary)
+    (run.output_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
+    run.rewards.close()
+    return summary
+
+
+def _start(output_dir: Path, s: DemoSettings, console: Console) -> tuple[_DemoRun, Path]:
+    """Writes the task's files and the GRPO config (grpo.yaml); returns the run and the SFT's
+    demonstrations."""
     data_dir = output_dir / "data"
-    sft_dir = output_dir / "sft"
     paths = write_arithmetic_task(
         data_dir,
         n_train=s.n_train,
@@ -301,7 +369,9 @@ def run_demo(
         demonstration=s.demonstration,
     )
     cfg_path = output_dir / "grpo.yaml"
-    cfg_path.write_text(yaml.safe_dump(demo_config(data_dir, sft_dir, s), sort_keys=False))
+    cfg_path.write_text(
+        yaml.safe_dump(demo_config(data_dir, output_dir / "sft", s), sort_keys=False)
+    )
     cfg = load_config(cfg_path)
     rewards = build_reward_set(cfg.rewards, BuildContext(base_dir=output_dir, run_dir=None, seed=0))
     if s.n_eval:
@@ -311,71 +381,53 @@ def run_demo(
         rows = load_prompts(paths["heldout"])
     console.rule("[bold]grpokit demo: two-digit addition with <thinking>/<answer> tags")
     console.print(f"files in {output_dir}; GRPO config {cfg_path}")
-    seconds: dict[str, float] = {}  # wall-clock, and "<stage> cpu": CPU time of all threads
-    results: dict[str, list[StageResult]] = {}
-    t0 = time.perf_counter()
+    measurements = Measurements(rows, s.eval_samples, output_dir / "heldout_samples.jsonl")
+    return _DemoRun(s, output_dir, cfg, rewards, measurements, console), paths["demos"]
 
-    def timed(stage: str, t: float, cpu: float) -> None:
-        seconds[stage] = time.perf_counter() - t
-        seconds[f"{stage} cpu"] = time.process_time() - cpu
 
-    samples: list[dict[str, Any]] = []
-    measured: dict[str, Sampled] = {}
-
-    def measure(stage: str, sampler: Sampler) -> list[StageResult]:
-        t, cpu = time.perf_counter(), time.process_time()
-        sampled = heldout_pass_rates(sampler, rows, samples=s.eval_samples)
-        timed(f"eval {stage}", t, cpu)
-        measured[stage] = sampled
-        results[stage] = stage_results(sampled)
-        samples.extend(
-            {"prompt": rows[x.prompt_index].prompt, **asdict(x)} for x in sampled.samples(stage)
-        )
-        write_jsonl(output_dir / "heldout_samples.jsonl", samples)
-        return results[stage]
-
-    base = _load_base(cfg, rewards, output_dir)
-    policy = base.policy
-    # The stage GRPO starts from, against which its gain is measured.
-    start = "after SFT" if s.sft_steps else "base model"
-    if measure_base or not s.sft_steps:
+def _measure_base(run: _DemoRun, base: Sampler) -> None:
+    s, console = run.settings, run.console
+    console.print(
+        f"[bold]1/4[/] base model on {len(run.measurements.rows)} held-out problems, "
+        f"{_answers(s.eval_samples)}"
+    )
+    base_format, base_answer = run.measurements.measure("base model", base)
+    console.print(f"  format followed: {base_format.cell()}, answer {base_answer.cell()}")
+    if not base_format.passed:
         console.print(
-            f"[bold]1/4[/] base model on {len(rows)} held-out problems, {_answers(s.eval_samples)}"
-        )
-        base_format, base_answer = measure("base model", base)
-        console.print(f"  format followed: {base_format.cell()}, answer {base_answer.cell()}")
-        if not base_format.passed:
-            console.print(
-                "  [yellow]cold start[/]: the base model never follows the format, so every "
-                "reward is 0 and GRPO has no signal. "
-                + (
-                    "Warm-starting with a short SFT on generated demonstrations (grpokit sft "
-                    "does the same for your task)."
-                    if s.sft_steps
-                    else "Without an SFT (sft_steps 0) GRPO will not learn."
-                )
+            "  [yellow]cold start[/]: the base model never follows the format, so every "
+            "reward is 0 and GRPO has no signal. "
+            + (
+                "Warm-starting with a short SFT on generated demonstrations (grpokit sft "
+                "does the same for your task)."
+                if s.sft_steps
+                else "Without an SFT (sft_steps 0) GRPO will not learn."
             )
+        )
 
-    history: list[dict[str, Any]] = []
-    sft_entropy = math.nan
+
+def _sft_stage(
+    run: _DemoRun, base: Sampler, demos: Path, sft_from: Path | None
+) -> tuple[list[dict[str, Any]], float]:
+    """The SFT warm-start of ``base``'s model on ``demos``, saved to the run's sft/ and measured:
+    its history and its last entropy. With sft_steps 0 there is none: GRPO starts from the model
+    itself."""
+    s, console = run.settings, run.console
     if not s.sft_steps:
         console.print("[bold]2/4[/] SFT warm-start: none; GRPO starts from the model itself")
-    else:
-        console.print(f"[bold]2/4[/] SFT warm-start: {s.sft_steps} steps on {paths['demos'].name}")
-        t, cpu = time.perf_counter(), time.process_time()
+        return [], math.nan
+    console.print(f"[bold]2/4[/] SFT warm-start: {s.sft_steps} steps on {demos.name}")
+    sft_dir = run.output_dir / "sft"
+    with run.measurements.timed("sft"):
         if sft_from is not None:
-            earlier = json.loads((sft_from.parent / "demo_summary.json").read_text())
-            history = earlier.get("sft_history") or [{"entropy": earlier["sft_entropy"]}]
-            if sft_dir.exists():
-                shutil.rmtree(sft_dir)
-            shutil.copytree(sft_from, sft_dir)
-            base = _load_base(cfg, rewards, output_dir, init_from=sft_dir)
+            history = _copy_sft(sft_from, sft_dir)
+            trained = run.load_model(init_from=sft_dir)
         else:
             history = run_sft(
-                policy.model,
-                policy.tokenizer,
-                load_demonstrations(paths["demos"]),
-                policy.trainable_parameters(),
+                base.policy.model,
+                base.policy.tokenizer,
+                load_demonstrations(demos),
+                base.policy.trainable_parameters(),
                 system_prompt=ARITHMETIC_SYSTEM_PROMPT,
                 max_steps=s.sft_steps,
                 batch_size=s.sft_batch_size,
@@ -383,73 +435,74 @@ def run_demo(
                 seed=s.seed,
                 log=lambda m: console.print("  " + m),
             )
-            policy.save(sft_dir)
-        timed("sft", t, cpu)
-        sft = measure("after SFT", base)
-        sft_entropy = history[-1]["entropy"]
-        console.print(
-            f"  format {sft[0].cell()}, answer {sft[1].cell()}, entropy {sft_entropy:.2f} "
-            f"nats/token (low, yet the digits that decide an answer still vary, so GRPO's groups "
-            f"do)"
-        )
-    del policy, base
-
-    summary: dict[str, Any] = {
-        "settings": s.describe(),
-        "sft_entropy": sft_entropy,
-        "sft_history": history,
-    }
-    if s.grpo_steps:
-        kind = f"LoRA r {s.lora_r}" if s.lora_r else "full fine-tuning"
-        console.print(f"[bold]3/4[/] GRPO: {s.grpo_steps} steps from the SFT checkpoint ({kind})")
-        t, cpu = time.perf_counter(), time.process_time()
-        trainer = GRPOTrainer(cfg, run_dir=output_dir / "grpo", progress=True, log=console.print)
-        result = trainer.train()
-        timed("grpo", t, cpu)
-        console.print("[bold]4/4[/] trained model on the same held-out problems and seeds")
-        measure("after GRPO", replace(trainer.sampler, rewards=rewards))
-        summary.update(_training_summary(result.history))
-        summary["run_dir"] = str(result.run_dir)
-        summary["checkpoint"] = str(result.checkpoint)
-    seconds["total"] = time.perf_counter() - t0
-
-    table = Table(
-        title=f"held-out pass rates ({len(rows)} problems, {_answers(s.eval_samples)}; "
-        f"95% cluster interval over prompts)"
+            base.policy.save(sft_dir)
+            trained = base
+    sft = run.measurements.measure("after SFT", trained)
+    entropy: float = history[-1]["entropy"]
+    console.print(
+        f"  format {sft[0].cell()}, answer {sft[1].cell()}, entropy {entropy:.2f} "
+        f"nats/token (low, yet the digits that decide an answer still vary, so GRPO's groups "
+        f"do)"
     )
-    table.add_column("model")
-    for r in next(iter(results.values())):
-        table.add_column(r.name)
-    for name, stage in results.items():
-        table.add_row(name, *[r.cell() for r in stage])
-    console.print(table)
-    if "after GRPO" in measured:
-        answer = len(results["after GRPO"]) - 1
-        gain = paired_gain(measured[start], measured["after GRPO"], answer)
-        summary["grpo_gain"] = {"mean": gain[0], "low": gain[1], "high": gain[2]}
-        console.print(
-            f"{results['after GRPO'][answer].name}: after GRPO - {start} = {gain[0]:+.3f} "
-            f"[{gain[1]:+.3f}, {gain[2]:+.3f}] (paired over the {len(rows)} problems, 95%)"
+    return history, entropy
+
+
+def _copy_sft(sft_from: Path, sft_dir: Path) -> list[dict[str, Any]]:
+    """An earlier run's SFT checkpoint, copied to ``sft_dir``; returns that run's SFT history."""
+    earlier = json.loads((sft_from.parent / "demo_summary.json").read_text())
+    # A summary written before the history was kept has the last entropy alone.
+    history: list[dict[str, Any]] = earlier.get("sft_history") or [
+        {"entropy": earlier["sft_entropy"]}
+    ]
+    if sft_dir.exists():
+        shutil.rmtree(sft_dir)
+    shutil.copytree(sft_from, sft_dir)
+    return history
+
+
+def _grpo_stage(run: _DemoRun) -> dict[str, Any]:
+    """GRPO as grpo.yaml says, then measured: what the summary keeps of its training."""
+    s, console = run.settings, run.console
+    kind = f"LoRA r {s.lora_r}" if s.lora_r else "full fine-tuning"
+    console.print(f"[bold]3/4[/] GRPO: {s.grpo_steps} steps from the SFT checkpoint ({kind})")
+    with run.measurements.timed("grpo"):
+        trainer = GRPOTrainer(
+            run.cfg, run_dir=run.output_dir / "grpo", progress=True, log=console.print
         )
-    train = cfg.training
-    summary["forecast"] = forecast_against_grpo(
-        results[start],
-        results.get("after GRPO"),
+        result = trainer.train()
+    console.print("[bold]4/4[/] trained model on the same held-out problems and seeds")
+    run.measurements.measure("after GRPO", replace(trainer.sampler, rewards=run.rewards))
+    return {
+        **_training_summary(result.history),
+        "run_dir": str(result.run_dir),
+        "checkpoint": str(result.checkpoint),
+    }
+
+
+def _report(run: _DemoRun, summary: dict[str, Any]) -> dict[str, Any]:
+    """Prints every stage's pass rates, GRPO's gain, the forecast beside what GRPO measured, the
+    training reward and the time taken; returns what the summary adds of them."""
+    m, console, train = run.measurements, run.console, run.cfg.training
+    # The stage GRPO starts from, against which its gain is measured.
+    start = "after SFT" if run.settings.sft_steps else "base model"
+    console.print(_pass_rate_table(m))
+    out: dict[str, Any] = {}
+    if "after GRPO" in m.sampled:
+        answer = len(m.results["after GRPO"]) - 1
+        gain = paired_gain(m.sampled[start], m.sampled["after GRPO"], answer)
+        out["grpo_gain"] = {"mean": gain[0], "low": gain[1], "high": gain[2]}
+        console.print(
+            f"{m.results['after GRPO'][answer].name}: after GRPO - {start} = {gain[0]:+.3f} "
+            f"[{gain[1]:+.3f}, {gain[2]:+.3f}] (paired over the {len(m.rows)} problems, 95%)"
+        )
+    out["forecast"] = forecast_against_grpo(
+        m.results[start],
+        m.results.get("after GRPO"),
         beta=train.beta,
         scale_rewards=train.scale_rewards,
     )
-    for row in summary["forecast"]:
-        line = (
-            f"{row['reward']}: forecast from the {start.removeprefix('after ')}'s "
-            f"{_percent(row['p_ref'])} at beta "
-            f"{train.beta:g}: {_percent(row['forecast'])} [{_percent(row['forecast_low'])}, "
-            f"{_percent(row['forecast_high'])}]"
-        )
-        if "measured" in row:
-            line += (
-                f"; after GRPO {_percent(row['measured'])} [{row['low']:.2f}, {row['high']:.2f}]"
-            )
-        console.print(line)
+    for row in out["forecast"]:
+        console.print(_forecast_line(row, start, train.beta))
     if "reward_late" in summary:
         k = summary["reward_window"]
         console.print(
@@ -458,16 +511,39 @@ def run_demo(
             f"{Path(summary['run_dir']) / 'metrics.jsonl'}"
         )
     stages = ", ".join(
-        f"{n} {seconds[k]:.0f} s" for n, k in (("SFT", "sft"), ("GRPO", "grpo")) if k in seconds
+        f"{n} {m.seconds[k]:.0f} s" for n, k in (("SFT", "sft"), ("GRPO", "grpo")) if k in m.seconds
     )
     console.print(
-        f"total time {seconds['total']:.0f} s ({stages}); load average {os.getloadavg()[0]:.2f}"
+        f"total time {m.seconds['total']:.0f} s ({stages}); load average {os.getloadavg()[0]:.2f}"
     )
-    summary["stages"] = {name: [asdict(r) for r in stage] for name, stage in results.items()}
-    summary["seconds"] = seconds
-    (output_dir / "demo_summary.json").write_text(json.dumps(summary, indent=2))
-    rewards.close()
-    return summary
+    out["stages"] = {name: [asdict(r) for r in stage] for name, stage in m.results.items()}
+    out["seconds"] = m.seconds
+    return out
+
+
+def _pass_rate_table(m: Measurements) -> Table:
+    table = Table(
+        title=f"held-out pass rates ({len(m.rows)} problems, {_answers(m.samples_per_prompt)}; "
+        f"95% cluster interval over prompts)"
+    )
+    table.add_column("model")
+    for r in next(iter(m.results.values())):
+        table.add_column(r.name)
+    for name, stage in m.results.items():
+        table.add_row(name, *[r.cell() for r in stage])
+    return table
+
+
+def _forecast_line(row: dict[str, Any], start: str, beta: float) -> str:
+    line = (
+        f"{row['reward']}: forecast from the {start.removeprefix('after ')}'s "
+        f"{_percent(row['p_ref'])} at beta "
+        f"{beta:g}: {_percent(row['forecast'])} [{_percent(row['forecast_low'])}, "
+        f"{_percent(row['forecast_high'])}]"
+    )
+    if "measured" in row:
+        line += f"; after GRPO {_percent(row['measured'])} [{row['low']:.2f}, {row['high']:.2f}]"
+    return line
 
 
 def _answers(samples: int) -> str:
