@@ -464,7 +464,8 @@ def _grpo_stage(run: _DemoRun) -> dict[str, Any]:
     """GRPO as grpo.yaml says, then measured: what the summary keeps of its training."""
     s, console = run.settings, run.console
     kind = f"LoRA r {s.lora_r}" if s.lora_r else "full fine-tuning"
-    console.print(f"[bold]3/4[/] GRPO: {s.grpo_steps} steps from the SFT checkpoint ({kind})")
+    start = "the SFT checkpoint" if s.sft_steps else "the model itself"
+    console.print(f"[bold]3/4[/] GRPO: {s.grpo_steps} steps from {start} ({kind})")
     with run.measurements.timed("grpo"):
         trainer = GRPOTrainer(
             run.cfg, run_dir=run.output_dir / "grpo", progress=True, log=console.print
