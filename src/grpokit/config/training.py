@@ -206,7 +206,8 @@ class TrainingConfig(_Strict):
         "(hard), are drawn less often, so a step keeps its prompts and more of them have a "
         "reward spread. The records are saved with each checkpoint. null: off; {} turns it on "
         "with its defaults. Logs curriculum/easy, /normal, /hard (prompts in each pool) and "
-        "/passed_over.",
+        "/passed_over. It acts from a prompt's second draw: a run that meets each prompt once "
+        "is unchanged.",
         json_schema_extra=_GEN,
     )
     steps_per_generation: int | None = Field(
