@@ -57,6 +57,8 @@ class DemoSettings:
 
     model: str = EMBEDDED_MODEL
     """The model trained: a named model (``grpokit models``), a model folder or a GGUF file."""
+    system_prompt: str = ARITHMETIC_SYSTEM_PROMPT
+    """What the model is asked for, in the SFT and in GRPO."""
     demonstration: Callable[[int, int], dict[str, str]] = arithmetic_demonstration
     """Writes the worked answer of a + b that the SFT imitates."""
     n_demos: int = 384
@@ -107,9 +109,17 @@ LONG = replace(DEMO, n_demos=512, sft_steps=64, grpo_steps=40, eval_samples=2, d
 float32, each problem answered twice."""
 QUICK = replace(DEMO, n_demos=64, sft_steps=4, grpo_steps=2, n_heldout=8, n_eval=0, eval_samples=2)
 REAL_MODEL = "qwen2.5-coder-0.5b-instruct"
-REAL = replace(DEMO, model=REAL_MODEL, sft_steps=0, grpo_steps=30)
+REAL_SYSTEM_PROMPT = (
+    "You are a careful calculator. First add the numbers step by step, writing your working "
+    "between <thinking> and </thinking>. Then write the result alone between <answer> and "
+    "</answer>."
+)
+"""The format described, not shown: given the embedded demo's template ("<thinking>your
+working</thinking>"), an instruct model that needs no SFT learns under GRPO to copy the
+placeholder and drop its working (3 of 4 runs, docs/demo.md)."""
+REAL = replace(DEMO, model=REAL_MODEL, system_prompt=REAL_SYSTEM_PROMPT, sft_steps=0, grpo_steps=30)
 """``grpokit demo --model NAME``, measured on Qwen2.5-Coder-0.5B-Instruct (docs/demo.md): it follows
-the format in about 3 of 4 answers from the start, so GRPO starts from the model itself, LoRA r 16
+the format in about 2 of 5 answers from the start, so GRPO starts from the model itself, LoRA r 16
 on the demo's settings."""
 
 
@@ -119,7 +129,9 @@ def settings_for(model: str | None, *, quick: bool = False, long_run: bool = Fal
         return QUICK if quick else LONG if long_run else DEMO
     if long_run:
         raise UserError("grpokit demo --long: a longer run of the embedded model; not with --model")
-    return replace(QUICK, model=model, sft_steps=0) if quick else replace(REAL, model=model)
+    if quick:
+        return replace(QUICK, model=model, system_prompt=REAL_SYSTEM_PROMPT, sft_steps=0)
+    return replace(REAL, model=model)
 
 
 def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any]:
@@ -136,7 +148,7 @@ def demo_config(data_dir: Path, sft_dir: Path, s: DemoSettings) -> dict[str, Any
         "data": {
             "train": str(data_dir / "train.jsonl"),
             "heldout": str(data_dir / "heldout.jsonl"),
-            "system_prompt": ARITHMETIC_SYSTEM_PROMPT,
+            "system_prompt": s.system_prompt,
         },
         "rewards": [
             {"type": "xml_format", "name": "format", "tags": ["thinking", "answer"]},
@@ -428,7 +440,7 @@ def _sft_stage(
                 base.policy.tokenizer,
                 load_demonstrations(demos),
                 base.policy.trainable_parameters(),
-                system_prompt=ARITHMETIC_SYSTEM_PROMPT,
+                system_prompt=s.system_prompt,
                 max_steps=s.sft_steps,
                 batch_size=s.sft_batch_size,
                 learning_rate=s.sft_learning_rate,
