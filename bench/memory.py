@@ -72,7 +72,7 @@ def main() -> None:
     if args.child:
         emit_result(measure(args))
         return
-    from gpu_check import build_model
+    from gpu_check import Shape, build_model
     from scaling import VOCAB_SHAPE
 
     from grpokit.model_files.embedded import embedded_model_dir
@@ -83,7 +83,9 @@ def main() -> None:
         args.settings = ["default", "lean"]
     root = Path(tempfile.mkdtemp(prefix="grpokit-bench-memory-"))
     try:
-        path = build_model("vocab", shape, embedded_model_dir(), root)
+        # an untied head, as before the check built Qwen2 shapes; float32 on the CPU
+        vocab = Shape("llama", {"tie_word_embeddings": False, **shape})
+        path = build_model("vocab", vocab, embedded_model_dir(), root, "cpu", "float32")
         print(
             f"vocabulary {shape['vocab_size']:,}; 1 prompt x 8 completions of exactly L tokens; "
             f"full fine-tuning, beta 0.04; {args.steps} step(s) per run, the last reported; "

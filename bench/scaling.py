@@ -247,7 +247,7 @@ def memory(args: argparse.Namespace) -> None:
 
 def against_trl(args: argparse.Namespace) -> None:
     """Seconds per step and peak memory, grpokit and TRL, per completion length."""
-    from gpu_check import build_model
+    from gpu_check import Shape, build_model
 
     from grpokit.model_files.embedded import embedded_model_dir
 
@@ -265,7 +265,9 @@ def against_trl(args: argparse.Namespace) -> None:
         shape, lengths, args.steps, g = {"vocab_size": 65_536}, [8], 1, 2
     root = Path(tempfile.mkdtemp(prefix="grpokit-bench-vocab-"))
     try:
-        _against_trl(args, build_model("vocab", shape, embedded_model_dir(), root), lengths, g)
+        vocab = Shape("llama", {"tie_word_embeddings": False, **shape})  # untied, as before
+        path = build_model("vocab", vocab, embedded_model_dir(), root, "cpu", "float32")
+        _against_trl(args, path, lengths, g)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
