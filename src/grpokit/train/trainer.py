@@ -254,8 +254,8 @@ class GRPOTrainer:
             if curriculum is not None
             else None
         )
-        drawn = self.total_steps * a.prompts_per_step
-        if self.curriculum is not None and drawn <= len(self.rows):
+        drawn = self.total_steps * a.prompts_per_step  # at least: dynamic sampling draws more
+        if self.curriculum is not None and not a.dynamic_sampling and drawn <= len(self.rows):
             # It acts from a prompt's second draw; the demo's 20 steps met 40 of 256 once.
             self.log(
                 f"training.curriculum: this run draws {drawn} prompts of {len(self.rows)}, so "
