@@ -14,6 +14,7 @@ from grpokit.preflight.measure import (
     completion_stats,
     measure,
     merge_scores,
+    part_table,
     partial_credit,
     reward_table,
 )
@@ -65,6 +66,36 @@ def test_reward_table_hand_made() -> None:
     assert fmt.forecast.p_star > 0.25
     assert fmt.forecast.p_star_low is not None and fmt.forecast.p_star_high is not None
     assert fmt.forecast.p_star_low <= fmt.forecast.p_star <= fmt.forecast.p_star_high
+
+
+def test_parts_count_only_the_samples_their_reward_scored() -> None:
+    """A checklist's items (parts of the gated ``answer`` reward) over the rows where the gate
+    let it run: rows 4, 8 and 9; the gated-out rows hold the gate's 0.0 and are left out."""
+    scores = _scores(FORMAT, ANSWER, GATED)
+    item = [NAN] * 12
+    item[4], item[8], item[9] = 1.0, 0.0, 0.75  # a program item's 1/0, a judge's P(yes)
+    for row, closed in enumerate(GATED):
+        if closed:
+            item[row] = 0.0
+    unjudged = [0.0 if closed else NAN for closed in GATED]  # the judge gave no answer
+    scores.parts = {
+        "checklist/price": torch.tensor(item),
+        "checklist/customer": torch.tensor(unjudged),
+    }
+    scores.part_of = {"checklist/price": "answer", "checklist/customer": "answer"}
+    price, customer = part_table(scores)
+    assert (price.name, price.reward, price.scored, price.passed) == (
+        "checklist/price",
+        "answer",
+        3,
+        2,
+    )
+    assert price.mean == pytest.approx(1.75 / 3)
+    # Wilson 2/3, z^2 = 3.841459: centre (2/3 + 0.640243) / 2.280486 = 0.573083, half =
+    # 1.959964 / 2.280486 * sqrt(2/27 + 3.841459/36) = 0.859450 * 0.425184 = 0.365424.
+    assert price.interval == pytest.approx((0.207659, 0.938507), abs=1e-5)
+    assert customer.scored == 0 and customer.passed == 0 and math.isnan(customer.mean)
+    assert customer.interval == (0.0, 1.0)
 
 
 def test_reward_without_maximum_has_no_pass_rate() -> None:

@@ -84,6 +84,23 @@ class RewardStats:
 
 
 @dataclass(frozen=True)
+class PartStats:
+    """One part of a reward (a checklist item) over the samples its reward scored.
+
+    scored: samples where the reward ran (its gate open) and the part has a value; mean: over
+    those; passed: those at 0.5 or above (a 0/1 item's passes; for a judged item, answers the
+    judge more likely said yes to); interval: 95% Wilson interval of passed / scored.
+    """
+
+    name: str
+    reward: str
+    scored: int
+    mean: float
+    passed: int
+    interval: tuple[float, float]
+
+
+@dataclass(frozen=True)
 class CompletionStats:
     """Lengths in tokens; truncated = ended by max_completion_length, not EOS.
 
@@ -170,6 +187,8 @@ class Measurement:
     examples: list[dict[str, Any]] = field(default_factory=list)
     tools: ToolStats | None = None
     """With tools configured: how the completions called them."""
+    parts: list[PartStats] = field(default_factory=list)
+    """The rewards' parts (a checklist's items), each over the samples its reward scored."""
 
     def reward(self, name: str) -> RewardStats:
         for r in self.rewards:
@@ -226,6 +245,30 @@ def reward_table(
                 none_share=float(returned_none.float().mean()) if batch else 0.0,
                 gated_out_share=float(gated.float().mean()) if batch else 0.0,
                 forecast=fc,
+            )
+        )
+    return out
+
+
+def part_table(scores: RewardScores) -> list[PartStats]:
+    """Per-part statistics over the rows each part's reward scored (gate open, value present)."""
+    out = []
+    for name, column in scores.parts.items():
+        reward = scores.part_of.get(name)
+        scored = ~torch.isnan(column)
+        if reward is not None:
+            scored &= ~scores.gated_out[:, scores.names.index(reward)]
+        values = column[scored].double()
+        n = int(values.numel())
+        passed = int((values >= 0.5).sum())
+        out.append(
+            PartStats(
+                name=name,
+                reward=reward or "",
+                scored=n,
+                mean=float(values.mean()) if n else math.nan,
+                passed=passed,
+                interval=wilson_interval(passed, n),
             )
         )
     return out
@@ -356,4 +399,5 @@ def measure(
         partial_credit=partial_credit(texts, infos, g),
         examples=_examples(batches, n_examples),
         tools=tool_stats(batches, tools) if tools is not None else None,
+        parts=part_table(scores),
     )

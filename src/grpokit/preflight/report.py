@@ -25,6 +25,7 @@ preflight.json (schema ``grpokit.preflight/1``), written atomically::
       "tools": null | {"names", "format", "lenient", "chat_template", "completions",
                        "calling", "call_rate", "call_rate_interval": [low, high], "calls",
                        "failed", "unparsed", "unparsed_calls"},
+      "parts": {<part>: {"reward", "scored", "mean", "passed", "pass_rate_interval"}},
       "examples": [{"completion", "finish_reason", "rewards": {...}}]
     }
 
@@ -144,6 +145,16 @@ def preflight_json(
         "rewards": {r.name: _reward_json(m, r) for r in m.rewards},
         "partial_credit": [{**asdict(pc), "tags": list(pc.tags)} for pc in m.partial_credit],
         "tools": _tools_json(m.tools),
+        "parts": {
+            p.name: {
+                "reward": p.reward,
+                "scored": p.scored,
+                "mean": _num(p.mean),
+                "passed": p.passed,
+                "pass_rate_interval": list(p.interval),
+            }
+            for p in m.parts
+        },
         "examples": m.examples,
     }
 
@@ -169,6 +180,20 @@ def reward_rows(m: Measurement) -> list[list[str]]:
                 f"{r.gated_out_share:.0%}",
             ]
         )
+        # Its parts (a checklist's items) below it, over the samples it scored; "at max" is
+        # the share at 0.5 or above.
+        for p in (p for p in m.parts if p.reward == r.name):
+            rows.append(
+                [
+                    f"  {p.name.rpartition('/')[2]}",
+                    "-" if math.isnan(p.mean) else f"{p.mean:.3f}",
+                    f"{p.passed}/{p.scored}",
+                    f"{p.interval[0]:.1%}-{p.interval[1]:.1%}" if p.scored else "-",
+                    "",
+                    "",
+                    "",
+                ]
+            )
     return rows
 
 

@@ -58,6 +58,8 @@ class RewardScores:
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     """Sub-scores some rewards report per completion (a checklist's items, ``checklist/<item>``):
     (B,) float32 each, gated-out rows at their reward's gate ``otherwise``, NaN = None."""
+    part_of: dict[str, str] = field(default_factory=dict)
+    """The reward (of ``names``) that reported each part."""
 
     def column(self, name: str) -> list[float | None]:
         """The values of one reward as a list, None for NaN."""
@@ -183,8 +185,13 @@ class RewardSet:
         metrics.update(self._reward_own_metrics(called))
         floats = {name: column.float() for name, column in parts.items()}
         metrics.update(part_pass_rates(floats))
+        part_of = {
+            part: self.names[j]
+            for j, entry in enumerate(self._entries)
+            for part in entry.fn.part_names
+        }
         return RewardScores(
-            list(self.names), values.float(), gated_out, total.float(), metrics, floats
+            list(self.names), values.float(), gated_out, total.float(), metrics, floats, part_of
         )
 
     def _reward_own_metrics(self, called: list[int]) -> dict[str, float]:

@@ -215,6 +215,7 @@ def merge_scores(parts: list[RewardScores]) -> RewardScores:
         total=torch.cat([p.total for p in parts]),
         metrics={},
         parts={name: torch.cat([p.parts[name] for p in parts]) for name in parts[0].parts},
+        part_of=dict(parts[0].part_of),
     )
 
 

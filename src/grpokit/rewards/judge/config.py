@@ -194,6 +194,49 @@ class OpenAIJudge(_JudgeOverrides):
         return self
 
 
+class LlamaServerJudge(OpenAIJudge):
+    """A judge grpokit serves itself: llama.cpp's server (xllamacpp, installed by `make setup`)
+    on a GGUF model, started when the reward is built and stopped with it, on a free local
+    port. The requests are the OpenAI backend's, so every setting of ``backend: openai``
+    applies; ``base_url`` is the server's own."""
+
+    backend: Literal["llama_server"] = Field(  # type: ignore[assignment]
+        description="llama.cpp's server on a GGUF model, started and stopped by grpokit."
+    )
+    base_url: str = Field(
+        default="",
+        description="Set by grpokit to the address of the server it started; leave it unset.",
+    )
+    model: str = Field(
+        default="smollm2-135m-instruct",
+        description="The model to serve: a named model (`grpokit models` lists them, e.g. "
+        "qwen2.5-coder-1.5b-instruct) or a .gguf file (relative to the config file).",
+    )
+    max_concurrency: int = Field(
+        default=1,
+        ge=1,
+        description="Requests in flight at once; the server has one slot per request, and one "
+        "slot keeps each completion's prompt cached for its next question.",
+    )
+    threads: int = Field(
+        default=2,
+        ge=1,
+        description="CPU threads of the server, for reading prompts and for writing replies; "
+        "on a CPU it shares with training, they take turns (the judge runs between rollouts).",
+    )
+    ctx: int = Field(
+        default=4096,
+        ge=256,
+        description="The server's context length in tokens (times max_concurrency): the "
+        "longest judge prompt and its reply must fit.",
+    )
+    start_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Seconds to wait for the server to load the model and answer.",
+    )
+
+
 class LocalJudge(_JudgeOverrides):
     """A judge model run in-process with transformers (no server needed)."""
 
@@ -215,7 +258,7 @@ class LocalJudge(_JudgeOverrides):
     )
 
 
-JudgeSpec = Annotated[OpenAIJudge | LocalJudge, Field(discriminator="backend")]
+JudgeSpec = Annotated[OpenAIJudge | LlamaServerJudge | LocalJudge, Field(discriminator="backend")]
 
 
 class JudgeParams(BaseModel):

@@ -46,7 +46,7 @@ from grpokit.errors import UserError
 from grpokit.rewards._base import Reward
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
-from grpokit.rewards.judge.config import JudgeParams, LocalJudge, OpenAIJudge
+from grpokit.rewards.judge.config import JudgeParams, LlamaServerJudge, LocalJudge, OpenAIJudge
 from grpokit.rewards.judge.expected import expected_score, weighted_score
 from grpokit.rewards.judge.group import answers_block, group_order, parse_group_reply
 from grpokit.rewards.judge.parse import normalise, parse_score
@@ -100,6 +100,8 @@ class JudgeOutcome:
     usage: tuple[int, int] | None = None
     """(input, output) tokens the request used, as the backend counted them; None when cached
     or not counted. A group request's usage is on the outcome of its first completion only."""
+    cached_tokens: int = 0
+    """Of the input tokens, those the server took from its prompt cache (with ``usage``)."""
     position: int | None = None
     """Group scoring only: the number (1-based) the completion was shown under."""
 
@@ -135,7 +137,9 @@ class JudgedBatch:
 def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
     """Turn a backend reply into a normalised score (None when it has none)."""
     outcome = _score_text(reply, mode, low, high)
-    return dataclasses.replace(outcome, usage=reply.usage) if reply.usage else outcome
+    if not reply.usage:
+        return outcome
+    return dataclasses.replace(outcome, usage=reply.usage, cached_tokens=reply.cached_tokens)
 
 
 def _score_text(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
@@ -186,6 +190,7 @@ def group_outcomes(
                 fallback=fallback,
                 position=n,
                 usage=reply.usage if n == 1 else None,
+                cached_tokens=reply.cached_tokens if n == 1 else 0,
             )
         )
     return outcomes
@@ -213,25 +218,31 @@ def render_group(
 def usage_metrics(
     judges: Sequence[Judge], outcomes: Sequence[Sequence[JudgeOutcome]]
 ) -> dict[str, float]:
-    """What one call's fresh judge requests used: ``judge/<label>/tokens_in``, ``/tokens_out``
-    and, for a priced judge, ``/cost``; their sums ``judge/tokens_in``, ``judge/tokens_out``
-    and ``judge/cost`` (when any judge is priced). Cached answers cost nothing."""
+    """What one call's fresh judge requests used: ``judge/<label>/tokens_in``, ``/tokens_out``,
+    ``/tokens_cached`` (input tokens the server's prompt cache answered) and, for a priced
+    judge, ``/cost``; their sums ``judge/tokens_in``, ``judge/tokens_out``,
+    ``judge/tokens_cached`` and ``judge/cost`` (when any judge is priced). Answers from
+    grpokit's own cache cost nothing."""
     metrics: dict[str, float] = {}
-    totals = [0.0, 0.0, 0.0]
+    totals = [0.0, 0.0, 0.0, 0.0]
     priced = False
     for judge, row in zip(judges, outcomes, strict=True):
         used_in = sum(o.usage[0] for o in row if o.usage is not None)
         used_out = sum(o.usage[1] for o in row if o.usage is not None)
+        from_cache = sum(o.cached_tokens for o in row if o.usage is not None)
         metrics[f"judge/{judge.label}/tokens_in"] = float(used_in)
         metrics[f"judge/{judge.label}/tokens_out"] = float(used_out)
+        metrics[f"judge/{judge.label}/tokens_cached"] = float(from_cache)
         totals[0] += used_in
         totals[1] += used_out
+        totals[3] += from_cache
         if judge.prices is not None:
             priced = True
             cost = (used_in * judge.prices[0] + used_out * judge.prices[1]) / 1e6
             metrics[f"judge/{judge.label}/cost"] = cost
             totals[2] += cost
     metrics["judge/tokens_in"], metrics["judge/tokens_out"] = totals[0], totals[1]
+    metrics["judge/tokens_cached"] = totals[3]
     if priced:
         metrics["judge/cost"] = totals[2]
     return metrics
@@ -448,14 +459,25 @@ class JudgeReward(Reward):
         assert all(o is not None for o in outcomes)
         return [o for o in outcomes if o is not None], records
 
+    def _cache_keys(self, judge: Judge, texts: Sequence[str]) -> list[str]:
+        scoring = judge.scoring_key(self.mode)
+        return [
+            cache_key(judge.backend.identity, judge.rubric.digest, scoring, text) for text in texts
+        ]
+
+    def uncached(self, judge: Judge, texts: Sequence[str]) -> list[str]:
+        """The judge prompts among ``texts`` that the cache cannot answer (all without one)."""
+        if self.cache is None:
+            return list(texts)
+        keys = self._cache_keys(judge, texts)
+        hits = self.cache.get_many(keys)
+        return [text for key, text in zip(keys, texts, strict=True) if key not in hits]
+
     def judge_prompts(
         self, judge: Judge, texts: Sequence[str], *, use_cache: bool = True
     ) -> list[JudgeOutcome]:
         """Score already rendered judge prompts with one judge: cache, then the backend."""
-        scoring = judge.scoring_key(self.mode)
-        keys = [
-            cache_key(judge.backend.identity, judge.rubric.digest, scoring, text) for text in texts
-        ]
+        keys = self._cache_keys(judge, texts)
         cached = self.cache.get_many(keys) if (self.cache is not None and use_cache) else {}
         # Identical judge prompts in one batch (a policy repeating itself) are asked once.
         todo: dict[str, str] = {}
@@ -706,8 +728,15 @@ def judge_prices(spec: OpenAIJudge | LocalJudge) -> tuple[float, float] | None:
     return (prices[0] or 0.0, prices[1] or 0.0)
 
 
-def build_backend(spec: OpenAIJudge | LocalJudge, where: str) -> JudgeBackend:
-    """Construct (and for HTTP, contact) one judge's backend."""
+def build_backend(
+    spec: OpenAIJudge | LocalJudge, where: str, base_dir: Path | None = None
+) -> JudgeBackend:
+    """Construct (and for HTTP, contact; for ``llama_server``, start) one judge's backend;
+    ``base_dir``: what a served model's relative path is relative to (the config's folder)."""
+    if isinstance(spec, LlamaServerJudge):
+        from grpokit.rewards.judge.backends.served import ServedBackend
+
+        return ServedBackend(spec, where=where, base_dir=base_dir)
     if isinstance(spec, OpenAIJudge):
         from grpokit.rewards.judge.backends.openai import OpenAIBackend
 
@@ -761,7 +790,7 @@ def build_judge_reward(
     judges: list[Judge] = []
     try:
         for i, (spec, rubric) in enumerate(zip(params.judges, rubrics, strict=True)):
-            backend = build_backend(spec, f"{where}.judges[{i}]")
+            backend = build_backend(spec, f"{where}.judges[{i}]", base_dir)
             judges.append(
                 Judge(
                     label=spec.name if spec.name is not None else str(i),

@@ -24,6 +24,9 @@ class JudgeReply:
     usage: tuple[int, int] | None = None
     """(input tokens, output tokens) the server counted for this request (its ``usage``), when
     it says."""
+    cached_tokens: int = 0
+    """Of the input tokens, those the server answered from its prompt cache
+    (``usage.prompt_tokens_details.cached_tokens``: OpenAI's, llama.cpp's server), when it says."""
 
     @staticmethod
     def failed(error: str) -> JudgeReply:

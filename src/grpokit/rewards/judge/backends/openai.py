@@ -165,12 +165,22 @@ def parse_usage(data: Any) -> tuple[int, int] | None:
     return int(counts[0]), int(counts[1])  # type: ignore[arg-type]
 
 
+def parse_cached_tokens(data: Any) -> int:
+    """``usage.prompt_tokens_details.cached_tokens`` of a response body; 0 where absent."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
+
+
 def parse_chat_response(data: Any) -> JudgeReply:
     """A :class:`JudgeReply` from an OpenAI chat completions response body."""
     reply = _parse_choice(data)
     if reply.text is None:
         return reply
-    return dataclasses.replace(reply, usage=parse_usage(data))
+    return dataclasses.replace(
+        reply, usage=parse_usage(data), cached_tokens=parse_cached_tokens(data)
+    )
 
 
 def _parse_choice(data: Any) -> JudgeReply:
