@@ -24,9 +24,10 @@ def test_recipe_files() -> None:
     train_ja, heldout_ja = _rows("train_ja.jsonl"), _rows("heldout_ja.jsonl")
     train_en, heldout_en = _rows("train_en.jsonl"), _rows("heldout_en.jsonl")
     assert len(train_ja) == len(train_en) == 16
-    assert len(heldout_ja) == len(heldout_en) == 5
-    assert len(set(train_ja)) == 16
-    assert not set(train_ja) & set(heldout_ja)  # held-out topics are never trained on
+    assert (len(heldout_ja), len(heldout_en)) == (10, 20)
+    assert len(set(train_ja)) == 16 and len(set(heldout_en)) == 20 and len(set(heldout_ja)) == 10
+    # held-out topics are never trained on
+    assert not set(train_ja) & set(heldout_ja) and not set(train_en) & set(heldout_en)
     assert train_ja[0] == "ターゲット：都心に住む多忙な独身会社員。 技術：IoTとサブスクリプション。"
     assert all(p.startswith("ターゲット：") and "技術：" in p for p in train_ja + heldout_ja)
     assert all(p.startswith("Target: ") and "Technology: " in p for p in train_en + heldout_en)
@@ -82,8 +83,8 @@ def test_audit_answers_pass_the_gate_on_heldout_topics() -> None:
     from grpokit.rewards.builtin.format import xml_format_score
 
     rows = [json.loads(line) for line in (RECIPE / "audit_en.jsonl").read_text().splitlines()]
-    heldout = set(_rows("heldout_en.jsonl"))
-    assert len(rows) == 10 and {r["prompt"] for r in rows} == heldout
+    heldout = _rows("heldout_en.jsonl")
+    assert len(rows) == 10 and {r["prompt"] for r in rows} == set(heldout[:5])
     assert all(xml_format_score(r["completion"], ["thinking", "proposal"]) == 1.0 for r in rows)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -244,3 +245,94 @@ def run_reward_model_audit(config: Path, completions: Path, **options: Any) -> R
     return audit_reward_model_config(
         cfg.rewards, cfg.config_dir, completions, source=str(config), **options
     )
+
+
+@judge_cli.command(name="pairwise")
+@click.argument("eval_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--config",
+    "config",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The config whose judge asks (the first judge of its judge or checklist reward).",
+)
+@click.option("--model", "x", required=True, help="The eval's label of the model under test.")
+@click.option("--against", "y", required=True, help="The eval's label of the other (the base).")
+@click.option(
+    "--rubric-file",
+    "rubric_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The question, with {prompt}, {a} and {b}, asking for the letter A or B.",
+)
+@click.option(
+    "--reward",
+    "reward_name",
+    default=None,
+    help="The reward whose judge to use, when several have judges.",
+)
+@click.option(
+    "--samples",
+    "max_samples",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Use the first N samples of each prompt (default: all the eval drew).",
+)
+@click.option(
+    "--output",
+    "output",
+    default=None,
+    type=click.Path(path_type=Path),
+    help="Directory for pairwise.json and pairwise_replies.jsonl (default: EVAL_DIR).",
+)
+def pairwise_command(
+    eval_dir: Path,
+    config: Path,
+    x: str,
+    y: str,
+    rubric_file: Path,
+    reward_name: str | None,
+    max_samples: int | None,
+    output: Path | None,
+) -> None:
+    """Which of two models answers better? Pair sample k of --model with sample k of --against
+    on each prompt of EVAL_DIR (a `grpokit eval` output), ask the judge in both orders, and
+    report the win rate with its interval over prompts, at equal length, and the position
+    bias."""
+    from grpokit.config import load_config
+    from grpokit.errors import UserError
+    from grpokit.evaluate.pairwise import compare_pairwise, pair_keys, read_eval_samples
+    from grpokit.files import write_atomic
+    from grpokit.rewards.judge.reward import build_backend
+    from grpokit.rewards.judge.rubric import load_rubric
+
+    cfg = load_config(config)
+    rubric = load_rubric(None, str(rubric_file), Path.cwd(), "--rubric-file", placeholder="a")
+    if "b" not in rubric.placeholders:
+        raise UserError(f"{rubric.source}: the rubric has {{a}} but no {{b}} placeholder")
+    samples = read_eval_samples(eval_dir)
+    keys = pair_keys(samples, x, y, max_samples)
+    with_judges = [s for s in cfg.rewards if getattr(s.params, "judges", None)]
+    if reward_name is not None:
+        with_judges = [s for s in with_judges if s.display_name == reward_name]
+    if not with_judges:
+        raise UserError(
+            f"{config}: no reward {'named ' + repr(reward_name) + ' ' if reward_name else ''}"
+            "has judges: (a judge or checklist reward) to ask"
+        )
+    spec = with_judges[0]
+    judge = spec.params.judges[0]  # type: ignore[attr-defined]
+    backend = build_backend(judge, f"reward {spec.display_name!r}.judges[0]", cfg.config_dir)
+    try:
+        report, records = compare_pairwise(samples, x, y, backend, rubric, keys)
+    finally:
+        backend.close()
+    click.echo(report.summary())
+    out = output if output is not None else eval_dir
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "pairwise.json", report.to_json() + "\n")
+    write_atomic(
+        out / "pairwise_replies.jsonl",
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records),
+    )
+    click.echo(f"written: {out / 'pairwise.json'}, {out / 'pairwise_replies.jsonl'}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from grpokit.rewards.judge.expected import TokenLogprob
 
@@ -75,7 +75,20 @@ def yes_probability(reply: str, tokens: Sequence[TokenLogprob]) -> float | None:
     found = find_answer(reply)
     if found is None:
         return None
-    written, start = found
+    return probability_at(tokens, *found, classify=token_answer)
+
+
+def probability_at(
+    tokens: Sequence[TokenLogprob],
+    written: bool,
+    start: int,
+    *,
+    classify: Callable[[str], bool | None],
+) -> float:
+    """P(True) / (P(True) + P(False)) of a two-way answer written at offset ``start`` (as
+    ``written``): the token covering ``start`` and its alternatives, each classified by
+    ``classify`` (True, False, or None for neither); the written answer where no token covers
+    it."""
     covering = [t for t in tokens if t.offset <= start < t.offset + max(len(t.token), 1)]
     if not covering:
         return float(written)
@@ -85,7 +98,7 @@ def yes_probability(reply: str, tokens: Sequence[TokenLogprob]) -> float | None:
     for alt, logprob in tok.top:
         if alt == tok.token:
             continue
-        answer = token_answer(alt)
+        answer = classify(alt)
         if answer is not None:
             mass[answer] += math.exp(logprob)
     return mass[True] / (mass[True] + mass[False])
