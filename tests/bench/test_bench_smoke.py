@@ -145,3 +145,12 @@ def test_log_softmax_benchmark_against_torch_and_trl() -> None:
         for peer in ("TRL", "its torch operations")
     }
     assert all(v > 0 for v in ratios.values())
+
+
+@pytest.mark.slow
+def test_judge_order_benchmark_prints_its_ratio() -> None:
+    """Two answers of the recipe asked of the embedded model in both orders, once; the script
+    itself stops when the two orders' P(yes) differ beyond rounding."""
+    ratios = _run("judge_order.py", timeout=600)
+    assert set(ratios) == {"time of a pass, item-major / completion-major"}
+    assert all(v > 0 for v in ratios.values())
