@@ -136,3 +136,42 @@ def test_recipe_judge_scores_when_the_gate_is_open(tmp_path: Path) -> None:
         assert len(cache) > 0  # the judge ran, and its scores were kept
     finally:
         cache.close()
+
+
+@pytest.mark.slow
+def test_the_real_model_recipe_trains_two_steps(tmp_path: Path) -> None:
+    """config.qwen.checklist.en.yaml as shipped, two steps: the 0.5B policy, the 1.5B judge that
+    grpokit serves itself, asked completion by completion; the server goes with the run."""
+    import tempfile
+
+    from grpokit.model_files.named import NAMED_MODELS, is_installed
+    from grpokit.train.run import train_from_config
+
+    for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):
+        if not is_installed(NAMED_MODELS[name]):
+            pytest.skip(f"{name} is not installed: make setup-models")
+    logs = set(Path(tempfile.gettempdir()).glob("grpokit-judge-server-*.log"))
+    overrides = [
+        "training.max_steps=2",
+        "training.save_steps=0",
+        "training.max_completion_length=200",
+        "training.report_to=[none]",
+        "training.num_completions_to_print=0",
+    ]
+    run_dir = tmp_path / "run"
+    result = train_from_config(
+        RECIPE / "config.qwen.checklist.en.yaml", overrides, output_dir=run_dir, progress=False
+    )
+    assert result.global_step == 2
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    steps = [m for m in (json.loads(line) for line in lines) if "pass_rate/xml_format" in m]
+    assert len(steps) == 2
+    judged = [m for m in steps if m["pass_rate/xml_format"] > 0]
+    for m in judged:  # every formatted sample's four questions were answered, from the server
+        for item in ("revenue_model", "customer", "kpi", "advantage"):
+            assert m[f"judge/{item}/request_failure_rate"] == 0.0
+            assert m[f"judge/{item}/expected_fallback_rate"] == 0.0
+        # A completion's later questions found its first one in the server's prompt cache.
+        assert m["judge/tokens_cached"] > 0
+    # The run stopped its judge server (which removes its log).
+    assert set(Path(tempfile.gettempdir()).glob("grpokit-judge-server-*.log")) <= logs

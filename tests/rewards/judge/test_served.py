@@ -82,7 +82,11 @@ def test_the_server_goes_when_its_parent_is_killed(tmp_path: Path) -> None:
         "print(backend.process.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    # The killed parent cannot remove the server's log: it goes to this test's folder.
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    parent = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
