@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -283,6 +284,11 @@ def _rows(values: Sequence[Any], rows: list[int]) -> list[Any]:
     return [values[i] for i in rows]
 
 
+def _open_rows(source: Sequence[float | None], minimum: float) -> list[int]:
+    """The rows whose gate value is present and at least ``minimum``."""
+    return [i for i, v in enumerate(source) if v is not None and v >= minimum]
+
+
 def _sub_columns(columns: dict[str, Any], rows: list[int], batch: int) -> dict[str, Any]:
     """The per-row columns (sequences of the batch's length) restricted to ``rows``."""
     return {
@@ -343,12 +349,17 @@ class Checklist(Reward):
     ) -> list[float | None]:
         columns = dict(columns)
         reward_values: dict[str, list[float | None]] = columns.pop("reward_values", None) or {}
-        ahead_seconds = self._ask_ahead(prompts, completions, columns, reward_values)
+        started = time.perf_counter()
+        asked = self._ask_ahead(prompts, completions, columns, reward_values)
+        ahead_seconds = time.perf_counter() - started
         try:
-            return self._score(prompts, completions, columns, reward_values, ahead_seconds)
+            scores = self._score(prompts, completions, columns, reward_values)
         finally:
             for backend in self.backends:
                 backend.forget()
+        if asked:
+            self.last_metrics["judge/ask_ahead_seconds"] = ahead_seconds
+        return scores
 
     def _ask_ahead(
         self,
@@ -356,16 +367,15 @@ class Checklist(Reward):
         completions: list[Any],
         columns: dict[str, Any],
         reward_values: dict[str, list[float | None]],
-    ) -> float:
+    ) -> bool:
         """Ask every question whose rows are known before the items run (no gate, or a gate on
         another reward), completion by completion, so that a server's prompt cache serves each
-        completion's later questions (see AskAheadBackend); returns the seconds it took. Items
-        gated on an earlier item are asked in their turn."""
+        completion's later questions (see AskAheadBackend); whether any was asked. Items gated
+        on an earlier item are asked in their turn."""
         from grpokit.rewards.judge.reward import wants_logprobs
 
         batch = len(completions)
-        asks: dict[tuple[int, bool], list[tuple[int, int, str]]] = {}
-        backends: dict[int, AskAheadBackend] = {}
+        asks: dict[tuple[AskAheadBackend, bool], list[tuple[int, int, str]]] = {}
         for position, item in enumerate(self.items):
             reward = self.judged.get(item.name)
             if reward is None:
@@ -375,7 +385,7 @@ class Checklist(Reward):
                 source = reward_values.get(item.gate.reward)
                 if source is None:
                     continue
-                rows = [i for i in rows if (v := source[i]) is not None and v >= item.gate.min]
+                rows = _open_rows(source, item.gate.min)
             if not rows:
                 continue
             sub_columns = _sub_columns(columns, rows, batch)
@@ -387,18 +397,14 @@ class Checklist(Reward):
                     judge, _rows(prompts, rows), _rows(completions, rows), sub_columns
                 )
                 wanted = set(reward.uncached(judge, texts))
-                backends[id(backend)] = backend
-                asks.setdefault((id(backend), wants_logprobs(reward.mode)), []).extend(
+                asks.setdefault((backend, wants_logprobs(reward.mode)), []).extend(
                     (row, position, text)
                     for row, text in zip(rows, texts, strict=True)
                     if text in wanted
                 )
-        seconds = 0.0
-        for (key, logprobs), entries in asks.items():
-            backend = backends[key]
+        for (backend, logprobs), entries in asks.items():
             backend.ask_ahead([text for *_, text in sorted(entries)], logprobs=logprobs)
-            seconds += backend.ahead_seconds
-        return seconds
+        return bool(asks)
 
     def _score(
         self,
@@ -406,13 +412,10 @@ class Checklist(Reward):
         completions: list[Any],
         columns: dict[str, Any],
         reward_values: dict[str, list[float | None]],
-        ahead_seconds: float,
     ) -> list[float | None]:
         batch = len(completions)
         item_scores: dict[str, list[float | None]] = {}
         metrics: dict[str, float] = {}
-        if ahead_seconds:
-            metrics["judge/ask_ahead_seconds"] = ahead_seconds
         for item, check in zip(self.items, self.checks, strict=True):
             rows = list(range(batch))
             scores: list[float | None] = [None] * batch
@@ -427,7 +430,7 @@ class Checklist(Reward):
                         "rewards work inside grpokit's reward set (grpokit train/eval), not when "
                         "the checklist is called alone"
                     )
-                rows = [i for i in rows if (v := source[i]) is not None and v >= item.gate.min]
+                rows = _open_rows(source, item.gate.min)
                 scores = [item.gate.otherwise] * batch
             if rows:
                 sub_columns = _sub_columns(columns, rows, batch)

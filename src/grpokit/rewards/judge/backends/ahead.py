@@ -17,7 +17,6 @@ done).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
@@ -29,8 +28,6 @@ class AskAheadBackend:
     def __init__(self, inner: JudgeBackend) -> None:
         self.inner = inner
         self._kept: dict[tuple[str, bool], JudgeReply] = {}
-        self.ahead_seconds = 0.0
-        """Seconds the last :meth:`ask_ahead` took."""
 
     @property
     def identity(self) -> str:
@@ -47,14 +44,12 @@ class AskAheadBackend:
         wrapped backend's own retries.
         """
         todo = [p for p in dict.fromkeys(prompts) if (p, logprobs) not in self._kept]
-        started = time.perf_counter()
         if todo:
             for prompt, reply in zip(
                 todo, self.inner.complete(todo, logprobs=logprobs), strict=True
             ):
                 if reply.error is None:
                     self._kept[(prompt, logprobs)] = reply
-        self.ahead_seconds = time.perf_counter() - started
 
     def complete(self, prompts: Sequence[str], *, logprobs: bool) -> list[JudgeReply]:
         missing = [p for p in dict.fromkeys(prompts) if (p, logprobs) not in self._kept]
