@@ -22,8 +22,16 @@ def test_recipe_config_loads_with_its_data(path: Path) -> None:
     if cfg.data.heldout:
         heldout = load_prompts(cfg.resolve(cfg.data.heldout))
         assert not {str(r.prompt) for r in rows} & {str(r.prompt) for r in heldout}
-    if any(spec.type == "judge" for spec in cfg.rewards):
-        return  # building a judge contacts its backend: covered by tests/rewards/judge
+    served = [
+        judge
+        for spec in cfg.rewards
+        for judge in getattr(spec.params, "judges", None) or []
+        if judge.backend != "local"
+    ]
+    if served or any(spec.type == "judge" for spec in cfg.rewards):
+        # Building a judge contacts (or, llama_server, starts) its backend, whose model a fresh
+        # `make test` does not install: covered by tests/rewards/judge and the slow recipe test.
+        return
     with build_reward_set(cfg.rewards, BuildContext(base_dir=cfg.config_dir)) as rewards:
         check_columns(rows, rewards.required_columns, str(cfg.data.train))
 

@@ -258,8 +258,13 @@ def test_a_request_that_failed_ahead_is_asked_again(
     server = fake_judge(
         lambda request, n: Answer(status=500) if n == 0 else Answer(content=f"reply {n}")
     )
+    # One request at a time, so that the requests are numbered in the order they are asked.
     spec = OpenAIJudge(
-        backend="openai", base_url=server.base_url, model="fake-judge", max_retries=0
+        backend="openai",
+        base_url=server.base_url,
+        model="fake-judge",
+        max_retries=0,
+        max_concurrency=1,
     )
     backend = AskAheadBackend(OpenAIBackend(spec, where="judges[0]"))
     try:
