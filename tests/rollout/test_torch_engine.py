@@ -12,7 +12,13 @@ from grpokit.core.truncation import truncated_log_softmax
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import onednn_available, set_compute_dtype
 from grpokit.rollout import decoders, torch_engine
-from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from grpokit.rollout.base import (
+    EngineCapabilities,
+    RolloutBatch,
+    RolloutEngine,
+    SamplingParams,
+    without_reference_logprobs,
+)
 from grpokit.rollout.decoders import (
     HFDecoder,
     StaticLlamaDecoder,
@@ -26,6 +32,7 @@ from grpokit.rollout.torch_engine import (
     left_pad,
 )
 from grpokit.train.forward import completion_logprobs, pack
+from grpokit.train.fsdp import GatheredEngine
 
 EOS = 2  # <|im_end|> in the SmolLM2 tokenizer
 PROMPTS = [[1, 2000, 300, 45, 7], [88, 99], [5, 6, 7, 8, 9, 10, 11, 12, 13], [400], [17, 4096, 31]]
@@ -98,7 +105,23 @@ def recomputed_logprobs(
 
 
 def test_is_a_rollout_engine(model: PreTrainedModel, engine_for: EngineFor) -> None:
-    assert isinstance(engine_for(model), RolloutEngine)
+    engine = engine_for(model)
+    assert isinstance(engine, RolloutEngine)
+    assert engine.capabilities == EngineCapabilities(reference_logprobs=True)
+    assert engine.weight_version is None
+    with pytest.raises(NotImplementedError, match="does not generate ahead"):
+        engine.prefetch([[1, 2]], 2, SamplingParams(max_completion_length=4))
+
+
+def test_a_wrapper_offers_and_switches_what_its_engine_offers(model: PreTrainedModel) -> None:
+    """The FSDP wrapper declares its engine's capabilities, and turning the reference rows off
+    for a held-out check reaches the engine through it (a type check on the wrapper did not)."""
+    inner = TorchEngine(model, eos_token_ids=[2], pad_token_id=2, reference_logprobs=True)
+    wrapped = GatheredEngine(inner, model)
+    assert wrapped.capabilities.reference_logprobs and wrapped.reference_logprobs
+    with without_reference_logprobs(wrapped):
+        assert not inner.reference_logprobs
+    assert inner.reference_logprobs
 
 
 def test_left_pad_positions() -> None:

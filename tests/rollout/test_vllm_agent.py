@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpokit.data.chat import encode_prompt
 from grpokit.rollout.agent import ToolMessageTokens, ToolRollout
-from grpokit.rollout.base import RolloutBatch, SamplingParams
+from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from grpokit.rollout.tool_calls import parse_hermes
 from grpokit.rollout.tools import ToolRunner, load_tools
 from grpokit.rollout.vllm_engine import VLLMEngine, vllm_available, vllm_platform
@@ -55,7 +55,7 @@ class ForcedSampler:
     def wrap(self, engine: VLLMEngine) -> Any:
         forced = self
 
-        class Scripted:
+        class Scripted(RolloutEngine):
             def generate(
                 self, prompt_ids: list[list[int]], n: int, params: SamplingParams, **kw: Any
             ) -> RolloutBatch:

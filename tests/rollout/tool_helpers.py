@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from grpokit.data.chat import HERMES_TEMPLATE
-from grpokit.rollout.base import FinishReason, RolloutBatch, SamplingParams
+from grpokit.rollout.base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
 
 __all__ = [
     "HERMES_TEMPLATE",
@@ -189,7 +189,7 @@ def teacher_forced_logprobs(
         return logp.gather(1, torch.tensor(ids)[:, None])[:, 0].cpu()
 
 
-class ScriptedEngine:
+class ScriptedEngine(RolloutEngine):
     """A rollout engine whose completions are scripted by ``reply`` and scored by ``model``
     (their log-probs are the model's, as a sampler's would be). Records every call's inputs."""
 

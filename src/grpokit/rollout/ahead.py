@@ -28,7 +28,7 @@ from typing import Protocol
 
 import torch
 
-from grpokit.rollout.base import RolloutBatch, SamplingParams
+from grpokit.rollout.base import EngineCapabilities, RolloutBatch, RolloutEngine, SamplingParams
 
 
 class SnapshotEngine(Protocol):
@@ -53,17 +53,18 @@ def _key(prompt_ids: list[list[int]], n: int, params: SamplingParams) -> Key:
     return tuple(tuple(ids) for ids in prompt_ids), n, params
 
 
-class AheadEngine:
+class AheadEngine(RolloutEngine):
     """A :class:`~grpokit.rollout.base.RolloutEngine` whose generations may be queued ahead.
 
     Its engine's own sampling seed drives sampling (a per-call generator cannot reach a server);
     the ``generator`` argument is accepted and unused, as by the vLLM engine.
     """
 
+    capabilities = EngineCapabilities(weight_version=True, prefetch=True)
+
     def __init__(self, engine: SnapshotEngine) -> None:
         self.engine = engine
-        self.weight_version = 0
-        """Weight pushes asked for so far: the trainer's weight version."""
+        self.weight_version: int = 0  # pushes asked for so far: the trainer's weight version
         self._applied = 0  # pushes the worker has applied (read and written on the worker only)
         self._push_failed: BaseException | None = None
         self._ahead: dict[Key, Future[RolloutBatch]] = {}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import torch
 
@@ -149,15 +152,42 @@ class RolloutBatch:
         return [len(ids) for ids in self.completion_ids]
 
 
-@runtime_checkable
-class RolloutEngine(Protocol):
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine offers beyond ``generate``, ``sync_weights`` and ``close``. Callers read
+    this record, never the engine's type, so a wrapper (an engine generating ahead, one whose
+    weights are gathered first) offers what it declares and nothing is probed."""
+
+    reference_logprobs: bool = False
+    """``generate`` can also score the sampled tokens under the reference model
+    (:attr:`RolloutBatch.ref_logprobs`) while :attr:`RolloutEngine.reference_logprobs` is on."""
+    weight_version: bool = False
+    """The engine samples from weights older than the trainer's: it stamps each batch's
+    :attr:`RolloutBatch.weight_version` and counts the pushes asked for in
+    :attr:`RolloutEngine.weight_version`."""
+    prefetch: bool = False
+    """:meth:`RolloutEngine.prefetch` queues a generation that a later ``generate`` of the same
+    arguments returns."""
+
+
+class RolloutEngine(ABC):
     """Samples ``n`` completions for each prompt (token ids in, token ids out).
 
     ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
     the weights (vLLM) takes the policy's new ones; an engine that reads the policy's own
-    modules has nothing to do.
+    modules has nothing to do. ``close`` is called once when training ends (an engine generating
+    ahead has a thread to stop). What else an engine offers it declares in ``capabilities``.
     """
 
+    capabilities: EngineCapabilities = EngineCapabilities()
+    reference_logprobs: bool = False
+    """Whether ``generate`` scores the reference log-probs now (only where ``capabilities``
+    says it can); :func:`without_reference_logprobs` turns it off for a block."""
+    weight_version: int | None = None
+    """Weight pushes asked for so far (the trainer's weight version), where
+    ``capabilities.weight_version``; None elsewhere."""
+
+    @abstractmethod
     def generate(
         self,
         prompt_ids: list[list[int]],
@@ -167,7 +197,27 @@ class RolloutEngine(Protocol):
         generator: torch.Generator | None = None,
     ) -> RolloutBatch: ...
 
+    @abstractmethod
     def sync_weights(self) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 (deliberately empty: most engines hold nothing)
+        """Release what the engine holds beyond the process's memory (threads, servers)."""
+
+    def prefetch(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> None:
+        """Queue a generation (where ``capabilities.prefetch``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not generate ahead")
+
+
+@contextmanager
+def without_reference_logprobs(engine: RolloutEngine) -> Iterator[None]:
+    """Generate without reference rows inside the block (a held-out check needs no reference
+    log-probs, and they would double an engine's decoding rows); restored after."""
+    was = engine.reference_logprobs
+    engine.reference_logprobs = False
+    try:
+        yield
+    finally:
+        engine.reference_logprobs = was
 
 
 def check_generate_args(prompt_ids: list[list[int]], n: int) -> None:

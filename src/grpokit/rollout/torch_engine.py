@@ -19,8 +19,10 @@ import torch
 from grpokit.models.compat import eval_mode
 from grpokit.models.onednn import CpuMatmul, compute_dtype
 from grpokit.rollout.base import (
+    EngineCapabilities,
     FinishReason,
     RolloutBatch,
+    RolloutEngine,
     SamplingParams,
     check_generate_args,
 )
@@ -126,22 +128,7 @@ def lora_merged(model: torch.nn.Module) -> Iterator[None]:
                 layer.merged_adapters.clear()
 
 
-@contextmanager
-def without_reference_logprobs(engine: Any) -> Iterator[None]:
-    """Generate without reference rows inside the block, on an engine that scores them (a
-    held-out check needs no reference log-probs, and they would double its decoding rows);
-    other engines are left alone."""
-    if not isinstance(engine, TorchEngine) or not engine.reference_logprobs:
-        yield
-        return
-    engine.reference_logprobs = False
-    try:
-        yield
-    finally:
-        engine.reference_logprobs = True
-
-
-class TorchEngine:
+class TorchEngine(RolloutEngine):
     """A :class:`~grpokit.rollout.base.RolloutEngine` running a transformers (or peft) causal LM.
 
     Args:
@@ -173,6 +160,8 @@ class TorchEngine:
             batch to the end (their tokens unrecorded), since a graph's shapes are fixed. Off
             by default until whole rollouts are measured on a GPU (bench/gpu_check.sh).
     """
+
+    capabilities = EngineCapabilities(reference_logprobs=True)
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ from grpokit.models.compat import adapter_in_effect
 from grpokit.rollout.base import (
     FinishReason,
     RolloutBatch,
+    RolloutEngine,
     SamplingParams,
     check_generate_args,
 )
@@ -333,7 +334,7 @@ def finish_reason(tokens: list[int], eos_token_ids: set[int]) -> FinishReason:
     return "eos" if tokens and tokens[-1] in eos_token_ids else "length"
 
 
-class VLLMEngine:
+class VLLMEngine(RolloutEngine):
     """A :class:`~grpokit.rollout.base.RolloutEngine` backed by vLLM.
 
     Args:

@@ -39,7 +39,7 @@ from grpokit.rollout.agent import (
     check_tool_template,
     template_text,
 )
-from grpokit.rollout.base import RolloutEngine, SamplingParams
+from grpokit.rollout.base import RolloutEngine, SamplingParams, without_reference_logprobs
 from grpokit.rollout.environments import load_environments
 from grpokit.rollout.tool_calls import (
     Parser,
@@ -49,7 +49,7 @@ from grpokit.rollout.tool_calls import (
 )
 from grpokit.rollout.tool_sandbox import sandboxed
 from grpokit.rollout.tools import ToolCall, ToolRunner, load_tools
-from grpokit.rollout.torch_engine import TorchEngine, without_reference_logprobs
+from grpokit.rollout.torch_engine import TorchEngine
 from grpokit.sampling.runtime import resolve_device
 from grpokit.sampling.scoring import (
     PassSummary,
@@ -385,8 +385,7 @@ class Sampler:
         """Hand the rows' prompts to an engine that generates ahead (grpokit.rollout.ahead), so
         that a later :meth:`sample` of the same rows finds its generation under way. Other
         engines, and multi-turn rollouts (a turn's prompt depends on the last), skip it."""
-        ahead = getattr(self.engine, "prefetch", None)
-        if ahead is None or self.tools is not None:
+        if not self.engine.capabilities.prefetch or self.tools is not None:
             return
         prompt_ids = [
             encode_prompt(
@@ -398,7 +397,7 @@ class Sampler:
             )
             for row in rows
         ]
-        ahead(prompt_ids, num_generations, self.sampling)
+        self.engine.prefetch(prompt_ids, num_generations, self.sampling)
 
     def sample(
         self, rows: list[PromptRow], num_generations: int, *, generator: torch.Generator | None

@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from grpokit.errors import UserError
 from grpokit.models.compat import hf_model
-from grpokit.rollout.base import RolloutBatch, SamplingParams
+from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from grpokit.train.distributed import DistContext, all_reduce_gradients, all_reduce_scalars
 
 # torch.distributed's FSDP, DTensor and checkpoint modules add about 0.7 s to the start: they are
@@ -164,16 +164,29 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
             unit.set_reshard_after_forward(_RESHARD_AFTER_FORWARD.get(unit, True), recurse=False)
 
 
-class GatheredEngine:
+class GatheredEngine(RolloutEngine):
     """A rollout engine whose ``generate`` runs inside :func:`gathered`: the engine calls the
-    model a token at a time and reads module weights directly, which needs them whole."""
+    model a token at a time and reads module weights directly, which needs them whole. It
+    offers what the engine it wraps offers."""
 
-    def __init__(self, engine: Any, model: torch.nn.Module) -> None:
+    def __init__(self, engine: RolloutEngine, model: torch.nn.Module) -> None:
         self.engine = engine
         self.model = model
+        self.capabilities = engine.capabilities
+
+    @property
+    def reference_logprobs(self) -> bool:
+        return self.engine.reference_logprobs
+
+    @reference_logprobs.setter
+    def reference_logprobs(self, value: bool) -> None:
+        self.engine.reference_logprobs = value
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()
+
+    def close(self) -> None:
+        self.engine.close()
 
     def generate(
         self,

@@ -92,8 +92,9 @@ class Rollouts:
         scored = self.sampler.sample(taken.rows, self.num_generations, generator=self.generator)
         metrics: dict[str, float] = {}
         sampled_at = scored.rollout.weight_version
-        if self.max_staleness and sampled_at is not None:
-            staleness = getattr(self.sampler.engine, "weight_version", sampled_at) - sampled_at
+        current = self.sampler.engine.weight_version
+        if self.max_staleness and sampled_at is not None and current is not None:
+            staleness = current - sampled_at
             if not 0 <= staleness <= self.max_staleness:
                 raise RuntimeError(
                     f"a batch {staleness} weight updates old, outside 0..{self.max_staleness}"

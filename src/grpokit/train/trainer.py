@@ -1084,6 +1084,4 @@ class GRPOTrainer:
             sink.close()
         self.sinks = []
         self.rewards.close()
-        close_engine = getattr(self.engine, "close", None)  # one generating ahead has a thread
-        if callable(close_engine):
-            close_engine()
+        self.engine.close()  # one generating ahead has a thread
