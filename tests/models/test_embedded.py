@@ -109,7 +109,8 @@ def test_two_processes_convert_into_a_fresh_cache(tmp_path: Path) -> None:
 def test_embedded_model_loads_and_talks(embedded_model_path: Path) -> None:
     from grpokit.core.truncation import truncated_log_softmax
     from grpokit.models.loading import load_policy
-    from grpokit.rollout import SamplingParams, TorchEngine
+    from grpokit.rollout.base import SamplingParams
+    from grpokit.rollout.torch_engine import TorchEngine
 
     policy = load_policy(EMBEDDED_MODEL, need_reference=False)
     n_params = sum(p.numel() for p in policy.model.parameters())

@@ -13,8 +13,6 @@ from grpokit.cli_options import (
     out_option,
     seed_option,
 )
-from grpokit.evaluate.compare import compare_runs
-from grpokit.evaluate.report import build_report
 
 
 @click.command("report")
@@ -29,6 +27,8 @@ from grpokit.evaluate.report import build_report
 @out_option("HTML file to write; default RUN_DIR/report/report.html.")
 def report_cmd(run_dir: Path, eval_dir: Path | None, out: Path | None) -> None:
     """One self-contained HTML report of a run (plots also as PNG in RUN_DIR/report/)."""
+    from grpokit.evaluate.report import build_report
+
     path = build_report(run_dir, eval_dir=eval_dir, out=out)
     click.echo(f"report: {path}")
 
@@ -40,6 +40,8 @@ def report_cmd(run_dir: Path, eval_dir: Path | None, out: Path | None) -> None:
 )
 def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     """Overlay the key curves of several runs and list how their configs differ."""
+    from grpokit.evaluate.compare import compare_runs
+
     path = compare_runs(list(run_dirs), out)
     click.echo(f"compare: {path}")
 

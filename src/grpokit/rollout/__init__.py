@@ -1,8 +1,6 @@
-"""Generation engines behind one small interface (:class:`RolloutEngine`)."""
+"""Generation engines behind one interface (:class:`grpokit.rollout.base.RolloutEngine`): the
+torch engine, vLLM, an engine generating ahead, and multi-turn rollouts with tools.
 
-from __future__ import annotations
-
-from grpokit.rollout.base import FinishReason, RolloutBatch, RolloutEngine, SamplingParams
-from grpokit.rollout.torch_engine import TorchEngine
-
-__all__ = ["FinishReason", "RolloutBatch", "RolloutEngine", "SamplingParams", "TorchEngine"]
+The package itself imports nothing, so a command's ``--help`` that reaches a light module here
+does not load torch.
+"""

@@ -29,12 +29,6 @@ from grpokit.rollout.tools import ToolResult
 from grpokit.train.experience import right_padded
 from grpokit.train.forward import completion_logprobs, pack
 
-DEFAULT_STEPS = 16
-"""Few on purpose: a long SFT makes sampling deterministic and GRPO's groups equal."""
-DEFAULT_LR_FULL = 2e-5
-DEFAULT_LR_LORA = 2e-4
-
-
 Completion = str | list[dict[str, Any]]
 
 

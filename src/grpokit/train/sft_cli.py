@@ -12,7 +12,7 @@ from grpokit.cli_options import (
     prompt_count_option,
     seed_option,
 )
-from grpokit.train.sft import DEFAULT_LR_FULL, DEFAULT_LR_LORA, DEFAULT_STEPS
+from grpokit.train.sft_defaults import DEFAULT_LR_FULL, DEFAULT_LR_LORA, DEFAULT_STEPS
 
 
 @click.command("sft")

@@ -29,14 +29,8 @@ from grpokit.errors import UserError
 from grpokit.files import write_jsonl
 from grpokit.sampling import ScoredBatch
 from grpokit.sampling.groups import choose_prompts, open_sampler, sample_groups
-from grpokit.train.sft import (
-    DEFAULT_LR_FULL,
-    DEFAULT_LR_LORA,
-    DEFAULT_STEPS,
-    Demonstration,
-    load_demonstrations,
-    run_sft,
-)
+from grpokit.train.sft import Demonstration, load_demonstrations, run_sft
+from grpokit.train.sft_defaults import DEFAULT_LR_FULL, DEFAULT_LR_LORA, DEFAULT_STEPS
 
 ROLLOUTS_FILE = "sft_rollouts.jsonl"
 """Written next to the SFT checkpoint with --from-rollouts: the kept samples, as demonstrations."""
