@@ -471,7 +471,7 @@ def build_model(
 
 
 # ---- the estimate -------------------------------------------------------------------------------
-# Scaled from the first run on an H200 (bench/README.md): the Llama shapes' 8 runs took 7 min 16 s
+# Scaled from the first run on an H200 (bench/RESULTS.md): the Llama shapes' 8 runs took 7 min 16 s
 # with the install and their builds (float32, on the CPU then). For those runs (no rollouts then)
 # and this check's builds estimate_seconds gives 6.4 minutes; the rest, about 50 s, is that slower
 # build and the install. A step there was bound by the host launching kernels, not by the GPU: its

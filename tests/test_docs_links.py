@@ -1,6 +1,6 @@
-"""Every relative link in the README, docs/, bench/README.md and the recipes' READMEs leads to a
-file that exists, and every `#anchor` into a markdown file to one of its headings (GitHub's slug
-rule). Web links are not followed: the test stays offline and fast."""
+"""Every relative link in the README, docs/, bench/README.md, bench/RESULTS.md and the recipes'
+READMEs leads to a file that exists, and every `#anchor` into a markdown file to one of its
+headings (GitHub's slug rule). Web links are not followed: the test stays offline and fast."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
 
 def doc_files() -> list[Path]:
     """The markdown a reader reaches from the README."""
-    files = [REPO / "README.md", REPO / "bench" / "README.md"]
+    files = [REPO / "README.md", REPO / "bench" / "README.md", REPO / "bench" / "RESULTS.md"]
     files += sorted((REPO / "docs").glob("*.md"))
     files += sorted((REPO / "src" / "grpokit" / "recipes").glob("*/README.md"))
     return files

@@ -27,7 +27,7 @@ in two reads of the row, and the gradient written straight into the logits' dtyp
 operations below make four or five passes, each allocating a float32 temporary of the chunk's
 size, and those fresh allocations cost more than the arithmetic: on a 128k vocabulary, 2,048
 positions in bfloat16, the kernels took 0.06x the torch operations' time for the log-probs and
-0.10x for forward + backward (bench/logsoftmax.py; bench/README.md). The kernels sum in float32
+0.10x for forward + backward (bench/logsoftmax.py; bench/RESULTS.md). The kernels sum in float32
 within blocks of 2,048 values and in float64 across them; their exp is a polynomial within about
 2 ulp of torch's. ``GRPOKIT_FUSED_LOGITS=0`` keeps the torch operations (for comparisons).
 """

@@ -3,7 +3,7 @@
 A decoding step at the batch sizes of a rollout is, besides the linear layers, about 40 small
 eager operations per layer (norms, rotary embedding, cache writes, attention over the cache, the
 gated activation): on the embedded model at batch 8 they took half of a step, mostly in dispatch
-and intermediate tensors (bench/README.md). Four kernels here do the same arithmetic in four
+and intermediate tensors (bench/RESULTS.md). Four kernels here do the same arithmetic in four
 calls per layer, rounding to the compute dtype where the eager code rounds; a fifth adds a LoRA
 adapter's share to a projection (one call where the eager code makes two products per adapter,
 a scaling and a sum); a sixth computes the float32 linear layers themselves where that is faster

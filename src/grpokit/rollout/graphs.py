@@ -3,7 +3,7 @@
 On a GPU a decoding step of a small model costs what the host spends launching its kernels, not
 what the GPU computes: on an H200 one step of a 30-layer, 135M-parameter Llama at 32 rows
 launched 1,219 kernels and took 28.5 ms of wall time for 2.65 ms of GPU work; the same step
-replayed as a CUDA graph took 3.18 ms (bench/README.md, "GPU check"). vLLM captures its decoding
+replayed as a CUDA graph took 3.18 ms (bench/RESULTS.md, "First run on an H200"). vLLM captures its decoding
 steps the same way. :class:`GraphedSteps` captures the static decoder's fixed-shape step
 (:meth:`StaticLlamaDecoder.fixed_step`) once per rollout, at its first step, and replays it for
 every later token; the sampling between steps stays outside the graph.
