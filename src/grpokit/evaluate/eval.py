@@ -183,7 +183,7 @@ def part_summary(values_per_prompt: Sequence[Sequence[float | None]]) -> PartSum
 
 
 def _prompt_means(
-    samples: list[Sample], n_prompts: int, key: str | None, thresholds: Mapping[str, float]
+    samples: Sequence[Sample], n_prompts: int, key: str | None, thresholds: Mapping[str, float]
 ) -> list[float | None]:
     """Per prompt: the mean of a reward or reward part's metric (key) or, with key None, the
     compliant share."""
@@ -296,102 +296,29 @@ def summarize_eval(
     compared as ``eval/checklist/<item>/pass_rate``.
     """
     n_prompts = len(prompts)
-    models: list[ModelSummary] = []
     by_model = {label: [s for s in samples if s.model == label] for label in labels}
-    for label in labels:
-        mine = by_model[label]
-        if not mine:
-            raise ValueError(f"no samples for model {label!r}")
-        rewards = {}
-        for name in reward_names:
-            per_prompt = [
-                [s.rewards.get(name) for s in mine if s.prompt_index == i] for i in range(n_prompts)
-            ]
-            rewards[name] = _reward_summary(
-                [s.rewards.get(name) for s in mine], per_prompt, thresholds.get(name)
-            )
-        compliant = sum(_compliant(s, thresholds) for s in mine) if thresholds else None
-        compliant_ci = (
-            cluster_pass_interval(
-                [
-                    [_compliant(s, thresholds) for s in mine if s.prompt_index == i]
-                    for i in range(n_prompts)
-                ]
-            )
-            if compliant is not None
-            else None
+    models = [
+        _model_summary(
+            label,
+            by_model[label],
+            path=paths.get(label, label),
+            n_prompts=n_prompts,
+            samples_per_prompt=samples_per_prompt,
+            reward_names=reward_names,
+            thresholds=thresholds,
+            part_names=part_names,
+            texts=(group_texts or {}).get(label),
+            seconds=(seconds or {}).get(label, 0.0),
         )
-        texts = (group_texts or {}).get(label, [s.text for s in mine])
-        models.append(
-            ModelSummary(
-                label=label,
-                path=paths.get(label, label),
-                samples=len(mine),
-                compliant=compliant,
-                compliant_rate=compliant / len(mine) if compliant is not None else None,
-                compliant_ci=compliant_ci,
-                mean_length=sum(s.length for s in mine) / len(mine),
-                truncated_frac=sum(s.truncated for s in mine) / len(mine),
-                text=text_stats(texts, samples_per_prompt),
-                rewards=rewards,
-                checklist={
-                    part_metric(part): part_summary(
-                        [
-                            [s.parts.get(part) for s in mine if s.prompt_index == i]
-                            for i in range(n_prompts)
-                        ]
-                    )
-                    for part in part_names
-                },
-                seconds=(seconds or {}).get(label, 0.0),
-            )
-        )
-    rows = []
-    for i, prompt in enumerate(prompts):
-        compliant_counts: dict[str, int] = {}
-        means: dict[str, dict[str, float | None]] = {}
-        for label in labels:
-            at = [s for s in by_model[label] if s.prompt_index == i]
-            if thresholds:
-                compliant_counts[label] = sum(_compliant(s, thresholds) for s in at)
-            means[label] = {}
-            for name in reward_names:
-                present = [v for s in at if (v := s.rewards.get(name)) is not None]
-                means[label][name] = sum(present) / len(present) if present else None
-        rows.append(
-            PromptResult(
-                index=i,
-                prompt=prompt,
-                samples=samples_per_prompt,
-                compliant=compliant_counts,
-                reward_mean=means,
-            )
-        )
-    paired: list[PairedComparison] = []
+        for label in labels
+    ]
+    rows = [
+        _prompt_row(i, prompt, by_model, samples_per_prompt, reward_names, thresholds)
+        for i, prompt in enumerate(prompts)
+    ]
     metrics: list[str | None] = list(reward_names) + ([None] if thresholds else [])
     metrics += [part_metric(part) for part in part_names]
-    base = labels[0]
-    for other in labels[1:]:
-        for key in metrics:
-            a = _prompt_means(by_model[base], n_prompts, key, thresholds)
-            b = _prompt_means(by_model[other], n_prompts, key, thresholds)
-            pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
-            if not pairs:
-                continue
-            xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
-            # other - base, with a t interval over prompts (None with a single prompt).
-            result = paired_difference(ys, xs) if len(pairs) > 1 else None
-            diff = sum(y - x for x, y in pairs) / len(pairs)
-            paired.append(
-                PairedComparison(
-                    metric=key or "compliant",
-                    base=base,
-                    other=other,
-                    diff=diff,
-                    ci=(result[1], result[2]) if result else None,
-                    n_prompts=len(pairs),
-                )
-            )
+    paired = _paired(by_model, labels, n_prompts, metrics, thresholds)
     alerts: list[dict[str, object]] = []
     if monitors is not None and monitors.enabled:
         for m in models[1:]:
@@ -411,6 +338,125 @@ def summarize_eval(
         transcripts=pick_transcripts(samples, labels, n_prompts),
         intervals=CLUSTER_INTERVALS,
     )
+
+
+def _per_prompt(mine: Sequence[Sample], n_prompts: int, value: Any) -> list[list[Any]]:
+    """``value(sample)`` of a model's samples, one list per prompt."""
+    return [[value(s) for s in mine if s.prompt_index == i] for i in range(n_prompts)]
+
+
+def _model_summary(
+    label: str,
+    mine: Sequence[Sample],
+    *,
+    path: str,
+    n_prompts: int,
+    samples_per_prompt: int,
+    reward_names: Sequence[str],
+    thresholds: Mapping[str, float],
+    part_names: Sequence[str],
+    texts: list[str] | None,
+    seconds: float,
+) -> ModelSummary:
+    """One model's row of the summary, from its samples ``mine``."""
+    if not mine:
+        raise ValueError(f"no samples for model {label!r}")
+    rewards = {
+        name: _reward_summary(
+            [s.rewards.get(name) for s in mine],
+            _per_prompt(mine, n_prompts, lambda s, name=name: s.rewards.get(name)),
+            thresholds.get(name),
+        )
+        for name in reward_names
+    }
+    compliant = sum(_compliant(s, thresholds) for s in mine) if thresholds else None
+    compliant_ci = (
+        cluster_pass_interval(_per_prompt(mine, n_prompts, lambda s: _compliant(s, thresholds)))
+        if compliant is not None
+        else None
+    )
+    return ModelSummary(
+        label=label,
+        path=path,
+        samples=len(mine),
+        compliant=compliant,
+        compliant_rate=compliant / len(mine) if compliant is not None else None,
+        compliant_ci=compliant_ci,
+        mean_length=sum(s.length for s in mine) / len(mine),
+        truncated_frac=sum(s.truncated for s in mine) / len(mine),
+        text=text_stats(texts if texts is not None else [s.text for s in mine], samples_per_prompt),
+        rewards=rewards,
+        checklist={
+            part_metric(part): part_summary(
+                _per_prompt(mine, n_prompts, lambda s, part=part: s.parts.get(part))
+            )
+            for part in part_names
+        },
+        seconds=seconds,
+    )
+
+
+def _prompt_row(
+    i: int,
+    prompt: str,
+    by_model: Mapping[str, Sequence[Sample]],
+    samples_per_prompt: int,
+    reward_names: Sequence[str],
+    thresholds: Mapping[str, float],
+) -> PromptResult:
+    """Prompt ``i``'s row: each model's compliant count and mean of each reward."""
+    compliant_counts: dict[str, int] = {}
+    means: dict[str, dict[str, float | None]] = {}
+    for label, mine in by_model.items():
+        at = [s for s in mine if s.prompt_index == i]
+        if thresholds:
+            compliant_counts[label] = sum(_compliant(s, thresholds) for s in at)
+        means[label] = {}
+        for name in reward_names:
+            present = [v for s in at if (v := s.rewards.get(name)) is not None]
+            means[label][name] = sum(present) / len(present) if present else None
+    return PromptResult(
+        index=i,
+        prompt=prompt,
+        samples=samples_per_prompt,
+        compliant=compliant_counts,
+        reward_mean=means,
+    )
+
+
+def _paired(
+    by_model: Mapping[str, Sequence[Sample]],
+    labels: Sequence[str],
+    n_prompts: int,
+    metrics: Sequence[str | None],
+    thresholds: Mapping[str, float],
+) -> list[PairedComparison]:
+    """Each model against the first on each metric (None: the compliant rate), paired by
+    prompt: the mean difference other - base with a t interval over prompts."""
+    paired: list[PairedComparison] = []
+    base = labels[0]
+    for other in labels[1:]:
+        for key in metrics:
+            a = _prompt_means(by_model[base], n_prompts, key, thresholds)
+            b = _prompt_means(by_model[other], n_prompts, key, thresholds)
+            pairs = [(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None]
+            if not pairs:
+                continue
+            xs, ys = [p[0] for p in pairs], [p[1] for p in pairs]
+            # None with a single prompt: no interval.
+            result = paired_difference(ys, xs) if len(pairs) > 1 else None
+            diff = sum(y - x for x, y in pairs) / len(pairs)
+            paired.append(
+                PairedComparison(
+                    metric=key or "compliant",
+                    base=base,
+                    other=other,
+                    diff=diff,
+                    ci=(result[1], result[2]) if result else None,
+                    n_prompts=len(pairs),
+                )
+            )
+    return paired
 
 
 # ---- sampling --------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from grpokit.config import GRPOKitConfig
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
 from grpokit.files import write_jsonl
-from grpokit.sampling import ScoredBatch
+from grpokit.sampling import Sampler, ScoredBatch
 from grpokit.sampling.groups import choose_prompts, open_sampler, sample_groups
 from grpokit.train.sft import Demonstration, load_demonstrations, run_sft
 from grpokit.train.sft_defaults import DEFAULT_LR_FULL, DEFAULT_LR_LORA, DEFAULT_STEPS
@@ -168,18 +168,7 @@ def run_sft_from_config(
     """Warm-start the configured model on demonstrations or on its own passing samples and save
     a checkpoint to `output` (a LoRA adapter or a full model) that model.init_from accepts.
     A final loss that is not finite is an error (after the save, so the checkpoint can be read)."""
-    if (data is None) == (not from_rollouts):
-        raise UserError("give exactly one of --data DEMOS.jsonl or --from-rollouts")
-    if steps < 1:
-        raise UserError(f"--steps must be >= 1, got {steps}")
-    if batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-    if from_rollouts and (cfg.tools or cfg.environment_factory):
-        raise UserError(
-            "--from-rollouts: the config has tools, and sampled tool conversations cannot be "
-            "kept as demonstrations yet; write demonstrations with tool messages and give them "
-            "with --data (docs/demo.md)"
-        )
+    _check_sft_args(cfg, data, from_rollouts, steps, batch_size)
     demos = load_demonstrations(data) if data is not None else []
     use_lora = (cfg.model.lora is not None) if lora is None else lora
     if use_lora and cfg.model.lora is None:
@@ -192,26 +181,11 @@ def run_sft_from_config(
     selection: Selection | None = None
     try:
         if from_rollouts:
-            criterion = criterion or Criterion()
-            # A misnamed reward or missing maximum fails before minutes of sampling.
-            criterion.describe(sampler.rewards.names, sampler.rewards.max_values)
             g = generations if generations is not None else cfg.training.num_generations
             rows = choose_prompts(train_rows, prompts, seed=seed)
-            log(f"sampling {len(rows)} prompts x {g} generations to keep the passing ones ...")
-            batches = sample_groups(sampler, cfg, rows, g, seed=seed)
-            selection = select_passing(batches, criterion, sampler.rewards.max_values)
-            log(
-                f"kept {len(selection.demos)} distinct of {selection.passed}/{selection.sampled} "
-                f"passing samples ({selection.criterion})"
+            selection = _passing_samples(
+                sampler, cfg, rows, g, criterion or Criterion(), min_kept, seed, log
             )
-            if len(selection.demos) < min_kept:
-                raise UserError(
-                    f"--from-rollouts: only {len(selection.demos)} distinct samples pass "
-                    f"({selection.passed}/{selection.sampled}, {selection.criterion}); at least "
-                    f"{min_kept} are needed (--min-kept). Sample more with --prompts/--generations, "
-                    "lower --threshold, or give demonstrations with --data. `grpokit preflight` "
-                    "shows the pass rate."
-                )
             demos = selection.demos
     finally:
         sampler.rewards.close()
@@ -257,3 +231,53 @@ def run_sft_from_config(
     if not math.isfinite(final_loss):
         raise UserError(f"SFT ended with loss {final_loss}; lower --learning-rate")
     return SFTResult(output, history, len(demos), selection)
+
+
+def _check_sft_args(
+    cfg: GRPOKitConfig, data: Path | None, from_rollouts: bool, steps: int, batch_size: int
+) -> None:
+    """What ``grpokit sft`` refuses before loading anything."""
+    if (data is None) == (not from_rollouts):
+        raise UserError("give exactly one of --data DEMOS.jsonl or --from-rollouts")
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    if from_rollouts and (cfg.tools or cfg.environment_factory):
+        raise UserError(
+            "--from-rollouts: the config has tools, and sampled tool conversations cannot be "
+            "kept as demonstrations yet; write demonstrations with tool messages and give them "
+            "with --data (docs/demo.md)"
+        )
+
+
+def _passing_samples(
+    sampler: Sampler,
+    cfg: GRPOKitConfig,
+    rows: list[PromptRow],
+    g: int,
+    criterion: Criterion,
+    min_kept: int,
+    seed: int,
+    log: Any,
+) -> Selection:
+    """The model's own samples of ``rows`` (``g`` each) that pass ``criterion``: at least
+    ``min_kept`` distinct ones, or a UserError that says how to get more."""
+    # A misnamed reward or missing maximum fails before minutes of sampling.
+    criterion.describe(sampler.rewards.names, sampler.rewards.max_values)
+    log(f"sampling {len(rows)} prompts x {g} generations to keep the passing ones ...")
+    batches = sample_groups(sampler, cfg, rows, g, seed=seed)
+    selection = select_passing(batches, criterion, sampler.rewards.max_values)
+    log(
+        f"kept {len(selection.demos)} distinct of {selection.passed}/{selection.sampled} "
+        f"passing samples ({selection.criterion})"
+    )
+    if len(selection.demos) < min_kept:
+        raise UserError(
+            f"--from-rollouts: only {len(selection.demos)} distinct samples pass "
+            f"({selection.passed}/{selection.sampled}, {selection.criterion}); at least "
+            f"{min_kept} are needed (--min-kept). Sample more with --prompts/--generations, "
+            "lower --threshold, or give demonstrations with --data. `grpokit preflight` "
+            "shows the pass rate."
+        )
+    return selection

@@ -175,7 +175,10 @@ class GRPOTrainer:
         advise: Advice | None = None,
     ) -> None:
         """``advise``: what to say when steps in a row have no learning signal (the command
-        passes preflight's advice; without it the warning points to `grpokit preflight`)."""
+        passes preflight's advice; without it the warning points to `grpokit preflight`).
+
+        Set-up in the order that finds a mistake cheapest: processes, then data and rewards
+        (before the slow model load), the model and its sampler, the update, the outputs."""
         self.run_dir = (run_dir or cfg.output_dir).resolve()
         self.log = log
         self.advise = advise
@@ -183,6 +186,30 @@ class GRPOTrainer:
         self._warn_no_signal = False  # the round just run completed a streak without signal
         self.show_progress = progress
         seed_everything(cfg.training.seed)
+        self._join_processes(cfg)
+        rewards, system_prompt = self._load_data_and_rewards()
+        self._load_model(rewards, system_prompt)
+        self._set_up_update()
+        self.state = self._restore() if resume else TrainerState()
+        self._open_outputs(rewards, resume=resume, build_report=build_report)
+        self.history: list[dict[str, Any]] = []
+        # The state and random states at the start of the running step (None between steps),
+        # and whether it has changed the weights yet: what an emergency checkpoint may save.
+        self._before_step: tuple[TrainerState, dict[str, Any]] | None = None
+        self._weights_changed = False
+        self._last_save = time.monotonic()
+        self._warned_unparsed = False  # calls outside the tool-call format: said once a run
+        # The last periodic eval's (step, value of training.metric_for_best_model): a checkpoint
+        # of that step competes for the best one. And whether it set a new best (save_strategy:
+        # best saves then).
+        self._last_eval: tuple[int, float] | None = None
+        self._new_best = False
+
+    # ---- set-up stages (in __init__'s order) ---------------------------------------------------
+
+    def _join_processes(self, cfg: GRPOKitConfig) -> None:
+        """The process group (one process without a launcher), the device, and what only rank 0
+        does (talk, show progress)."""
         self.dist, self.device = init_distributed(resolve_device(cfg.model.device))
         self.cfg = with_process_count(cfg, self.dist)
         self.args = self.cfg.training
@@ -200,7 +227,9 @@ class GRPOTrainer:
                 "training.fsdp: a single process holds the whole model; FSDP needs 2+ processes"
             )
 
-        # Data and rewards first: their errors are cheap to find and must come before model loading.
+    def _load_data_and_rewards(self) -> tuple[RewardSet, str | None]:
+        """Prompts, system prompt, the run directory, tools and rewards: their errors are cheap
+        to find and must come before the model loads."""
         self.rows = self.cfg.prompts("train")
         self.heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
         system_prompt = self.cfg.system_prompt
@@ -213,7 +242,10 @@ class GRPOTrainer:
         check_tools(self.cfg, probe_row=self.rows[0] if self.rows else None)
         rewards = self._build_rewards()
         missing_tracker_packages(self.args.report_to)  # before the slow model load
+        return rewards, system_prompt
 
+    def _load_model(self, rewards: RewardSet, system_prompt: str | None) -> None:
+        """The policy, the sampler over it, and the prompts cut to what fits its context."""
         self.policy: Policy = build_policy(
             self.cfg, device=self.device, dist=self.dist, sharded=self.sharded
         )
@@ -235,6 +267,10 @@ class GRPOTrainer:
         self.heldout = fit_to_context(
             self.cfg, self.policy, self.heldout, "heldout", self.log, tools=schemas
         )
+
+    def _set_up_update(self) -> None:
+        """The loss, optimizer and schedule, the prompt order (and curriculum), and the
+        rollouts that feed each step."""
         # Ranks sample different completions; rank 0 draws what a single process would.
         self.generator = torch.Generator().manual_seed(self._rank_seed(0))
         a = self.args
@@ -274,7 +310,12 @@ class GRPOTrainer:
             max_staleness=a.max_staleness,
             curriculum=self.curriculum,
         )
-        self.state = self._restore() if resume else TrainerState()
+
+    def _open_outputs(
+        self, rewards: RewardSet, *, resume: bool, build_report: ReportBuilder | None
+    ) -> None:
+        """The run's files and metric sinks (rank 0 alone writes), and the monitors, given back
+        the steps logged before a resumed checkpoint."""
         self.sinks: list[MetricsSink] = []
         if self.dist.is_main:  # one writer per run directory
             write_run_files(self.cfg, self.run_dir)
@@ -297,18 +338,6 @@ class GRPOTrainer:
             for row in read_metrics(self.run_dir / "metrics.jsonl")[0]:
                 if isinstance(row.get("step"), int) and row["step"] <= self.state.global_step:
                     self.monitors.update(row["step"], row)
-        self.history: list[dict[str, Any]] = []
-        # The state and random states at the start of the running step (None between steps),
-        # and whether it has changed the weights yet: what an emergency checkpoint may save.
-        self._before_step: tuple[TrainerState, dict[str, Any]] | None = None
-        self._weights_changed = False
-        self._last_save = time.monotonic()
-        self._warned_unparsed = False  # calls outside the tool-call format: said once a run
-        # The last periodic eval's (step, value of training.metric_for_best_model): a checkpoint
-        # of that step competes for the best one. And whether it set a new best (save_strategy:
-        # best saves then).
-        self._last_eval: tuple[int, float] | None = None
-        self._new_best = False
 
     # ---- set-up helpers ------------------------------------------------------------------------
 
