@@ -353,17 +353,13 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
             if not callable(built):
                 raise RewardError(f"reward type {spec.type!r} built a non-callable {built!r}")
             fn = as_reward(built, name=spec.display_name)
-            max_value = reward_type.max_value
-            if spec.type in ("python", "environment"):
-                # Only the user knows the range of their own function.
-                max_value = getattr(spec.params, "max_value", None)
             gate = spec.gate
             entries.append(
                 _Entry(
                     name=spec.display_name,
                     fn=fn,
                     weight=spec.weight,
-                    max_value=max_value,
+                    max_value=reward_type.max_value_of(spec.params),
                     gate_index=None if gate is None else index[gate.reward],
                     gate_min=1.0 if gate is None else gate.min,
                     gate_otherwise=None if gate is None else gate.otherwise,
