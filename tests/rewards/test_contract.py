@@ -1,4 +1,4 @@
-"""The typed contracts: every reward is a Reward (required_columns, last_metrics, close, TRL's call),
+"""The typed contracts: every reward is a Reward (required_columns, evaluate, close, TRL's call),
 plain functions are wrapped into one, and every rollout engine declares sync_weights."""
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def test_every_built_reward_is_a_reward(type_name: str, ctx: BuildContext) -> No
     reward = as_reward(built)
     assert isinstance(reward, Reward)
     assert isinstance(reward.required_columns, frozenset)
-    assert reward.last_metrics == {}
+    # What a call reports comes back in its RewardResult: nothing is kept on the reward.
+    assert not [name for name in vars(reward) if name.startswith("last_")]
     reward.close()
     reward.close()  # twice is harmless
 

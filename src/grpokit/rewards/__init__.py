@@ -4,9 +4,10 @@ Every reward follows TRL's convention ``fn(prompts, completions, **columns) -> l
 and is usable from YAML by its type name (see :mod:`grpokit.rewards.registry`) or from Python by
 the factory of the same name, e.g. ``grpokit.rewards.xml_format(tags=["thinking", "answer"])``.
 
-Here: the contract (:class:`~grpokit.rewards._base.Reward`), the text a reward scores
-(``text``), the registry of types, the YAML entries (``spec``) and their composition with
-weights and gates (``compose``). Below: the built-in types (:mod:`.builtin`), the LLM judge
+Here: the contract (:class:`~grpokit.rewards._base.Reward`, which evaluates a
+:class:`~grpokit.rewards._base.RewardBatch` into a :class:`~grpokit.rewards._base.RewardResult`),
+the text a reward scores (``text``), the registry of types, the YAML entries (``spec``) and their
+composition with weights and gates (``compose``). Below: the built-in types (:mod:`.builtin`), the LLM judge
 (:mod:`.judge`), the sandbox that runs code for ``code_tests`` (:mod:`.sandbox`) and the checks
 a user runs on a reward before training (:mod:`.audit`).
 
@@ -30,6 +31,9 @@ from grpokit.rewards.registry import (
 
 # Public name -> module that defines it, imported on first attribute access.
 _LAZY: dict[str, str] = {
+    "Reward": "grpokit.rewards._base",
+    "RewardBatch": "grpokit.rewards._base",
+    "RewardResult": "grpokit.rewards._base",
     "xml_format": "grpokit.rewards.builtin.format",
     "xml_format_score": "grpokit.rewards.builtin.format",
     "tags_present": "grpokit.rewards.builtin.format",

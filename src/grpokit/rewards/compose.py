@@ -8,6 +8,7 @@ turns into advantages (a NaN total, i.e. every reward None for that row, means a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from collections.abc import Iterable, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward, as_reward
+from grpokit.rewards._base import Reward, RewardBatch, RewardResult, as_reward
 from grpokit.rewards.registry import BuildContext, get_reward_type
 from grpokit.rewards.spec import RewardSpec, gate_order, validate_reward_specs
 
@@ -117,15 +118,24 @@ class RewardSet:
                 )
 
     def __call__(
-        self, prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
+        self,
+        prompts: list[Any],
+        completions: list[Any],
+        columns: dict[str, list[Any]],
+        *,
+        environments: Sequence[Any] | None = None,
     ) -> RewardScores:
-        """Score a batch. ``columns`` maps a dataset column to one value per completion."""
+        """Score a batch. ``columns`` maps a dataset column to one value per completion;
+        ``environments``: one environment instance per completion, for the rewards to read."""
         batch = len(completions)
         if len(prompts) != batch:
             raise ValueError(f"got {len(prompts)} prompts for {batch} completions")
         for key, column in columns.items():
             if len(column) != batch:
                 raise ValueError(f"column {key!r} has {len(column)} values for {batch} completions")
+        if environments is not None and len(environments) != batch:
+            raise ValueError(f"got {len(environments)} environments for {batch} completions")
+        whole = RewardBatch(prompts, completions, columns, environments=environments)
         width = len(self._entries)
         # float64 while combining, so that gates compare the values the rewards returned.
         values = torch.full((batch, width), math.nan, dtype=torch.float64)
@@ -135,7 +145,7 @@ class RewardSet:
         parts = {
             name: torch.full((batch,), math.nan, dtype=torch.float64) for name in self.part_names
         }
-        called: list[int] = []
+        own_metrics: dict[int, dict[str, float]] = {}
         for j in self._order:
             entry = self._entries[j]
             if entry.gate_index is None:
@@ -153,19 +163,20 @@ class RewardSet:
                     parts[part][closed] = otherwise
             if not rows:
                 continue
-            called.append(j)
             read = {
                 name: [_value(values[row, self._index[name]]) for row in rows]
                 for name in entry.fn.reads_rewards
             }
-            result = _call_reward(entry, prompts, completions, columns, rows, read)
-            for row, value in zip(rows, result, strict=True):
+            sub = whole if len(rows) == batch else whole.select(rows)
+            checked, result = _call_reward(entry, dataclasses.replace(sub, reward_values=read))
+            own_metrics[j] = result.metrics
+            for row, value in zip(rows, checked, strict=True):
                 if value is None:
                     returned_none[row, j] = True
                 else:
                     values[row, j] = value
             for part in entry.fn.part_names:
-                reported = entry.fn.last_parts.get(part)
+                reported = result.parts.get(part)
                 if reported is None or len(reported) != len(rows):
                     raise RewardError(
                         f"reward {entry.name!r} reported no value of {part!r} for each of its "
@@ -182,7 +193,7 @@ class RewardSet:
         total = weighted.sum(dim=1)
         total = torch.where(present.any(dim=1), total, torch.full_like(total, math.nan))
         metrics = _metrics(self.names, values, gated_out, returned_none)
-        metrics.update(self._reward_own_metrics(called))
+        metrics.update(self._reward_own_metrics(own_metrics))
         floats = {name: column.float() for name, column in parts.items()}
         metrics.update(part_pass_rates(floats))
         part_of = {
@@ -194,17 +205,18 @@ class RewardSet:
             list(self.names), values.float(), gated_out, total.float(), metrics, floats, part_of
         )
 
-    def _reward_own_metrics(self, called: list[int]) -> dict[str, float]:
-        """Metrics a reward reports about itself (a judge's parse failures, cache hits ...).
+    def _reward_own_metrics(self, reported: dict[int, dict[str, float]]) -> dict[str, float]:
+        """Metrics the rewards called on this batch report about themselves (a judge's parse
+        failures, cache hits ...), by reward index, in the order they were called.
 
-        A reward exposes them as `last_metrics` after each call. With one such reward they keep
-        their names (e.g. judge/parse_failure_rate); with several, each key gets the reward's
-        name after its first part (judge/<name>/parse_failure_rate) so they do not collide.
+        With one such reward they keep their names (e.g. judge/parse_failure_rate); with
+        several, each key gets the reward's name after its first part
+        (judge/<name>/parse_failure_rate) so they do not collide.
         """
-        reporting = [j for j in called if self._entries[j].fn.last_metrics]
+        reporting = [j for j, metrics in reported.items() if metrics]
         out: dict[str, float] = {}
         for j in reporting:
-            for key, value in self._entries[j].fn.last_metrics.items():
+            for key, value in reported[j].items():
                 if len(reporting) > 1:
                     head, _, tail = key.partition("/")
                     key = f"{head}/{self.names[j]}/{tail}" if tail else f"{self.names[j]}/{key}"
@@ -241,41 +253,22 @@ def _value(value: torch.Tensor) -> float | None:
     return None if math.isnan(number) else number
 
 
-def _call_reward(
-    entry: _Entry,
-    prompts: list[Any],
-    completions: list[Any],
-    columns: dict[str, list[Any]],
-    rows: list[int],
-    reward_values: dict[str, list[float | None]],
-) -> list[float | None]:
-    full = len(rows) == len(completions)
-    sub_prompts = prompts if full else [prompts[i] for i in rows]
-    sub_completions = completions if full else [completions[i] for i in rows]
-    sub_columns = columns if full else {k: [v[i] for i in rows] for k, v in columns.items()}
-
-    def inputs() -> list[dict[str, Any]]:  # built only when something went wrong
-        return [
-            {"prompt": p, "completion": c, **{k: v[i] for k, v in sub_columns.items()}}
-            for i, (p, c) in enumerate(zip(sub_prompts, sub_completions, strict=True))
-        ]
-
-    # Only rewards that read other rewards get them (a user's function may not take the keyword).
-    extra = {"reward_values": reward_values} if entry.fn.reads_rewards else {}
+def _call_reward(entry: _Entry, batch: RewardBatch) -> tuple[list[float | None], RewardResult]:
+    """What ``entry``'s reward produced for ``batch``, and its values checked."""
     try:
-        result = entry.fn(prompts=sub_prompts, completions=sub_completions, **sub_columns, **extra)
+        result = entry.fn.evaluate(batch)
     except UserError:
         raise
     except Exception as exc:
         raise RewardError(
             f"reward {entry.name!r} raised {type(exc).__name__}: {exc}",
             reward=entry.name,
-            inputs=inputs(),
+            inputs=batch.records(),
         ) from exc
     try:
-        return check_result(entry.name, result, len(rows))
+        return check_result(entry.name, result.values, len(batch.completions)), result
     except RewardError as exc:  # what came back is wrong: no exception of the reward's own
-        raise RewardError(str(exc), reward=entry.name, inputs=inputs()) from None
+        raise RewardError(str(exc), reward=entry.name, inputs=batch.records()) from None
 
 
 def check_result(name: str, result: Any, expected: int) -> list[float | None]:
@@ -353,17 +346,13 @@ def build_reward_set(specs: list[RewardSpec], ctx: BuildContext) -> RewardSet:
             if not callable(built):
                 raise RewardError(f"reward type {spec.type!r} built a non-callable {built!r}")
             fn = as_reward(built, name=spec.display_name)
-            max_value = reward_type.max_value
-            if spec.type in ("python", "environment"):
-                # Only the user knows the range of their own function.
-                max_value = getattr(spec.params, "max_value", None)
             gate = spec.gate
             entries.append(
                 _Entry(
                     name=spec.display_name,
                     fn=fn,
                     weight=spec.weight,
-                    max_value=max_value,
+                    max_value=reward_type.max_value_of(spec.params),
                     gate_index=None if gate is None else index[gate.reward],
                     gate_min=1.0 if gate is None else gate.min,
                     gate_otherwise=None if gate is None else gate.otherwise,

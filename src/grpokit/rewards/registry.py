@@ -54,6 +54,16 @@ class RewardType:
     build: Builder
     max_value: float | None
     """The reward's maximum (the 'pass' value used by preflight and eval); None if unbounded."""
+    max_value_param: bool = False
+    """Whether the params' own ``max_value`` is the maximum instead (a user's function, whose
+    range only the user knows)."""
+
+    def max_value_of(self, params: pydantic.BaseModel) -> float | None:
+        """The maximum of one configured reward of this type."""
+        if self.max_value_param:
+            value: float | None = getattr(params, "max_value", None)
+            return value
+        return self.max_value
 
 
 # Modules that register built-in types at import. Order only affects the order of
@@ -82,8 +92,11 @@ def register_reward(
     build: Builder,
     *,
     max_value: float | None = 1.0,
+    max_value_param: bool = False,
 ) -> None:
     """Register a reward type under ``type_name`` (the YAML ``type:`` value).
+
+    ``max_value_param``: the params carry the maximum (``max_value``), not the type.
 
     Re-registering the same name with the same builder (a module imported twice) is a no-op;
     registering a different builder under a taken name is a programming error.
@@ -100,7 +113,7 @@ def register_reward(
             raise ValueError(
                 f"reward type {type_name!r} is already registered by {existing.build.__module__}"
             )
-    _REGISTRY[type_name] = RewardType(type_name, params_model, build, max_value)
+    _REGISTRY[type_name] = RewardType(type_name, params_model, build, max_value, max_value_param)
 
 
 def _load_builtins() -> None:

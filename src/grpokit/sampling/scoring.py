@@ -192,9 +192,7 @@ def sample_and_score(
             for ids, turns in zip(rollout.completion_ids, rollout.turns, strict=True)
         ]
     prompts, completions, columns = reward_inputs(rows, texts, rollout.completion_ids, g, messages)
-    if environments is not None:
-        columns["environments"] = environments
-    scores = reward_set(prompts, completions, columns)
+    scores = reward_set(prompts, completions, columns, environments=environments)
     seconds = time.perf_counter() - t1
     return ScoredBatch(
         rows, prompt_ids, rollout, texts, scores, t1 - t0, seconds, messages, row_prompt_ids

@@ -17,6 +17,7 @@ from grpokit.rewards.builtin.code_tests import (
     parse_test_cases,
 )
 from grpokit.rewards.sandbox.launcher import SandboxLimits, run_python, sandbox_report
+from tests.rewards.results import evaluate
 
 FAST = SandboxLimits(timeout_s=2.0, memory_mb=256, max_output_bytes=64 * 1024)
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0"]
@@ -225,10 +226,11 @@ def test_test_code_forms_the_judge_runs(reward) -> None:  # type: ignore[no-unty
     }
     completions = [fenced(code) for good, bad, _ in rows.values() for code in (good, bad)]
     tests = [cases for _, _, cases in rows.values() for _ in range(2)]
-    scores = reward(prompts=["p"] * len(completions), completions=completions, tests=tests)
+    result = evaluate(reward, ["p"] * len(completions), completions, tests=tests)
+    scores = result.values
     by_row = {name: (scores[2 * i], scores[2 * i + 1]) for i, name in enumerate(rows)}
     assert by_row == {name: (1.0, 0.0) for name in rows}
-    metrics = reward.last_metrics
+    metrics = result.metrics
     layers = sandbox_report()
     assert metrics["sandbox/landlock_abi"] == layers.landlock_abi
     assert metrics["sandbox/seccomp"] == float(layers.seccomp)

@@ -17,6 +17,7 @@ from grpokit.errors import UserError
 from grpokit.rewards import BuildContext, RewardModelReward, RewardSpec, build_reward_set
 from grpokit.rewards.builtin.reward_model import RewardModelParams, normalise_scores, render_text
 from grpokit.rewards.registry import get_reward_type
+from tests.rewards.results import evaluate
 
 PROMPTS = [
     "What is 2+2?",
@@ -64,13 +65,14 @@ def chat(prompts: list[str]) -> list[list[dict[str, str]]]:
 
 def test_plain_text_scores_equal_a_direct_forward(tiny_classifier_dir: Path) -> None:
     reward = make_reward(tiny_classifier_dir, batch_size=3)
-    scores = reward(prompts=PROMPTS, completions=COMPLETIONS)
+    result = evaluate(reward, PROMPTS, COMPLETIONS)
+    scores = result.values
     expected = direct_scores(
         tiny_classifier_dir, [p + c for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
     )
     torch.testing.assert_close(torch.tensor(scores), expected)
     assert len(set(scores)) == len(scores)  # a random head still tells the texts apart
-    assert reward.last_metrics == {"reward_model/truncated_frac": 0.0}
+    assert result.metrics == {"reward_model/truncated_frac": 0.0}
     assert get_reward_type("reward_model").max_value is None  # unbounded
 
 
@@ -140,13 +142,14 @@ def test_the_model_is_loaded_once_and_closed(tiny_classifier_dir: Path) -> None:
 def test_normalisation(tiny_classifier_dir: Path) -> None:
     raw = torch.tensor(make_reward(tiny_classifier_dir)(prompts=PROMPTS, completions=COMPLETIONS))
     reward = make_reward(tiny_classifier_dir, normalize="batch", scale=2.0, shift=0.5)
-    scores = torch.tensor(reward(prompts=PROMPTS, completions=COMPLETIONS), dtype=torch.float64)
+    result = evaluate(reward, PROMPTS, COMPLETIONS)
+    scores = torch.tensor(result.values, dtype=torch.float64)
     raw64 = raw.double()
     z = (raw64 - raw64.mean()) / raw64.std(unbiased=False)
     torch.testing.assert_close(scores, 2.0 * z + 0.5)
     assert scores.mean().item() == pytest.approx(0.5)
     assert scores.std(unbiased=False).item() == pytest.approx(2.0)
-    metrics = reward.last_metrics
+    metrics = result.metrics
     assert metrics["reward_model/raw_mean"] == pytest.approx(raw.mean().item())
     assert metrics["reward_model/raw_std"] == pytest.approx(raw.std(unbiased=False).item())
     # Fixed scale and shift alone: an affine map of the raw score.
@@ -164,7 +167,8 @@ def test_normalisation(tiny_classifier_dir: Path) -> None:
 
 def test_long_texts_keep_their_end(tiny_classifier_dir: Path) -> None:
     reward = make_reward(tiny_classifier_dir, max_length=6, batch_size=2)
-    scores = reward(prompts=PROMPTS, completions=COMPLETIONS)
+    result = evaluate(reward, PROMPTS, COMPLETIONS)
+    scores = result.values
     tokenizer = reward.tokenizer
     texts = [p + c for p, c in zip(PROMPTS, COMPLETIONS, strict=True)]
     encoded = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -172,7 +176,7 @@ def test_long_texts_keep_their_end(tiny_classifier_dir: Path) -> None:
     torch.testing.assert_close(torch.tensor(scores), direct_scores(tiny_classifier_dir, kept))
     longer = sum(len(ids) > 6 for ids in encoded)
     assert 0 < longer < len(texts)
-    assert reward.last_metrics["reward_model/truncated_frac"] == pytest.approx(longer / len(texts))
+    assert result.metrics["reward_model/truncated_frac"] == pytest.approx(longer / len(texts))
     # Without max_length the model's own limit applies (2048 positions for the tiny model).
     assert make_reward(tiny_classifier_dir).max_length == 2048
 

@@ -16,6 +16,7 @@ import pytest
 from grpokit.rewards.judge import JudgeParams, build_judge_reward
 from grpokit.rewards.judge.backends.openai import retry_after_seconds
 from grpokit.rewards.judge.reward import JudgeReward
+from tests.rewards.results import evaluate
 
 from .conftest import Answer, FakeJudge
 
@@ -122,8 +123,9 @@ def test_429_retry_after_seconds_holds_back_the_endpoint(
     server = fake_judge(clocked)
     reward = judge_reward(server, tmp_path, max_concurrency=1)
     try:
-        assert reward(["q", "q"], ["a", "b"]) == [pytest.approx(0.25)] * 2
-        assert reward.last_metrics["judge/request_failure_rate"] == 0.0
+        result = evaluate(reward, ["q", "q"], ["a", "b"])
+        assert result.values == [pytest.approx(0.25)] * 2
+        assert result.metrics["judge/request_failure_rate"] == 0.0
     finally:
         reward.close()
     starts = clocked.starts()
@@ -176,10 +178,9 @@ def test_tokens_and_cost_per_call_are_metrics(fake_judge: FakeFactory, tmp_path:
     params = JudgeParams.model_validate({"rubric": RUBRIC, "judges": [spec]})
     reward = build_judge_reward(params, tmp_path, tmp_path)
     try:
-        reward(["q", "q"], ["a", "b"])
-        first = dict(reward.last_metrics)
-        reward(["q", "q"], ["a", "b"])  # from the cache: no tokens, no money
-        second = dict(reward.last_metrics)
+        first = evaluate(reward, ["q", "q"], ["a", "b"]).metrics
+        # From the cache: no tokens, no money.
+        second = evaluate(reward, ["q", "q"], ["a", "b"]).metrics
     finally:
         reward.close()
     assert first["judge/api/tokens_in"] == first["judge/tokens_in"] == 2000

@@ -277,3 +277,26 @@ def test_a_request_that_failed_ahead_is_asked_again(
         assert backend.complete(["b"], logprobs=False)[0].text == "reply 3"
     finally:
         backend.close()
+
+
+def test_a_batch_forgotten_meanwhile_keeps_the_replies_it_found() -> None:
+    from grpokit.rewards.judge.backends.ahead import AskAheadBackend
+    from grpokit.rewards.judge.backends.base import JudgeReply
+
+    class OtherBatchEnds:
+        """A backend during whose request another batch scored with the same checklist ends
+        (and forgets what was asked ahead)."""
+
+        identity = description = "in-process"
+
+        def complete(self, prompts: list[str], *, logprobs: bool) -> list[JudgeReply]:
+            backend.forget()
+            return [JudgeReply(text=f"reply to {p}") for p in prompts]
+
+        def close(self) -> None:
+            pass
+
+    backend = AskAheadBackend(OtherBatchEnds())  # type: ignore[arg-type]
+    backend.ask_ahead(["a"], logprobs=False)
+    replies = backend.complete(["a", "b"], logprobs=False)
+    assert [r.text for r in replies] == ["reply to a", "reply to b"]

@@ -18,6 +18,7 @@ from grpokit.rewards.judge import JudgeParams, build_judge_reward
 from grpokit.rewards.judge.group import answers_block, group_order, parse_group_reply
 from grpokit.rewards.judge.reward import JudgeReward
 from grpokit.rewards.spec import parse_reward_specs
+from tests.rewards.results import evaluate, judged
 
 from .conftest import Answer, FakeJudge, LlamaServer
 from .test_llama_server import llama_judge
@@ -163,10 +164,11 @@ def test_group_prompt_shuffle_and_scores_mapped_back(
     ]
     prompts = ["Topic one", "Topic one", "Topic one", "Topic two", "Topic one"]
     try:
-        scores = reward(prompts, completions)
-        groups = reward.last_groups
-        metrics = reward.last_metrics
-        outcomes = reward.last_outcomes[0]
+        result = evaluate(reward, prompts, completions)
+        scores = result.values
+        groups = judged(result).groups
+        metrics = result.metrics
+        outcomes = judged(result).outcomes[0]
     finally:
         reward.close()
     # Every completion got the value written in it, whatever position it was shown in.
@@ -213,10 +215,11 @@ def test_a_missed_answer_gets_none_and_counts_as_a_parse_failure(
     reward = group_reward(server, tmp_path)
     completions = ["A, worth 0.2", "B, worth 0.4", "C, worth 0.6", "D, worth 0.8"]
     try:
-        scores = reward(["Topic"] * 4, completions)
-        metrics = reward.last_metrics
-        group = reward.last_groups[0]
-        warning = reward.last_warning
+        result = evaluate(reward, ["Topic"] * 4, completions)
+        scores = result.values
+        metrics = result.metrics
+        group = judged(result).groups[0]
+        warning = judged(result).warning
     finally:
         reward.close()
     last_shown = group.shown[-1][0]
@@ -243,10 +246,11 @@ def test_group_scores_come_from_the_cache_whole(
         first.close()
     again = group_reward(server, tmp_path)
     try:
-        assert again(["Topic"] * 3, completions) == [0.2, 0.7, 0.5]
-        assert again.last_metrics["judge/cache_hit_rate"] == 1.0
-        assert again.last_metrics["judge/tokens_in"] == 0.0  # cached answers cost nothing
-        assert again.last_groups[0].cached
+        result = evaluate(again, ["Topic"] * 3, completions)
+        assert result.values == [0.2, 0.7, 0.5]
+        assert result.metrics["judge/cache_hit_rate"] == 1.0
+        assert result.metrics["judge/tokens_in"] == 0.0  # cached answers cost nothing
+        assert judged(result).groups[0].cached
         assert len(server.requests) == 1
         # Another draw of the order is another judge prompt: asked afresh, mapped back alike.
         drawn = group_order(completions, 0, 0)
@@ -347,9 +351,10 @@ def test_group_scoring_on_the_real_judge(llama_server: LlamaServer, tmp_path: Pa
     )
     reward = build_judge_reward(params, tmp_path, tmp_path)
     try:
-        scores = reward(["office workers"] * 3, ideas)
-        metrics = reward.last_metrics
-        group = reward.last_groups[0]
+        result = evaluate(reward, ["office workers"] * 3, ideas)
+        scores = result.values
+        metrics = result.metrics
+        group = judged(result).groups[0]
     finally:
         reward.close()
     assert group.reply is not None and re.fullmatch(r"1: [1-5]\n2: [1-5]\n3: [1-5]", group.reply)

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from grpokit.recipes import recipe_dir
 from grpokit.rewards.judge import JudgeParams, build_judge_reward
+from tests.rewards.results import evaluate, judged
 
 from .conftest import LLAMA_MODEL_ALIAS, LlamaServer
 
@@ -48,8 +49,9 @@ def test_number_and_expected_scores_come_back(llama_server: LlamaServer, tmp_pat
     )
     number = build_judge_reward(params, tmp_path, tmp_path)
     try:
-        number_scores = number(["topic"] * 2, IDEAS)
-        metrics = number.last_metrics
+        result = evaluate(number, ["topic"] * 2, IDEAS)
+        number_scores = result.values
+        metrics = result.metrics
     finally:
         number.close()
     assert metrics["judge/request_failure_rate"] == 0.0
@@ -60,9 +62,10 @@ def test_number_and_expected_scores_come_back(llama_server: LlamaServer, tmp_pat
         params.model_copy(update={"mode": "expected"}), tmp_path, tmp_path
     )
     try:
-        expected_scores = expected(["topic"] * 2, IDEAS)
-        metrics = expected.last_metrics
-        outcomes = expected.last_outcomes[0]
+        result = evaluate(expected, ["topic"] * 2, IDEAS)
+        expected_scores = result.values
+        metrics = result.metrics
+        outcomes = judged(result).outcomes[0]
     finally:
         expected.close()
     # The server returned logprobs and they were used: no fallback to the written number.
@@ -86,13 +89,14 @@ def test_extra_body_reaches_the_server(llama_server: LlamaServer, tmp_path: Path
     )
     reward = build_judge_reward(params, tmp_path, tmp_path)
     try:
-        scores = reward(["topic"] * 2, IDEAS)
-        replies = [o.reply for o in reward.last_outcomes[0]]
-        metrics = reward.last_metrics
+        result = evaluate(reward, ["topic"] * 2, IDEAS)
+        scores = result.values
+        replies = [o.reply for o in judged(result).outcomes[0]]
+        metrics = result.metrics
     finally:
         reward.close()
     assert all(reply is not None and re.fullmatch(r"[1-5]", reply) for reply in replies), replies
-    assert metrics["judge/parse_failure_rate"] == 0.0 and reward.last_warning is None
+    assert metrics["judge/parse_failure_rate"] == 0.0 and judged(result).warning is None
     assert all(s is not None and 0.0 <= s <= 1.0 for s in scores)
 
 
@@ -110,8 +114,9 @@ def test_timeout_then_server_stopped_mid_run(
     )
     reward = build_judge_reward(params, tmp_path, tmp_path)
     try:
-        first = reward(["topic"], IDEAS[:1])
-        assert reward.last_metrics["judge/request_failure_rate"] == 0.0
+        result = evaluate(reward, ["topic"], IDEAS[:1])
+        first = result.values
+        assert result.metrics["judge/request_failure_rate"] == 0.0
         assert first[0] is None or 0.0 <= first[0] <= 1.0
 
         # A long answer cannot be written in 0.2 s: the request is abandoned at the timeout.
@@ -133,19 +138,21 @@ def test_timeout_then_server_stopped_mid_run(
         )
         slow = build_judge_reward(slow_params, tmp_path, tmp_path)
         try:
-            assert slow(["topic"], IDEAS[:1]) == [None]
-            assert "timeout after 0.2 s" in (slow.last_outcomes[0][0].error or "")
-            assert slow.last_metrics["judge/request_failure_rate"] == 1.0
+            result = evaluate(slow, ["topic"], IDEAS[:1])
+            assert result.values == [None]
+            assert "timeout after 0.2 s" in (judged(result).outcomes[0][0].error or "")
+            assert result.metrics["judge/request_failure_rate"] == 1.0
         finally:
             slow.close()
 
         server.stop()
         # Training goes on: no exception, the scores are None and the failure is counted.
         for _ in range(2):
-            assert reward(["topic"] * 2, IDEAS) == [None, None]
-            assert reward.last_metrics["judge/request_failure_rate"] == 1.0
-            assert reward.last_metrics["judge/none_rate"] == 1.0
-        assert "ConnectError" in (reward.last_outcomes[0][0].error or "")
+            result = evaluate(reward, ["topic"] * 2, IDEAS)
+            assert result.values == [None, None]
+            assert result.metrics["judge/request_failure_rate"] == 1.0
+            assert result.metrics["judge/none_rate"] == 1.0
+        assert "ConnectError" in (judged(result).outcomes[0][0].error or "")
     finally:
         reward.close()
 
@@ -191,8 +198,9 @@ def test_the_recipes_server_judge_answers_with_a_score(
     reward = build_judge_reward(entry.params, cfg.config_dir, tmp_path)
     row = json.loads((RECIPE / "audit_en.jsonl").read_text(encoding="utf-8").splitlines()[0])
     try:
-        scores = reward([row["prompt"]], [row["completion"]])
-        metrics = reward.last_metrics
+        result = evaluate(reward, [row["prompt"]], [row["completion"]])
+        scores = result.values
+        metrics = result.metrics
     finally:
         reward.close()
     assert scores[0] is not None and 0.0 <= scores[0] <= 1.0

@@ -9,6 +9,7 @@ import pytest
 from grpokit.errors import UserError
 from grpokit.rewards.judge import JudgeParams, LocalJudge, build_judge_reward
 from grpokit.rewards.judge.backends.local import LocalBackend
+from tests.rewards.results import evaluate
 
 RUBRIC = (
     "Rate the following business idea on a scale from 1 to 5. Answer with a single digit only."
@@ -54,8 +55,9 @@ def test_local_judge_reward_never_crashes(tiny_model_dir: Path, tmp_path: Path) 
     )
     reward = build_judge_reward(params, tmp_path, tmp_path)
     try:
-        scores = reward(["topic"] * 3, ["idea one", "idea two", "idea one"])
-        metrics = reward.last_metrics
+        result = evaluate(reward, ["topic"] * 3, ["idea one", "idea two", "idea one"])
+        scores = result.values
+        metrics = result.metrics
         assert len(scores) == 3
         assert all(s is None or 0.0 <= s <= 1.0 for s in scores)
         # A random model rarely writes a digit: failures are counted, never turned into 0.
@@ -63,8 +65,7 @@ def test_local_judge_reward_never_crashes(tiny_model_dir: Path, tmp_path: Path) 
         failures = sum(s is None for s in scores) / 3
         assert metrics["judge/none_rate"] == pytest.approx(failures)
         assert scores[0] == scores[2]
-        reward(["topic"], ["idea two"])
-        assert reward.last_metrics["judge/cache_hit_rate"] == 1.0
+        assert evaluate(reward, ["topic"], ["idea two"]).metrics["judge/cache_hit_rate"] == 1.0
     finally:
         reward.close()
 
@@ -94,8 +95,9 @@ def test_embedded_model_judges_with_scores(embedded_model_path: Path, tmp_path: 
             "A subscription service delivering healthy meals to busy office workers for 30 USD.",
             "An app.",
         ]
-        scores = reward(["topic"] * 2, ideas)
-        assert reward.last_metrics["judge/expected_fallback_rate"] == 0.0
+        result = evaluate(reward, ["topic"] * 2, ideas)
+        scores = result.values
+        assert result.metrics["judge/expected_fallback_rate"] == 0.0
     finally:
         reward.close()
     assert any(s is not None for s in scores)

@@ -3,16 +3,20 @@ remote service): retries, back-off, timeouts, concurrency, keys, caching, ensemb
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from grpokit.errors import UserError
+from grpokit.rewards import RewardResult
 from grpokit.rewards.judge import JudgeParams, build_judge_reward
 from grpokit.rewards.judge.reward import JudgeReward
+from tests.rewards.results import evaluate, judged
 
 from .conftest import Answer, FakeJudge, free_port
 
@@ -48,11 +52,12 @@ def test_retries_then_answers(fake_judge: FakeFactory, tmp_path: Path) -> None:
     server = fake_judge(script)
     reward = build(judge_params(openai(server, max_retries=3), cache=False), tmp_path)
     try:
-        assert reward(["q"], ["a"]) == [pytest.approx(0.7)]
+        result = evaluate(reward, ["q"], ["a"])
+        assert result.values == [pytest.approx(0.7)]
     finally:
         reward.close()
     assert len(server.requests) == 3
-    assert reward.last_metrics["judge/request_failure_rate"] == 0.0
+    assert result.metrics["judge/request_failure_rate"] == 0.0
     request = server.requests[-1]
     assert request["model"] == "fake-judge"
     assert request["temperature"] == 0.0
@@ -67,11 +72,12 @@ def test_retries_exhausted_give_none_and_a_counted_failure(
     server = fake_judge(lambda request, n: Answer(status=500, content=None))
     reward = build(judge_params(openai(server, max_retries=2), cache=False), tmp_path)
     try:
-        assert reward(["q", "q"], ["a", "b"]) == [None, None]
-        assert reward.last_metrics["judge/request_failure_rate"] == 1.0
-        assert reward.last_metrics["judge/none_rate"] == 1.0
-        assert reward.last_metrics["judge/parse_failure_rate"] == 0.0
-        assert "HTTP 500" in (reward.last_outcomes[0][0].error or "")
+        result = evaluate(reward, ["q", "q"], ["a", "b"])
+        assert result.values == [None, None]
+        assert result.metrics["judge/request_failure_rate"] == 1.0
+        assert result.metrics["judge/none_rate"] == 1.0
+        assert result.metrics["judge/parse_failure_rate"] == 0.0
+        assert "HTTP 500" in (judged(result).outcomes[0][0].error or "")
     finally:
         reward.close()
     assert len(server.requests) == 2 * 3
@@ -111,10 +117,11 @@ def test_unparseable_reply_is_none_and_counted(fake_judge: FakeFactory, tmp_path
     server = fake_judge(script)
     reward = build(judge_params(openai(server), cache=False), tmp_path)
     try:
-        assert reward(["q"] * 4, ["good", "bad", "good", "bad"]) == [
+        result = evaluate(reward, ["q"] * 4, ["good", "bad", "good", "bad"])
+        assert result.values == [
             pytest.approx(0.9), None, pytest.approx(0.9), None
         ]  # fmt: skip
-        metrics = reward.last_metrics
+        metrics = result.metrics
         assert metrics["judge/parse_failure_rate"] == 0.5
         assert metrics["judge/request_failure_rate"] == 0.0
         assert metrics["judge/none_rate"] == 0.5
@@ -154,6 +161,35 @@ def test_batch_takes_about_the_slowest_request(fake_judge: FakeFactory, tmp_path
     assert elapsed < 8 * 0.4  # not one after another (about 0.4 s; the rest for a loaded machine)
 
 
+def test_two_threads_score_with_one_reward_and_get_their_own_results(
+    fake_judge: FakeFactory, tmp_path: Path
+) -> None:
+    # Nothing of a call is kept on the reward: each caller's metrics and outcomes are its own.
+    def script(request: dict[str, Any], n: int) -> Answer:
+        text = request["messages"][0]["content"]
+        return Answer(content="I cannot judge this." if "bad" in text else "0.9", delay_s=0.2)
+
+    server = fake_judge(script)
+    reward = build(judge_params(openai(server), cache=False), tmp_path)
+    together = threading.Barrier(2)
+
+    def score(kind: str) -> RewardResult:
+        together.wait()
+        return evaluate(reward, ["q"] * 2, [f"{kind} one", f"{kind} two"])
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            good, bad = pool.map(score, ["good", "bad"])
+    finally:
+        reward.close()
+    assert good.values == [pytest.approx(0.9)] * 2
+    assert bad.values == [None, None]
+    assert good.metrics["judge/parse_failure_rate"] == 0.0
+    assert bad.metrics["judge/parse_failure_rate"] == 1.0
+    assert [o.reply for o in judged(good).outcomes[0]] == ["0.9"] * 2
+    assert judged(good).warning is None and judged(bad).warning is not None
+
+
 def test_slow_server_hits_the_timeout(fake_judge: FakeFactory, tmp_path: Path) -> None:
     server = fake_judge(lambda request, n: Answer(content="0.5", delay_s=3.0))
     reward = build(
@@ -161,10 +197,11 @@ def test_slow_server_hits_the_timeout(fake_judge: FakeFactory, tmp_path: Path) -
     )
     try:
         started = time.perf_counter()
-        assert reward(["q"], ["a"]) == [None]
+        result = evaluate(reward, ["q"], ["a"])
+        assert result.values == [None]
         elapsed = time.perf_counter() - started
-        assert "timeout after 0.3 s" in (reward.last_outcomes[0][0].error or "")
-        assert reward.last_metrics["judge/request_failure_rate"] == 1.0
+        assert "timeout after 0.3 s" in (judged(result).outcomes[0][0].error or "")
+        assert result.metrics["judge/request_failure_rate"] == 1.0
     finally:
         reward.close()
     assert elapsed < 3.0  # both tries cut at 0.3 s (about 0.6 s), not the server's 3 s
@@ -181,8 +218,9 @@ def test_endpoint_without_logprobs_falls_back(fake_judge: FakeFactory, tmp_path:
     params = judge_params(openai(server), mode="expected", cache=False)
     reward = build(params, tmp_path)
     try:
-        assert reward(["q", "q"], ["a", "b"]) == [pytest.approx(0.4)] * 2
-        assert reward.last_metrics["judge/expected_fallback_rate"] == 1.0
+        result = evaluate(reward, ["q", "q"], ["a", "b"])
+        assert result.values == [pytest.approx(0.4)] * 2
+        assert result.metrics["judge/expected_fallback_rate"] == 1.0
         assert reward(["q"], ["c"]) == [pytest.approx(0.4)]
     finally:
         reward.close()
@@ -227,10 +265,12 @@ def test_cache_answers_repeats_and_survives_restart(
     params = judge_params(openai(server))
     reward = build(params, tmp_path)
     try:
-        assert reward(["q", "q"], ["a", "b"]) == [pytest.approx(0.6)] * 2
-        assert reward.last_metrics["judge/cache_hit_rate"] == 0.0
-        assert reward(["q", "q"], ["a", "c"]) == [pytest.approx(0.6)] * 2
-        assert reward.last_metrics["judge/cache_hit_rate"] == 0.5
+        result = evaluate(reward, ["q", "q"], ["a", "b"])
+        assert result.values == [pytest.approx(0.6)] * 2
+        assert result.metrics["judge/cache_hit_rate"] == 0.0
+        result = evaluate(reward, ["q", "q"], ["a", "c"])
+        assert result.values == [pytest.approx(0.6)] * 2
+        assert result.metrics["judge/cache_hit_rate"] == 0.5
     finally:
         reward.close()
     assert len(server.requests) == 3
@@ -238,8 +278,9 @@ def test_cache_answers_repeats_and_survives_restart(
     # A new process (new reward object) on the same run directory: no request at all.
     again = build(params, tmp_path)
     try:
-        assert again(["q", "q", "q"], ["a", "b", "c"]) == [pytest.approx(0.6)] * 3
-        assert again.last_metrics["judge/cache_hit_rate"] == 1.0
+        result = evaluate(again, ["q", "q", "q"], ["a", "b", "c"])
+        assert result.values == [pytest.approx(0.6)] * 3
+        assert result.metrics["judge/cache_hit_rate"] == 1.0
     finally:
         again.close()
     assert len(server.requests) == 3
@@ -274,8 +315,9 @@ def test_ensemble_aggregates_and_reports_disagreement(
     judges = [openai(low, name="low"), openai(high, name="high"), openai(broken, name="broken")]
     reward = build(judge_params(*judges, cache=False), tmp_path)
     try:
-        assert reward(["q"], ["a"]) == [pytest.approx(0.5)]
-        metrics = reward.last_metrics
+        result = evaluate(reward, ["q"], ["a"])
+        assert result.values == [pytest.approx(0.5)]
+        metrics = result.metrics
         assert metrics["judge/low/mean"] == pytest.approx(0.2)
         assert metrics["judge/high/mean"] == pytest.approx(0.8)
         assert metrics["judge/disagreement"] == pytest.approx(0.3)
@@ -318,8 +360,9 @@ def test_registered_and_built_through_the_registry(fake_judge: FakeFactory, tmp_
     params = reward_type.params_model.model_validate({"rubric": RUBRIC, "judges": [openai(server)]})
     fn = reward_type.build(params, BuildContext(base_dir=tmp_path, run_dir=tmp_path / "r", seed=0))
     try:
-        assert fn(prompts=["q"], completions=[[{"role": "assistant", "content": "a"}]]) == [0.5]
-        assert fn.last_metrics["judge/0/mean"] == 0.5  # type: ignore[attr-defined]
+        result = evaluate(fn, ["q"], [[{"role": "assistant", "content": "a"}]])  # type: ignore[arg-type]
+        assert result.values == [0.5]
+        assert result.metrics["judge/0/mean"] == 0.5
     finally:
         fn.close()  # type: ignore[attr-defined]
     assert reward_type.max_value == 1.0

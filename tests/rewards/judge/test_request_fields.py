@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from grpokit.rewards.judge import JudgeParams, OpenAIJudge, build_judge_reward
 from grpokit.rewards.judge.backends.openai import refused_field
+from tests.rewards.results import evaluate, judged
 
 from .conftest import Answer, FakeJudge
 
@@ -97,12 +98,13 @@ def test_reasoning_model_negotiated_once_and_remembered(
         assert "temperature" not in startup[2] and startup[2]["max_completion_tokens"] == 32
         # Training calls go out corrected from the first request on.
         before = len(server.requests)
-        assert reward(["q"] * 6, [f"answer {i}" for i in range(6)]) == [pytest.approx(0.8)] * 6
+        result = evaluate(reward, ["q"] * 6, [f"answer {i}" for i in range(6)])
+        assert result.values == [pytest.approx(0.8)] * 6
         assert len(server.requests) == before + 6
         for request in server.requests[before:]:
             assert "max_tokens" not in request and "temperature" not in request
             assert request["max_completion_tokens"] == 32
-        assert reward.last_metrics["judge/request_failure_rate"] == 0.0
+        assert result.metrics["judge/request_failure_rate"] == 0.0
     finally:
         reward.close()
     logged = [r.getMessage() for r in caplog.records if r.name == OPENAI_LOGGER]
@@ -121,9 +123,10 @@ def test_concurrent_refusals_switch_once(
         params(server, check_at_start=False, temperature=1.0, max_concurrency=8), tmp_path, None
     )
     try:
-        scores = reward(["q"] * 8, [f"answer {i}" for i in range(8)])
+        result = evaluate(reward, ["q"] * 8, [f"answer {i}" for i in range(8)])
+        scores = result.values
         assert scores == [pytest.approx(0.8)] * 8
-        assert reward.last_metrics["judge/request_failure_rate"] == 0.0
+        assert result.metrics["judge/request_failure_rate"] == 0.0
     finally:
         reward.close()
     # Each request was refused at most once, then sent again corrected.
@@ -140,8 +143,9 @@ def test_a_refusal_after_the_switch_is_a_failure_not_a_loop(
     server = fake_judge(lambda request, n: MAX_TOKENS_REFUSED)
     reward = build_judge_reward(params(server, check_at_start=False), tmp_path, None)
     try:
-        assert reward(["q"], ["a"]) == [None]
-        assert "HTTP 400" in (reward.last_outcomes[0][0].error or "")
+        result = evaluate(reward, ["q"], ["a"])
+        assert result.values == [None]
+        assert "HTTP 400" in (judged(result).outcomes[0][0].error or "")
     finally:
         reward.close()
     assert len(server.requests) == 2

@@ -19,6 +19,7 @@ from grpokit.rewards import BuildContext, build_reward_set
 from grpokit.rewards.builtin.checklist import ChecklistParams, build_checklist
 from grpokit.rewards.judge.backends.served import ServedBackend
 from grpokit.rewards.spec import parse_reward_specs
+from tests.rewards.results import evaluate
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("xllamacpp") is None, reason="xllamacpp is not installed"
@@ -56,8 +57,8 @@ def test_a_served_judge_starts_answers_and_stops(tmp_path: Path) -> None:
         assert served.description == f"llama.cpp server ({served.gguf.name})"
         # The cache identity names the model file, not the port of this run.
         assert served.base_url not in served.identity and served.gguf.name in served.identity
-        checklist.score(["topic", "topic"], completions, {})
-        parts, metrics = checklist.last_parts, checklist.last_metrics
+        result = evaluate(checklist, ["topic", "topic"], completions)
+        parts, metrics = result.parts, result.metrics
     finally:
         checklist.close()
     for name in ("price", "customer"):

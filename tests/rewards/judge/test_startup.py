@@ -16,6 +16,7 @@ from grpokit.cli import main
 from grpokit.errors import UserError
 from grpokit.rewards.judge import JudgeParams, build_judge_reward
 from grpokit.rewards.judge.reward import START_COMPLETION, START_PROMPT
+from tests.rewards.results import evaluate, judged
 
 from .conftest import Answer, FakeJudge
 
@@ -91,15 +92,15 @@ def test_parse_failure_warning_once_per_stretch(
     answers = {"answer": ["x"] * 4}
     try:
         # 1 of 4 unparsable: at the limit, no warning.
-        reward(["q"] * 4, ["vague", "a", "b", "c"], **answers)
-        assert reward.last_warning is None
+        result = evaluate(reward, ["q"] * 4, ["vague", "a", "b", "c"], **answers)
+        assert judged(result).warning is None
         # 2 of 4: over it, warned with the share and an example reply.
-        reward(["q"] * 4, ["vague 1", "vague 2", "d", "e"], **answers)
-        warning = reward.last_warning or ""
+        result = evaluate(reward, ["q"] * 4, ["vague 1", "vague 2", "d", "e"], **answers)
+        warning = judged(result).warning or ""
         assert "2 of 4 judge replies (50%) held no score on the 0-1 scale" in warning
         assert "max_parse_failure_rate: 0.25" in warning
         assert "'Hmm, hard to say.'" in warning
-        assert reward.last_metrics["judge/parse_failure_rate"] == 0.5
+        assert result.metrics["judge/parse_failure_rate"] == 0.5
         # Still over: the metric says so at every step; the log only once per stretch.
         reward(["q"] * 2, ["vague 3", "f"], answer=["x"] * 2)
         reward(["q"], ["g"], answer=["x"])  # back under

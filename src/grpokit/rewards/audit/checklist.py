@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from grpokit.errors import UserError
+from grpokit.rewards._base import RewardBatch
 from grpokit.rewards.audit.common import audit_config_reward, fmt
 from grpokit.rewards.audit.judge import separation
 from grpokit.rewards.builtin.checklist import Checklist, ChecklistParams, build_checklist
@@ -159,11 +160,13 @@ def audit_checklist_reward(
     reserved = {"prompt", "completion", "fails"}
     keys = sorted({k for row in rows for k in row if k not in reserved})
     columns = {k: [row.get(k) for row in rows] for k in keys}
-    reward.score(
-        [row.get("prompt", "") for row in rows], [row["completion"] for row in rows], columns
+    result = reward.evaluate(
+        RewardBatch(
+            [row.get("prompt", "") for row in rows], [row["completion"] for row in rows], columns
+        )
     )
     items = [
-        item_audit(item.name, item.checks[0], rows, reward.last_parts[f"checklist/{item.name}"])
+        item_audit(item.name, item.checks[0], rows, result.parts[f"checklist/{item.name}"])
         for item in reward.items
     ]
     return ChecklistAudit(reward=name, answers=len(rows), items=items)

@@ -20,6 +20,7 @@ item is not checked (a question is not sent) and scores ``otherwise``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import time
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward
+from grpokit.rewards._base import Reward, RewardBatch, RewardResult
 from grpokit.rewards.builtin.match import JsonSchema, JsonSchemaParams
 from grpokit.rewards.builtin.python_fn import load_function
 from grpokit.rewards.compose import check_result
@@ -235,8 +236,8 @@ class ChecklistParams(BaseModel):
         return list(dict.fromkeys(out))
 
 
-Check = Callable[[list[Any], list[Any], dict[str, list[Any]]], list[float | None]]
-"""(prompts, completions, columns) of the rows an item checks -> one score each."""
+Check = Callable[[RewardBatch], RewardResult]
+"""The rows an item checks -> one score each (and, for a question, the judge's metrics)."""
 
 
 def _program_check(item: ChecklistItem, base_dir: Path) -> Check:
@@ -245,16 +246,13 @@ def _program_check(item: ChecklistItem, base_dir: Path) -> Check:
         fn = load_function(item.function, base_dir)
         label = f"checklist item {item.name!r}"
 
-        def run_function(
-            prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
-        ) -> list[float | None]:
-            values = check_result(
-                label, fn(prompts=prompts, completions=completions, **columns), len(completions)
-            )
+        def run_function(batch: RewardBatch) -> RewardResult:
+            returned = fn(prompts=batch.prompts, completions=batch.completions, **batch.keywords())
+            values = check_result(label, returned, len(batch.completions))
             for value in values:
                 if value is not None and not 0.0 <= value <= 1.0:
                     raise ValueError(f"{label} returned {value}; an item's score is in [0, 1]")
-            return values
+            return RewardResult(values)
 
         return run_function
     if item.regex is not None:
@@ -272,16 +270,10 @@ def _program_check(item: ChecklistItem, base_dir: Path) -> Check:
 
 
 def _per_text(passes: Callable[[str], bool]) -> Check:
-    def check(
-        prompts: list[Any], completions: list[Any], columns: dict[str, list[Any]]
-    ) -> list[float | None]:
-        return [1.0 if passes(completion_text(c)) else 0.0 for c in completions]
+    def check(batch: RewardBatch) -> RewardResult:
+        return RewardResult([1.0 if passes(completion_text(c)) else 0.0 for c in batch.completions])
 
     return check
-
-
-def _rows(values: Sequence[Any], rows: list[int]) -> list[Any]:
-    return [values[i] for i in rows]
 
 
 def _open_rows(source: Sequence[float | None], minimum: float) -> list[int]:
@@ -289,13 +281,16 @@ def _open_rows(source: Sequence[float | None], minimum: float) -> list[int]:
     return [i for i, v in enumerate(source) if v is not None and v >= minimum]
 
 
-def _sub_columns(columns: dict[str, Any], rows: list[int], batch: int) -> dict[str, Any]:
-    """The per-row columns (sequences of the batch's length) restricted to ``rows``."""
-    return {
-        k: _rows(v, rows)
-        for k, v in columns.items()
-        if isinstance(v, Sequence) and not isinstance(v, (str, bytes)) and len(v) == batch
+def _per_row(batch: RewardBatch) -> RewardBatch:
+    """``batch`` with only its per-row columns (sequences of the batch's length): called
+    through TRL's convention, it may hold other keywords (``trainer_state``)."""
+    size = len(batch.completions)
+    columns = {
+        k: v
+        for k, v in batch.columns.items()
+        if isinstance(v, Sequence) and not isinstance(v, (str, bytes)) and len(v) == size
     }
+    return dataclasses.replace(batch, columns=columns)
 
 
 def weighted_mean(scores: Sequence[float | None], weights: Sequence[float]) -> float | None:
@@ -344,58 +339,46 @@ class Checklist(Reward):
             columns |= reward.required_columns
         self.required_columns = frozenset(columns)
 
-    def score(
-        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
-    ) -> list[float | None]:
-        columns = dict(columns)
-        reward_values: dict[str, list[float | None]] = columns.pop("reward_values", None) or {}
+    def evaluate(self, batch: RewardBatch) -> RewardResult:
+        batch = _per_row(batch)
         started = time.perf_counter()
-        asked = self._ask_ahead(prompts, completions, columns, reward_values)
+        asked = self._ask_ahead(batch)
         ahead_seconds = time.perf_counter() - started
         try:
-            scores = self._score(prompts, completions, columns, reward_values)
+            result = self._score(batch)
         finally:
             for backend in self.backends:
                 backend.forget()
         if asked:
-            self.last_metrics["judge/ask_ahead_seconds"] = ahead_seconds
-        return scores
+            result.metrics["judge/ask_ahead_seconds"] = ahead_seconds
+        return result
 
-    def _ask_ahead(
-        self,
-        prompts: list[Any],
-        completions: list[Any],
-        columns: dict[str, Any],
-        reward_values: dict[str, list[float | None]],
-    ) -> bool:
+    def _ask_ahead(self, batch: RewardBatch) -> bool:
         """Ask every question whose rows are known before the items run (no gate, or a gate on
         another reward), completion by completion, so that a server's prompt cache serves each
         completion's later questions (see AskAheadBackend); whether any was asked. Items gated
         on an earlier item are asked in their turn."""
         from grpokit.rewards.judge.reward import wants_logprobs
 
-        batch = len(completions)
         asks: dict[tuple[AskAheadBackend, bool], list[tuple[int, int, str]]] = {}
         for position, item in enumerate(self.items):
             reward = self.judged.get(item.name)
             if reward is None:
                 continue
-            rows = list(range(batch))
+            rows = list(range(len(batch.completions)))
             if item.gate is not None:
-                source = reward_values.get(item.gate.reward)
+                source = batch.reward_values.get(item.gate.reward)
                 if source is None:
                     continue
                 rows = _open_rows(source, item.gate.min)
             if not rows:
                 continue
-            sub_columns = _sub_columns(columns, rows, batch)
+            sub = batch.select(rows)
             for judge in reward.judges:
                 backend = judge.backend
                 if not isinstance(backend, AskAheadBackend):
                     continue
-                texts = reward.render(
-                    judge, _rows(prompts, rows), _rows(completions, rows), sub_columns
-                )
+                texts = reward.render(judge, sub.prompts, sub.completions, sub.columns)
                 wanted = set(reward.uncached(judge, texts))
                 asks.setdefault((backend, wants_logprobs(reward.mode)), []).extend(
                     (row, position, text)
@@ -406,23 +389,17 @@ class Checklist(Reward):
             backend.ask_ahead([text for *_, text in sorted(entries)], logprobs=logprobs)
         return bool(asks)
 
-    def _score(
-        self,
-        prompts: list[Any],
-        completions: list[Any],
-        columns: dict[str, Any],
-        reward_values: dict[str, list[float | None]],
-    ) -> list[float | None]:
-        batch = len(completions)
+    def _score(self, batch: RewardBatch) -> RewardResult:
+        size = len(batch.completions)
         item_scores: dict[str, list[float | None]] = {}
         metrics: dict[str, float] = {}
         for item, check in zip(self.items, self.checks, strict=True):
-            rows = list(range(batch))
-            scores: list[float | None] = [None] * batch
+            rows = list(range(size))
+            scores: list[float | None] = [None] * size
             if item.gate is not None:
                 source = item_scores.get(item.gate.reward)
                 if source is None:
-                    source = reward_values.get(item.gate.reward)
+                    source = batch.reward_values.get(item.gate.reward)
                 if source is None:
                     raise UserError(
                         f"checklist item {item.name!r} is gated on the reward "
@@ -431,29 +408,27 @@ class Checklist(Reward):
                         "the checklist is called alone"
                     )
                 rows = _open_rows(source, item.gate.min)
-                scores = [item.gate.otherwise] * batch
+                scores = [item.gate.otherwise] * size
             if rows:
-                sub_columns = _sub_columns(columns, rows, batch)
-                values = check(_rows(prompts, rows), _rows(completions, rows), sub_columns)
-                for row, value in zip(rows, values, strict=True):
+                checked = check(batch.select(rows))
+                for row, value in zip(rows, checked.values, strict=True):
                     scores[row] = value
-                judge = self.judged.get(item.name)
-                if judge is not None:
-                    for key, value in judge.last_metrics.items():
-                        head, _, tail = key.partition("/")
-                        metrics[f"{head}/{item.name}/{tail}"] = value
+                # A question's judge reports its metrics; a program check reports none.
+                for key, value in checked.metrics.items():
+                    head, _, tail = key.partition("/")
+                    metrics[f"{head}/{item.name}/{tail}"] = value
             item_scores[item.name] = scores
-        self.last_parts = {f"checklist/{item.name}": item_scores[item.name] for item in self.items}
         for kind in ("tokens_in", "tokens_out", "tokens_cached", "cost"):
             per_item = [metrics.get(f"judge/{name}/{kind}") for name in self.judged]
             if any(v is not None for v in per_item):
                 metrics[f"judge/{kind}"] = sum(v for v in per_item if v is not None)
-        self.last_metrics = metrics
         weights = [item.weight for item in self.items]
-        return [
+        values = [
             weighted_mean([item_scores[item.name][i] for item in self.items], weights)
-            for i in range(batch)
+            for i in range(size)
         ]
+        parts = {f"checklist/{item.name}": item_scores[item.name] for item in self.items}
+        return RewardResult(values, parts=parts, metrics=metrics)
 
     def close(self) -> None:
         for reward in self.judged.values():
@@ -535,7 +510,7 @@ def build_checklist(
         for item in params.items:
             reward = judged.get(item.name)
             if reward is not None:
-                checks.append(reward.score)
+                checks.append(reward.evaluate)
             else:
                 checks.append(_program_check(item, ctx.base_dir))
     except BaseException:

@@ -32,7 +32,7 @@ boundary, layer by layer:
 - the Python audit hook inside the sandbox only makes errors readable: code in that interpreter
   can disable it, so it is not counted as a protection.
 
-Which layers were in force is reported after each call in ``last_metrics`` (``sandbox/landlock``,
+Which layers were in force is reported in each call's metrics (``sandbox/landlock``,
 ``sandbox/seccomp``, ``sandbox/pid_namespace`` ...: the share of runs that had them) and once as
 a warning when some are missing; ``sandbox: strict`` refuses to run without all of them. Where
 one is missing (``best_effort`` on an older kernel) what it stops becomes possible: without
@@ -61,7 +61,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward
+from grpokit.rewards._base import Reward, RewardBatch, RewardResult
 from grpokit.rewards.registry import BuildContext, register_reward
 from grpokit.rewards.sandbox.launcher import (
     RunResult,
@@ -233,7 +233,6 @@ class CodeTests(Reward):
             memory_mb=params.memory_mb,
             max_output_bytes=params.max_output_bytes,
         )
-        self.last_metrics: dict[str, float] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._sandbox_checked = False
 
@@ -299,13 +298,12 @@ class CodeTests(Reward):
         except SandboxUnavailable as exc:
             raise UserError(self._unavailable_message([str(exc)])) from None
 
-    def score(
-        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
-    ) -> list[float | None]:
+    def evaluate(self, batch: RewardBatch) -> RewardResult:
         jobs: list[list[tuple[CodeCase, Future[RunResult]]]] = []
         scores: list[float | None] = []
-        rows = [self._row_cases(columns, i) for i in range(len(completions))]
-        codes = [extract_code(completion_text(c), self.params.extract) for c in completions]
+        columns = dict(batch.columns)
+        rows = [self._row_cases(columns, i) for i in range(len(batch.completions))]
+        codes = [extract_code(completion_text(c), self.params.extract) for c in batch.completions]
         if any(cases and code.strip() for cases, code in zip(rows, codes, strict=True)):
             self._check_sandbox()
         pool = self._executor()
@@ -329,8 +327,7 @@ class CodeTests(Reward):
                     )
             layers += [result.layers for _, result in results]
             scores[i] = sum(case_passed(case, result) for case, result in results) / len(results)
-        self.last_metrics = _layer_metrics(layers)
-        return scores
+        return RewardResult(scores, metrics=_layer_metrics(layers))
 
     def __getstate__(self) -> dict[str, Any]:
         # A worker pool cannot be pickled; the copy starts its own on first use.

@@ -128,7 +128,7 @@ def _build(params: PythonRewardParams, ctx: BuildContext) -> Reward:
     return FunctionReward(fn, name=getattr(fn, "__name__", "python"), columns=params.columns)
 
 
-register_reward("python", PythonRewardParams, _build, max_value=None)
+register_reward("python", PythonRewardParams, _build, max_value=None, max_value_param=True)
 
 
 class EnvironmentRewardParams(BaseModel):
@@ -169,4 +169,10 @@ def _build_environment(params: EnvironmentRewardParams, ctx: BuildContext) -> Re
     return FunctionReward(environment_reward, name="environment")
 
 
-register_reward("environment", EnvironmentRewardParams, _build_environment, max_value=None)
+register_reward(
+    "environment",
+    EnvironmentRewardParams,
+    _build_environment,
+    max_value=None,
+    max_value_param=True,
+)

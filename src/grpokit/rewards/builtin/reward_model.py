@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward
+from grpokit.rewards._base import Reward, RewardBatch, RewardResult
 from grpokit.rewards.registry import BuildContext, register_reward
 from grpokit.rewards.text import completion_text
 
@@ -279,8 +279,8 @@ class RewardModelReward(Reward):
     From Python: ``RewardModelReward(RewardModelParams(model="runs/rm", normalize="batch"))``
     (the factory-per-type convention cannot apply: ``reward_model`` names this module).
 
-    After each call ``last_metrics`` holds ``reward_model/truncated_frac`` and, when the score is
-    normalised or rescaled, the raw score's ``reward_model/raw_mean`` and ``/raw_std``.
+    Each call's result reports ``reward_model/truncated_frac`` in its metrics and, when the
+    score is normalised or rescaled, the raw score's ``reward_model/raw_mean`` and ``/raw_std``.
     """
 
     def __init__(
@@ -308,7 +308,6 @@ class RewardModelReward(Reward):
                 f"{num_labels} label(s) (0 to {num_labels - 1})."
             )
         self.max_length = params.max_length or model_max_length(self.model, self.tokenizer)
-        self.last_metrics: dict[str, float] = {}
 
     def encode(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[list[int]]:
         """Token ids of each rendered text, before truncation."""
@@ -360,11 +359,9 @@ class RewardModelReward(Reward):
             scores[chunk] = logits[:, self.params.label_index].float().cpu()
         return scores, truncated
 
-    def score(
-        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
-    ) -> list[float | None]:
+    def evaluate(self, batch: RewardBatch) -> RewardResult:
         p = self.params
-        raw, truncated = self.raw_scores(self.encode(prompts, completions))
+        raw, truncated = self.raw_scores(self.encode(batch.prompts, batch.completions))
         values = normalise_scores(raw.double(), p.normalize, p.scale, p.shift)
         metrics = {"reward_model/truncated_frac": truncated / len(raw) if len(raw) else 0.0}
         if p.normalize != "none" or p.scale != 1.0 or p.shift != 0.0:
@@ -372,8 +369,7 @@ class RewardModelReward(Reward):
             metrics["reward_model/raw_std"] = (
                 raw.std(unbiased=False).item() if len(raw) else math.nan
             )
-        self.last_metrics = metrics
-        return [float(v) for v in values.tolist()]
+        return RewardResult([float(v) for v in values.tolist()], metrics=metrics)
 
     def close(self) -> None:
         """Drop the model so its memory can be freed; the reward is unusable afterwards."""

@@ -1,6 +1,7 @@
 """The judge reward: render the rubric, ask each judge (through the cache), parse, aggregate.
 
-Per call it records metrics in ``last_metrics`` (merged into the step's metrics by the trainer):
+Per call it reports metrics in its result's ``metrics`` (merged into the step's metrics by the
+trainer):
 
 - ``judge/parse_failure_rate``: share of judge replies that came back without a usable score;
 - ``judge/request_failure_rate``: share of judge requests that failed (timeout, unreachable,
@@ -25,6 +26,8 @@ of shown answers whose number the judge's group reply gave no score, and two mor
 
 When more than ``max_parse_failure_rate`` of a call's replies held no score, it logs a warning
 with an example reply (once, until a call is back under the limit); ``rewards check`` prints it.
+The result's ``judged`` holds the call's details: each judge's outcomes, the group requests and
+that warning.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward
+from grpokit.rewards._base import Reward, RewardBatch, RewardResult
 from grpokit.rewards.judge.backends.base import JudgeBackend, JudgeReply
 from grpokit.rewards.judge.cache import CachedScore, JudgeCache, cache_key
 from grpokit.rewards.judge.config import JudgeParams, LlamaServerJudge, LocalJudge, OpenAIJudge
@@ -132,6 +135,9 @@ class JudgedBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     groups: list[GroupRecord] = field(default_factory=list)
     """Group scoring only: every group request of every judge."""
+    warning: str | None = None
+    """The parse-failure warning (see :meth:`JudgeReward.parse_failure_warning`); None when
+    the replies were under the limit."""
 
 
 def score_reply(reply: JudgeReply, mode: Mode, low: float, high: float) -> JudgeOutcome:
@@ -284,14 +290,9 @@ class JudgeReward(Reward):
         self.mode = mode
         self.scoring: Scoring = scoring
         self.shuffle_seed = shuffle_seed
-        self.last_groups: list[GroupRecord] = []
-        """Group scoring: the group requests of the last call (rows, order shown, reply)."""
         self.aggregate = aggregate
         self.cache = cache
         self.max_parse_failure_rate = max_parse_failure_rate
-        self.last_outcomes: list[list[JudgeOutcome]] = []
-        self.last_warning: str | None = None
-        """The parse-failure warning of the last call (see :meth:`parse_failure_warning`)."""
         self._over_limit = False
         self._pool = ThreadPoolExecutor(max_workers=len(judges), thread_name_prefix="grpokit-judge")
 
@@ -301,20 +302,14 @@ class JudgeReward(Reward):
         # Dataset columns the rubrics use (checked against the dataset before training).
         self.required_columns = frozenset(names - {"prompt", "completion", "completions", "count"})
 
-    def score(
-        self, prompts: list[Any], completions: list[Any], columns: dict[str, Any]
-    ) -> list[float | None]:
-        batch = self.judge_batch(prompts, completions, columns)
-        self.last_metrics = batch.metrics
-        self.last_outcomes = batch.outcomes
-        self.last_groups = batch.groups
-        self.last_warning = self.parse_failure_warning(batch.outcomes)
+    def evaluate(self, batch: RewardBatch) -> RewardResult:
+        judged = self.judge_batch(batch.prompts, batch.completions, batch.columns)
         # Logged when the share first goes over the limit, not at every step while it stays
         # there (judge/parse_failure_rate in the metrics has every step's value).
-        if self.last_warning is not None and not self._over_limit:
-            logger.warning("%s", self.last_warning)
-        self._over_limit = self.last_warning is not None
-        return batch.scores
+        if judged.warning is not None and not self._over_limit:
+            logger.warning("%s", judged.warning)
+        self._over_limit = judged.warning is not None
+        return RewardResult(judged.scores, metrics=judged.metrics, judged=judged)
 
     def parse_failure_warning(self, outcomes: list[list[JudgeOutcome]]) -> str | None:
         """A warning when more than ``max_parse_failure_rate`` of the replies in ``outcomes``
@@ -573,7 +568,13 @@ class JudgeReward(Reward):
                 requests,
                 failures[0],
             )
-        return JudgedBatch(outcomes=outcomes, scores=scores, metrics=metrics, groups=records)
+        return JudgedBatch(
+            outcomes=outcomes,
+            scores=scores,
+            metrics=metrics,
+            groups=records,
+            warning=self.parse_failure_warning(outcomes),
+        )
 
     def _metrics(
         self,

@@ -52,12 +52,14 @@ class AskAheadBackend:
                     self._kept[(prompt, logprobs)] = reply
 
     def complete(self, prompts: Sequence[str], *, logprobs: bool) -> list[JudgeReply]:
-        missing = [p for p in dict.fromkeys(prompts) if (p, logprobs) not in self._kept]
+        # Read what is kept once: a batch scored at the same time may forget() it meanwhile.
+        kept = {p: self._kept.get((p, logprobs)) for p in dict.fromkeys(prompts)}
+        missing = [p for p, reply in kept.items() if reply is None]
         asked: dict[str, JudgeReply] = {}
         if missing:
             replies = self.inner.complete(missing, logprobs=logprobs)
             asked = dict(zip(missing, replies, strict=True))
-        return [self._kept.get((p, logprobs)) or asked[p] for p in prompts]
+        return [kept[p] or asked[p] for p in prompts]
 
     def forget(self) -> None:
         """Drop the kept replies."""
