@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from grpokit.errors import UserError
 from grpokit.models.compat import hf_model
-from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
+from grpokit.rollout.base import EngineCapabilities, RolloutBatch, RolloutEngine, SamplingParams
 from grpokit.train.distributed import DistContext, all_reduce_gradients, all_reduce_scalars
 
 # torch.distributed's FSDP, DTensor and checkpoint modules add about 0.7 s to the start: they are
@@ -167,12 +167,16 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
 class GatheredEngine(RolloutEngine):
     """A rollout engine whose ``generate`` runs inside :func:`gathered`: the engine calls the
     model a token at a time and reads module weights directly, which needs them whole. It
-    offers what the engine it wraps offers."""
+    offers the reference log-probs of the engine it wraps; generating ahead it does not forward
+    (that would run outside the gathered weights, and no engine that generates ahead is wrapped:
+    vLLM holds its own weights)."""
 
     def __init__(self, engine: RolloutEngine, model: torch.nn.Module) -> None:
         self.engine = engine
         self.model = model
-        self.capabilities = engine.capabilities
+        self.capabilities = EngineCapabilities(
+            reference_logprobs=engine.capabilities.reference_logprobs
+        )
 
     @property
     def reference_logprobs(self) -> bool:
