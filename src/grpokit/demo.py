@@ -267,6 +267,16 @@ def _percent(value: float | None) -> str:
     return "?" if value is None or math.isnan(value) else f"{value:.0%}"
 
 
+@contextmanager
+def _timed(seconds: dict[str, float], part: str) -> Iterator[None]:
+    """Records the block's wall-clock seconds in ``seconds[part]`` and the CPU seconds of all its
+    threads in ``seconds["<part> cpu"]`` (their ratio shows how many cores it kept busy)."""
+    t, cpu = time.perf_counter(), time.process_time()
+    yield
+    seconds[part] = time.perf_counter() - t
+    seconds[f"{part} cpu"] = time.process_time() - cpu
+
+
 @dataclass
 class Measurements:
     """A demo run's held-out measurements, stage by stage, and how long each part took."""
@@ -284,10 +294,8 @@ class Measurements:
 
     @contextmanager
     def timed(self, part: str) -> Iterator[None]:
-        t, cpu = time.perf_counter(), time.process_time()
-        yield
-        self.seconds[part] = time.perf_counter() - t
-        self.seconds[f"{part} cpu"] = time.process_time() - cpu
+        with _timed(self.seconds, part):
+            yield
 
     def measure(self, stage: str, sampler: Sampler) -> list[StageResult]:
         """``sampler``'s pass rates on the held-out problems, recorded as ``stage``."""
@@ -649,6 +657,85 @@ def _scored(sampled: Sampled) -> int:
     return sampled.batches[0].scores.names.index(TOOL_SCORED)
 
 
+@dataclass
+class ToolMeasurements:
+    """The tool demo's held-out measurements: each stage with the calculator and without it, and
+    how long each part took."""
+
+    rows: list[PromptRow]
+    """The products every stage answers, with the same seeds."""
+    samples_file: Path
+    """heldout_samples.jsonl: every held-out transcript so far, rewritten after each stage."""
+    console: Console
+    sampled: dict[tuple[str, str], Sampled] = field(default_factory=dict)
+    """Per (stage, column of :data:`TOOL_COLUMNS`)."""
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Wall-clock seconds of each part, and "<part> cpu": the CPU seconds of all its threads."""
+    load: dict[str, float] = field(default_factory=dict)
+    """The load average at the end of each part: other work on the machine slows it down."""
+
+    @contextmanager
+    def timed(self, part: str) -> Iterator[None]:
+        with _timed(self.seconds, part):
+            yield
+        self.load[part] = os.getloadavg()[0]
+
+    def measure(self, stage: str, sampler: Sampler) -> None:
+        """``sampler``'s answers on the held-out products with its tools and without them (the
+        prompt then shows no tools, and a call the model writes anyway is not run), recorded
+        and printed as ``stage``."""
+        for column, tools in zip(TOOL_COLUMNS, (sampler.tools, None), strict=True):
+            with self.timed(f"eval {stage}, {column}"):
+                sampled = heldout_pass_rates(replace(sampler, tools=tools), self.rows, samples=1)
+            self.sampled[stage, column] = sampled
+            result = stage_results(sampled)[_scored(sampled)]
+            self.console.print(f"  {stage}, {column}: {result.cell()}")
+            self.samples.extend(
+                {
+                    "prompt": self.rows[x.prompt_index].prompt,
+                    "tools": tools is not None,
+                    **asdict(x),
+                }
+                for x in sampled.samples(stage)
+            )
+        write_jsonl(self.samples_file, self.samples)
+
+    def stages(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per stage and column: the :data:`TOOL_SCORED` reward's :class:`StageResult`, as a
+        dict (the summary's ``stages``)."""
+        stages: dict[str, dict[str, dict[str, Any]]] = {}
+        for (stage, column), sampled in self.sampled.items():
+            stages.setdefault(stage, {})[column] = asdict(stage_results(sampled)[_scored(sampled)])
+        return stages
+
+
+@dataclass(frozen=True)
+class _ToolDemoRun:
+    """What the stages of one tool demo run share."""
+
+    settings: ToolDemoSettings
+    output_dir: Path
+    cfg: GRPOKitConfig
+    """The recipe's config with the settings' overrides: what the base model is sampled with."""
+    rewards: RewardSet
+    measurements: ToolMeasurements
+    console: Console
+
+    @property
+    def recipe(self) -> Path:
+        """The recipe's copy, run as a user runs it."""
+        return self.output_dir / "recipe"
+
+    @property
+    def sft_dir(self) -> Path:
+        return self.output_dir / "sft"
+
+    def config(self, *more: str) -> GRPOKitConfig:
+        """The recipe's config with the settings' overrides and ``more``."""
+        return load_config(self.recipe / "config.yaml", [*self.settings.overrides(), *more])
+
+
 def run_tool_demo(
     output_dir: Path,
     settings: ToolDemoSettings = TOOL_DEMO,
@@ -664,13 +751,23 @@ def run_tool_demo(
 
     measure_base: also measure the base model (the same for every seed).
     """
-    from grpokit.recipes import copy_recipe
-    from grpokit.sampling import Sampler
-    from grpokit.train.sft_run import run_sft_from_config
+    run = _start_tool_demo(output_dir.resolve(), settings, console or Console())
+    if measure_base:
+        run.console.print(f"[bold]1/4[/] base model on {len(run.measurements.rows)} fresh products")
+        run.measurements.measure("base model", Sampler.from_config(run.cfg, run.rewards))
+    summary: dict[str, Any] = {"settings": asdict(settings), "sft_history": _tool_sft_stage(run)}
+    if settings.grpo_steps:
+        summary |= _tool_grpo_stage(run)
+    run.rewards.close()
+    summary |= _tool_report(run)
+    (run.output_dir / "tool_demo_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
 
-    console = console or Console()
-    s = settings
-    output_dir = output_dir.resolve()
+
+def _start_tool_demo(output_dir: Path, s: ToolDemoSettings, console: Console) -> _ToolDemoRun:
+    """Copies the recipe (unless an earlier run did) and writes the fresh products measured."""
+    from grpokit.recipes import copy_recipe
+
     recipe = output_dir / "recipe"
     if not recipe.exists():
         copy_recipe(TOOL_RECIPE, recipe)
@@ -682,103 +779,97 @@ def run_tool_demo(
     else:
         rows = load_prompts(recipe / "heldout.jsonl")
     console.rule("[bold]grpokit demo --tools: three-digit by two-digit products, with a calculator")
-    seconds: dict[str, float] = {}
-    load: dict[str, float] = {}
-    measured: dict[tuple[str, str], Sampled] = {}
-    samples: list[dict[str, Any]] = []
+    measurements = ToolMeasurements(rows, output_dir / "heldout_samples.jsonl", console)
+    return _ToolDemoRun(s, output_dir, cfg, rewards, measurements, console)
 
-    def timed(stage: str, t: float, cpu: float) -> None:
-        """Wall and CPU seconds since ``t`` / ``cpu``, and the load average at the end."""
-        seconds[stage] = time.perf_counter() - t
-        seconds[f"{stage} cpu"] = time.process_time() - cpu
-        load[stage] = os.getloadavg()[0]
 
-    def measure(stage: str, sampler: Sampler) -> None:
-        for column, tools in zip(TOOL_COLUMNS, (sampler.tools, None), strict=True):
-            t, cpu = time.perf_counter(), time.process_time()
-            sampled = heldout_pass_rates(replace(sampler, tools=tools), rows, samples=1)
-            timed(f"eval {stage}, {column}", t, cpu)
-            measured[stage, column] = sampled
-            result = stage_results(sampled)[_scored(sampled)]
-            console.print(f"  {stage}, {column}: {result.cell()}")
-            samples.extend(
-                {"prompt": rows[x.prompt_index].prompt, "tools": tools is not None, **asdict(x)}
-                for x in sampled.samples(stage)
-            )
-        write_jsonl(output_dir / "heldout_samples.jsonl", samples)
+def _tool_sft_stage(run: _ToolDemoRun) -> list[dict[str, Any]]:
+    """The SFT warm-start on the recipe's demonstrations, saved to the run's sft/ and measured:
+    its history."""
+    from grpokit.train.sft_run import run_sft_from_config
 
-    if measure_base:
-        console.print(f"[bold]1/4[/] base model on {len(rows)} fresh products")
-        measure("base model", Sampler.from_config(cfg, rewards))
-    sft_dir = output_dir / "sft"
+    s, console = run.settings, run.console
     console.print(f"[bold]2/4[/] SFT warm-start: {s.sft_steps} steps on the demonstrations")
-    t, cpu = time.perf_counter(), time.process_time()
-    history = run_sft_from_config(
-        load_config(recipe / "config.yaml", [*s.overrides(), "model.gradient_checkpointing=true"]),
-        output=sft_dir,
-        data=recipe / "demos.jsonl",
-        steps=s.sft_steps,
-        batch_size=s.sft_batch_size,
-        learning_rate=s.sft_learning_rate,
-        lora=s.sft_lora,
-        seed=s.seed,
-        log=lambda m: console.print("  " + m),
-    ).history
-    timed("sft", t, cpu)
-    measure("after SFT", Sampler.from_config(cfg, rewards, checkpoint=sft_dir))
-    summary: dict[str, Any] = {"settings": asdict(s), "sft_history": history}
-    if s.grpo_steps:
-        console.print(f"[bold]3/4[/] GRPO: {s.grpo_steps} steps from the SFT checkpoint")
-        grpo_cfg = load_config(
-            recipe / "config.yaml", [*s.overrides(), f"model.init_from={sft_dir}"]
-        )
-        t, cpu = time.perf_counter(), time.process_time()
+    with run.measurements.timed("sft"):
+        history = run_sft_from_config(
+            run.config("model.gradient_checkpointing=true"),
+            output=run.sft_dir,
+            data=run.recipe / "demos.jsonl",
+            steps=s.sft_steps,
+            batch_size=s.sft_batch_size,
+            learning_rate=s.sft_learning_rate,
+            lora=s.sft_lora,
+            seed=s.seed,
+            log=lambda m: console.print("  " + m),
+        ).history
+    run.measurements.measure(
+        "after SFT", Sampler.from_config(run.cfg, run.rewards, checkpoint=run.sft_dir)
+    )
+    return history
+
+
+def _tool_grpo_stage(run: _ToolDemoRun) -> dict[str, Any]:
+    """GRPO from the SFT checkpoint, then measured: what the summary keeps of its training."""
+    console = run.console
+    console.print(f"[bold]3/4[/] GRPO: {run.settings.grpo_steps} steps from the SFT checkpoint")
+    grpo_cfg = run.config(f"model.init_from={run.sft_dir}")
+    with run.measurements.timed("grpo"):
         trainer = GRPOTrainer(
-            grpo_cfg, run_dir=output_dir / "grpo", progress=True, log=console.print
+            grpo_cfg, run_dir=run.output_dir / "grpo", progress=True, log=console.print
         )
         result = trainer.train()
-        timed("grpo", t, cpu)
-        console.print("[bold]4/4[/] trained model on the same products and seeds")
-        measure("after GRPO", replace(trainer.sampler, rewards=rewards))
-        summary.update(_training_summary(result.history))
-        summary["run_dir"] = str(result.run_dir)
-    rewards.close()
+    console.print("[bold]4/4[/] trained model on the same products and seeds")
+    run.measurements.measure("after GRPO", replace(trainer.sampler, rewards=run.rewards))
+    return {**_training_summary(result.history), "run_dir": str(result.run_dir)}
 
-    table = Table(
-        title=f"held-out answers correct ({len(rows)} fresh products, one answer each; 95% "
-        "cluster interval over prompts)"
-    )
-    table.add_column("model")
-    for column in TOOL_COLUMNS:
-        table.add_column(column)
-    stages: dict[str, dict[str, dict[str, Any]]] = {}
-    for (stage, column), sampled in measured.items():
-        stages.setdefault(stage, {})[column] = asdict(stage_results(sampled)[_scored(sampled)])
-    for stage, cells in stages.items():
-        table.add_row(stage, *[StageResult(**cells[c]).cell() for c in TOOL_COLUMNS])
-    console.print(table)
-    last = "after GRPO" if s.grpo_steps else "after SFT"
-    gains = {f"{last}: with the tool - without": (last, "without", last)}
-    if s.grpo_steps:
-        gains["with the tool: after GRPO - after SFT"] = ("after SFT", "with the tool", last)
-    summary["gains"] = {}
-    for name, (before, column, after) in gains.items():
-        scored = _scored(measured[before, column])
-        mean, low, high = paired_gain(
-            measured[before, column], measured[after, "with the tool"], scored
-        )
-        summary["gains"][name] = {"mean": mean, "low": low, "high": high}
-        console.print(
-            f"{name}: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (paired over the {len(rows)} "
-            "problems, 95%)"
-        )
+
+def _tool_report(run: _ToolDemoRun) -> dict[str, Any]:
+    """Prints every stage's answers with the calculator and without it, what the calculator and
+    GRPO gained and the time taken; returns what the summary adds of them."""
+    m, console = run.measurements, run.console
+    stages = m.stages()
+    console.print(_tool_table(stages, len(m.rows)))
+    gains = _tool_gains(run)
+    seconds = m.seconds
     console.print(
         f"SFT {seconds['sft']:.0f} s"
         + (f", GRPO {seconds['grpo']:.0f} s" if "grpo" in seconds else "")
         + f"; load average {os.getloadavg()[0]:.2f}"
     )
-    summary["stages"] = stages
-    summary["seconds"] = seconds
-    summary["load"] = load
-    (output_dir / "tool_demo_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return {"gains": gains, "stages": stages, "seconds": seconds, "load": m.load}
+
+
+def _tool_table(stages: dict[str, dict[str, dict[str, Any]]], n_rows: int) -> Table:
+    table = Table(
+        title=f"held-out answers correct ({n_rows} fresh products, one answer each; 95% "
+        "cluster interval over prompts)"
+    )
+    table.add_column("model")
+    for column in TOOL_COLUMNS:
+        table.add_column(column)
+    for stage, cells in stages.items():
+        table.add_row(stage, *[StageResult(**cells[c]).cell() for c in TOOL_COLUMNS])
+    return table
+
+
+def _tool_gains(run: _ToolDemoRun) -> dict[str, dict[str, float]]:
+    """What the calculator adds to the last model, and what GRPO added with it, paired over the
+    products (printed as computed)."""
+    m, grpo = run.measurements, bool(run.settings.grpo_steps)
+    last = "after GRPO" if grpo else "after SFT"
+    # name: (the stage before, its column, the stage after, measured with the calculator)
+    compared = {f"{last}: with the tool - without": (last, "without", last)}
+    if grpo:
+        compared["with the tool: after GRPO - after SFT"] = ("after SFT", "with the tool", last)
+    gains: dict[str, dict[str, float]] = {}
+    for name, (before, column, after) in compared.items():
+        scored = _scored(m.sampled[before, column])
+        mean, low, high = paired_gain(
+            m.sampled[before, column], m.sampled[after, "with the tool"], scored
+        )
+        gains[name] = {"mean": mean, "low": low, "high": high}
+        run.console.print(
+            f"{name}: {mean:+.3f} [{low:+.3f}, {high:+.3f}] (paired over the {len(m.rows)} "
+            "problems, 95%)"
+        )
+    return gains

@@ -126,6 +126,43 @@ class GroupRecord:
     cached: bool = False
 
 
+@dataclass(frozen=True)
+class _GroupPlan:
+    """One group request of ``scoring: group`` before it is sent: enough to ask the cache and
+    the judge, and to map the scores back to the rows."""
+
+    rows: list[int]
+    """The batch rows of the group, in order (see :meth:`JudgeReward.groups`)."""
+    shown: list[str]
+    """The group's distinct completion texts in the order shown: ``shown[n - 1]`` is answer n."""
+    text: str
+    """The judge prompt."""
+    keys: list[str]
+    """The cache key of each answer's score: ``keys[n - 1]`` for answer n."""
+
+
+def _group_record(
+    judge: Judge,
+    plan: _GroupPlan,
+    texts: Sequence[str],
+    per_number: Sequence[JudgeOutcome],
+    *,
+    cached: bool,
+) -> GroupRecord:
+    """What a group request showed and what came back, from its outcomes by number."""
+    rows_of: dict[str, list[int]] = {}
+    for row in plan.rows:
+        rows_of.setdefault(texts[row], []).append(row)
+    return GroupRecord(
+        judge=judge.label,
+        rows=tuple(plan.rows),
+        shown=tuple(tuple(rows_of[text]) for text in plan.shown),
+        reply=per_number[0].reply,
+        missing=tuple(o.position or 0 for o in per_number if o.score is None),
+        cached=cached,
+    )
+
+
 @dataclass
 class JudgedBatch:
     """All judges' outcomes for a batch: ``outcomes[j][i]`` is judge j on completion i."""
@@ -389,11 +426,51 @@ class JudgeReward(Reward):
             raise ValueError(
                 f"judge reward: {len(prompts)} prompts but {len(completions)} completions"
             )
-        low, high = judge.score_range
+        texts = [completion_text(c) for c in completions]
+        plans = self._plan_groups(judge, prompts, texts, columns, salt)
+        cache = self.cache if use_cache else None
+        keys = [key for plan in plans for key in plan.keys]
+        cached = cache.get_many(keys) if cache is not None else {}
+        # Groups differ by prompt, so their judge prompts differ: one request per group.
+        todo = [plan for plan in plans if not all(k in cached for k in plan.keys)]
+        fresh = self._ask_groups(judge, plans, todo, cache)
+        outcomes: list[JudgeOutcome | None] = [None] * len(texts)
+        records: list[GroupRecord] = []
+        for plan in plans:
+            from_cache = plan.text not in fresh
+            per_number = (
+                [
+                    JudgeOutcome(
+                        score=cached[key].score, reply=cached[key].reply, cached=True, position=n
+                    )
+                    for n, key in enumerate(plan.keys, start=1)
+                ]
+                if from_cache
+                else fresh[plan.text]
+            )
+            index = {text: k for k, text in enumerate(plan.shown)}
+            # The request's usage goes on the group's first row only (answer 1 holds it).
+            usage = per_number[0].usage
+            for k, row in enumerate(plan.rows):
+                outcome = per_number[index[texts[row]]]
+                outcomes[row] = dataclasses.replace(outcome, usage=usage if k == 0 else None)
+            records.append(_group_record(judge, plan, texts, per_number, cached=from_cache))
+        assert all(o is not None for o in outcomes)
+        return [o for o in outcomes if o is not None], records
+
+    def _plan_groups(
+        self,
+        judge: Judge,
+        prompts: Sequence[Any],
+        texts: Sequence[str],
+        columns: Mapping[str, Any],
+        salt: int,
+    ) -> list[_GroupPlan]:
+        """Each group's request (see :meth:`groups`): its distinct answers in the order drawn,
+        its judge prompt and the cache key of each answer's score."""
         scoring = "group:" + judge.scoring_key(self.mode)
         identity, digest = judge.backend.identity, judge.rubric.digest
-        texts = [completion_text(c) for c in completions]
-        plans: list[tuple[list[int], list[str], str, list[str]]] = []
+        plans: list[_GroupPlan] = []
         for rows in self.groups(judge, prompts, columns):
             distinct = list(dict.fromkeys(texts[i] for i in rows))
             shown = [distinct[k] for k in group_order(distinct, self.shuffle_seed, salt)]
@@ -404,55 +481,39 @@ class JudgeReward(Reward):
                 cache_key(identity, digest, f"{scoring}:{n}", text)
                 for n in range(1, len(shown) + 1)
             ]
-            plans.append((rows, shown, text, keys))
-        use = self.cache is not None and use_cache
-        all_keys = [key for plan in plans for key in plan[3]]
-        cached = self.cache.get_many(all_keys) if (self.cache is not None and use) else {}
-        # Groups differ by prompt, so their judge prompts differ: one request per group.
-        todo = [text for _, _, text, keys in plans if not all(k in cached for k in keys)]
-        fresh: dict[str, list[JudgeOutcome]] = {}
-        if todo:
-            replies = judge.backend.complete(todo, logprobs=wants_logprobs(self.mode))
-            to_store: dict[str, CachedScore] = {}
-            for text, reply in zip(todo, replies, strict=True):
-                count = next(len(shown) for _, shown, t, _ in plans if t == text)
-                fresh[text] = group_outcomes(reply, count, self.mode, low, high)
-            for _, _, text, keys in plans:
-                for key, outcome in zip(keys, fresh.get(text, []), strict=False):
-                    if outcome.reply is not None:
-                        to_store[key] = CachedScore(outcome.score, outcome.reply)
-            if self.cache is not None and use:
-                self.cache.put_many(judge.label, to_store)
-        outcomes: list[JudgeOutcome | None] = [None] * len(texts)
-        records: list[GroupRecord] = []
-        for rows, shown, text, keys in plans:
-            from_cache = text not in fresh
-            if from_cache:
-                per_number = [
-                    JudgeOutcome(
-                        score=cached[key].score, reply=cached[key].reply, cached=True, position=n
-                    )
-                    for n, key in enumerate(keys, start=1)
-                ]
-            else:
-                per_number = fresh[text]
-            # The request's usage goes on the group's first row only (answer 1 holds it).
-            usage = per_number[0].usage
-            for k, row in enumerate(rows):
-                outcome = per_number[shown.index(texts[row])]
-                outcomes[row] = dataclasses.replace(outcome, usage=usage if k == 0 else None)
-            records.append(
-                GroupRecord(
-                    judge=judge.label,
-                    rows=tuple(rows),
-                    shown=tuple(tuple(r for r in rows if texts[r] == t) for t in shown),
-                    reply=per_number[0].reply,
-                    missing=tuple(o.position or 0 for o in per_number if o.score is None),
-                    cached=from_cache,
-                )
-            )
-        assert all(o is not None for o in outcomes)
-        return [o for o in outcomes if o is not None], records
+            plans.append(_GroupPlan(rows, shown, text, keys))
+        return plans
+
+    def _ask_groups(
+        self,
+        judge: Judge,
+        plans: Sequence[_GroupPlan],
+        todo: Sequence[_GroupPlan],
+        cache: JudgeCache | None,
+    ) -> dict[str, list[JudgeOutcome]]:
+        """Sends the ``todo`` groups' prompts to the judge: per judge prompt, the outcomes of its
+        answers by number. The scores of the answered ones are stored in ``cache`` (when there
+        is one)."""
+        if not todo:
+            return {}
+        low, high = judge.score_range
+        replies = judge.backend.complete(
+            [plan.text for plan in todo], logprobs=wants_logprobs(self.mode)
+        )
+        # Keyed by judge prompt: a group rubric must show {completions}, so groups with the same
+        # prompt show the same answers and share one outcome list.
+        fresh = {
+            plan.text: group_outcomes(reply, len(plan.shown), self.mode, low, high)
+            for plan, reply in zip(todo, replies, strict=True)
+        }
+        to_store: dict[str, CachedScore] = {}
+        for plan in plans:
+            for key, outcome in zip(plan.keys, fresh.get(plan.text, []), strict=False):
+                if outcome.reply is not None:
+                    to_store[key] = CachedScore(outcome.score, outcome.reply)
+        if cache is not None:
+            cache.put_many(judge.label, to_store)
+        return fresh
 
     def _cache_keys(self, judge: Judge, texts: Sequence[str]) -> list[str]:
         scoring = judge.scoring_key(self.mode)
