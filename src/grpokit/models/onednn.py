@@ -11,7 +11,7 @@ way round for training: MKL's AVX2 products made a LoRA update of the embedded m
 as oneDNN's (median of 7 paired updates on the same prompts, 0.64-0.78; full fine-tuning 0.91x,
 0.82-0.97); decoding's few rows go faster through oneDNN's prepacked
 weights than through MKL there (a 49k x 576 output layer at 4 rows: 10.4 against 20.6 ms), and
-faster again through grpokit's own blocked product (grpokit.rollout.fused.BlockedLinear). So
+faster again through grpokit's own blocked product (grpokit.native.fused.BlockedLinear). So
 ``cpu_matmul: auto`` takes oneDNN for training products only where the CPU has AVX-512
 (:func:`onednn_training_pays`), and for decoding where the blocked product was not measured to
 be faster.

@@ -27,8 +27,8 @@ from grpokit.models.loading import Policy, model_context
 from grpokit.models.onednn import store_frozen_linears_in_compute_dtype
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import ReportBuilder, tracker_sinks
+from grpokit.native.heuristics import reference_rows_pay
 from grpokit.rollout.base import RolloutEngine
-from grpokit.rollout.decoders import reference_rows_pay
 from grpokit.sampling import load_model_policy, torch_engine
 from grpokit.train.distributed import DistContext, broadcast_parameters, shard_slice
 from grpokit.train.fsdp import GatheredEngine, shard_policy
