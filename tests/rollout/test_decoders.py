@@ -139,7 +139,7 @@ def test_static_decoder_equals_full_forward(arch: str, pack: Packing, fused: boo
     decoder = static(model, len(forced), fused, pack=pack)
     kind = {"none": torch.nn.Linear, "onednn": PackedLinear, "blocked": BlockedLinear}[pack]
     assert isinstance(decoder.lm_head.fused, kind)
-    assert pack == "none" or isinstance(decoder.layers[0][1].fused, kind)  # q, k, v as one
+    assert pack == "none" or isinstance(decoder.layers[0].qkv.fused, kind)  # q, k, v as one
     got = decode(decoder, forced, n)
     for row in range(len(PROMPTS) * n):
         prompt = PROMPTS[row // n]
@@ -229,8 +229,8 @@ def test_lora_decodes_as_peft_computes(
     second = static(model, len(forced), fused, **options)
     got = decode(second, forced, n)
     if pack != "none":  # unmerged, the frozen base's packed copy is kept
-        assert (second.layers[0][1].fused is first.layers[0][1].fused) == (not merge)
-    assert second.layers[0][1].lora.empty == merge
+        assert (second.layers[0].qkv.fused is first.layers[0].qkv.fused) == (not merge)
+    assert second.layers[0].qkv.lora.empty == merge
     unchanged = [torch.equal(v, model.state_dict()[k]) for k, v in weights.items() if "B" not in k]
     assert all(unchanged)
     assert_follows_forward(model, got, forced, n, dtype)

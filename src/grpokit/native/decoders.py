@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
@@ -410,6 +411,38 @@ class _Projections:
         return list(torch.split(self(x), self.sizes, dim=-1))
 
 
+@dataclass(frozen=True, slots=True)
+class LlamaLayer:
+    """One decoder layer of a Llama-family model as :class:`StaticLlamaDecoder` computes it:
+    pre-norm attention, then a pre-norm gated MLP, each added to the residual stream. The norms
+    and the activation are the model's own modules (transformers' RMSNorm: ``weight`` and
+    ``variance_epsilon``); the projections are the decoder's copies of its linear layers."""
+
+    input_norm: Any
+    """RMSNorm before attention (``input_layernorm``)."""
+    qkv: _Projections
+    """The query, key and value projections, as one product."""
+    o_proj: _Projections
+    """Attention's output projection."""
+    q_norm: Any
+    """RMSNorm of each head's query before the rotary embedding (Qwen3); None elsewhere."""
+    k_norm: Any
+    """The same of each head's key (Qwen3); None where ``q_norm`` is."""
+    post_norm: Any
+    """RMSNorm before the MLP (``post_attention_layernorm``)."""
+    gate_up: _Projections
+    """The MLP's gate and up projections, as one product."""
+    down: _Projections
+    """The MLP's down projection."""
+    act: Any
+    """The MLP's activation of the gate (``mlp.act_fn``)."""
+
+    @property
+    def projections(self) -> tuple[_Projections, ...]:
+        """The layer's linear layers, in the order they compute."""
+        return (self.qkv, self.o_proj, self.gate_up, self.down)
+
+
 def static_decoder_unsupported(model: torch.nn.Module, total_length: int) -> str | None:
     """Why :class:`StaticLlamaDecoder` cannot decode ``model`` (None when it can).
 
@@ -489,17 +522,17 @@ class StaticLlamaDecoder:
             _Projections, pack=pack, dtype=self.dtype, cache=pack_cache, merge_lora=merge_lora
         )
         self.lm_head = projections([inner.lm_head])
-        self.layers: list[tuple[Any, ...]] = [
-            (
-                layer.input_layernorm,
-                projections([getattr(layer.self_attn, f"{p}_proj") for p in ("q", "k", "v")]),
-                projections([layer.self_attn.o_proj]),
-                getattr(layer.self_attn, "q_norm", None),
-                getattr(layer.self_attn, "k_norm", None),
-                layer.post_attention_layernorm,
-                projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                projections([layer.mlp.down_proj]),
-                layer.mlp.act_fn,
+        self.layers: list[LlamaLayer] = [
+            LlamaLayer(
+                input_norm=layer.input_layernorm,
+                qkv=projections([getattr(layer.self_attn, f"{p}_proj") for p in ("q", "k", "v")]),
+                o_proj=projections([layer.self_attn.o_proj]),
+                q_norm=getattr(layer.self_attn, "q_norm", None),
+                k_norm=getattr(layer.self_attn, "k_norm", None),
+                post_norm=layer.post_attention_layernorm,
+                gate_up=projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down=projections([layer.mlp.down_proj]),
+                act=layer.mlp.act_fn,
             )
             for layer in body.layers
         ]
@@ -523,17 +556,19 @@ class StaticLlamaDecoder:
         self.reference_logits: torch.Tensor | None = None
         self._adapters: list[_LoraDelta] = []
         # The LoRA shares follow the step's choice: one kernel call each, or eager operations.
-        for part in (self.lm_head, *(part for layer in self.layers for part in layer)):
-            if isinstance(part, _Projections):
-                part.lora.kernels = self.kernels
-                self._adapters.append(part.lora)
+        for part in (self.lm_head, *(part for layer in self.layers for part in layer.projections)):
+            part.lora.kernels = self.kernels
+            self._adapters.append(part.lora)
 
     def fusable(self) -> bool:
         """Whether the fused kernels compute this model's step: on CPU, with a float32 residual
         stream and norm weights (the kernels' layout), a compute dtype of float32 or bfloat16,
         and the SiLU-gated MLP."""
         norms = [self.final_norm] + [
-            n for layer in self.layers for n in (layer[0], layer[3], layer[4], layer[5]) if n
+            n
+            for layer in self.layers
+            for n in (layer.input_norm, layer.q_norm, layer.k_norm, layer.post_norm)
+            if n
         ]
         return (
             self.embed.weight.device.type == "cpu"
@@ -584,14 +619,12 @@ class StaticLlamaDecoder:
         # embedded model doubled the largest log-prob difference to the training forward.
         cos, sin = cos[:, None], sin[:, None]
         end = self.column + s
-        for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, act) in enumerate(
-            self.layers
-        ):
-            q, k, v = qkv.split(self._rms_norm(norm1, hidden))
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv.split(self._rms_norm(layer.input_norm, hidden))
             q = q.view(rows, s, self.n_heads, self.head_dim)
             k = k.view(rows, s, self.n_kv, self.head_dim)
-            if q_norm is not None:  # Qwen3 normalises each head's query and key
-                q, k = q_norm(q), k_norm(k)
+            if layer.q_norm is not None:  # Qwen3 normalises each head's query and key
+                q, k = layer.q_norm(q), layer.k_norm(k)
             q = self._rotate(q.transpose(1, 2), cos, sin).to(self.dtype)
             k = self._rotate(k.transpose(1, 2), cos, sin)
             k, v = k.transpose(-1, -2), v.view(rows, s, self.n_kv, self.head_dim).transpose(1, 2)
@@ -602,9 +635,9 @@ class StaticLlamaDecoder:
                 self.keys[i].index_copy_(3, column, k.to(self.dtype))
                 self.values[i].index_copy_(2, column, v.to(self.dtype))
             out = attend(i, q).transpose(1, 2).reshape(rows, s, self.n_heads * self.head_dim)
-            hidden = hidden + o_p(out)
-            gate, up = gate_up.split(self._rms_norm(norm2, hidden))
-            hidden = hidden + down(act(gate) * up)
+            hidden = hidden + layer.o_proj(out)
+            gate, up = layer.gate_up.split(self._rms_norm(layer.post_norm, hidden))
+            hidden = hidden + layer.down(layer.act(gate) * up)
         if column is None:
             self.column = end
         return hidden
@@ -747,10 +780,12 @@ class StaticLlamaDecoder:
         cos, sin = self._rotary(hidden, self.next_position[:, None])  # (rows, 1, d)
         upto = self.column + 1
         pending: torch.Tensor | None = None  # the last layer's output, added before its norm
-        for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, _) in enumerate(self.layers):
+        for i, layer in enumerate(self.layers):
+            norm1, norm2 = layer.input_norm, layer.post_norm
+            q_norm, k_norm = layer.q_norm, layer.k_norm
             x = kernels.add_rms_norm(hidden, pending, norm1.weight, norm1.variance_epsilon, bf16)
             q = kernels.rope_cache(
-                qkv(x),
+                layer.qkv(x),
                 cos,
                 sin,
                 self.keys[i],
@@ -765,9 +800,9 @@ class StaticLlamaDecoder:
                 q, self.keys[i], self.values[i], self.pad_bias, upto, self.scaling
             )
             x = kernels.add_rms_norm(
-                hidden, o_p(attended), norm2.weight, norm2.variance_epsilon, bf16
+                hidden, layer.o_proj(attended), norm2.weight, norm2.variance_epsilon, bf16
             )
-            pending = down(kernels.silu_mul(gate_up(x)))
+            pending = layer.down(kernels.silu_mul(layer.gate_up(x)))
         self.column = upto
         self.next_position = self.next_position + 1
         norm = self.final_norm
