@@ -29,7 +29,7 @@ carried in ``bench/wheels``. This script then
   peak memory is its own;
 - then, per model, times grpokit's rollout (greedy, every completion to the limit) with the
   static decoder's ordinary steps and with its steps replayed from a CUDA graph
-  (``TorchEngine(cuda_graphs=True)``, grpokit.rollout.graphs), and checks both against the
+  (``TorchEngine(cuda_graphs=True)``, grpokit.native.graphs), and checks both against the
   trainer's forward: how far each engine's log-probs are from it, and whether the two engines
   chose the same tokens (``--rollouts-only`` runs only this).
 

@@ -22,6 +22,12 @@ the hidden size, in float32 and bfloat16; of the head size), each storage counte
     python bench/memory.py --lengths 256 1024 --settings default both
     python bench/memory.py --smoke                       # tiny model, default and both (tests)
 
+A real model instead (its end tokens suppressed in a copy, bench/.fixed-length, so that greedy
+completions run to L), with LoRA r 16 and 4 completions as ``train_step.py`` measures it:
+
+    python bench/memory.py --model qwen2.5-coder-0.5b-instruct --lora --num-generations 4 \
+        --lengths 256 --settings default --threads 2
+
 Prints per setting the phase peaks and the kept tensors, then each setting's peak against the
 default's last.
 """
@@ -42,7 +48,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import emit_result, load_average, print_ratios, run_child  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,
+    emit_result,
+    fixed_length_copy,
+    load_average,
+    model_path,
+    print_ratios,
+    run_child,
+)
 from train_step import SETTINGS, grpokit_trainer  # noqa: E402
 
 MEMORY_SETTINGS: dict[str, dict[str, Any]] = {
@@ -65,12 +79,25 @@ def main() -> None:
     )
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the last is reported)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--model", help="a model name or directory (default: the random 128k model)")
+    ap.add_argument("--lora", action="store_true", help="LoRA r 16 (train_step.py's) for full")
+    ap.add_argument("--num-generations", type=int, default=8, help="completions of the one prompt")
     ap.add_argument("--child", choices=list(MEMORY_SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         emit_result(measure(args))
+        return
+    step = (
+        f"1 prompt x {args.num_generations} completions of exactly L tokens; "
+        f"{'LoRA r 16' if args.lora else 'full fine-tuning'}, beta 0.04; {args.steps} step(s) "
+        f"per run, the last reported; {args.threads or 'default'} thread(s)"
+    )
+    if args.model:
+        path = fixed_length_copy(model_path(False, args.model), REPO / "bench" / ".fixed-length")
+        print(f"model {args.model}; {step}; {load_average()}", flush=True)
+        compare(args, Path(path))
         return
     from gpu_check import Shape, build_model
     from scaling import VOCAB_SHAPE
@@ -86,12 +113,7 @@ def main() -> None:
         # an untied head, as before the check built Qwen2 shapes; float32 on the CPU
         vocab = Shape("llama", {"tie_word_embeddings": False, **shape})
         path = build_model("vocab", vocab, embedded_model_dir(), root, "cpu", "float32")
-        print(
-            f"vocabulary {shape['vocab_size']:,}; 1 prompt x 8 completions of exactly L tokens; "
-            f"full fine-tuning, beta 0.04; {args.steps} step(s) per run, the last reported; "
-            f"{args.threads or 'default'} thread(s); {load_average()}",
-            flush=True,
-        )
+        print(f"vocabulary {shape['vocab_size']:,}; {step}; {load_average()}", flush=True)
         compare(args, path)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -110,6 +132,8 @@ def compare(args: argparse.Namespace, path: Path) -> None:
                     f"--length={length}",
                     f"--steps={args.steps}",
                     f"--threads={args.threads}",
+                    f"--num-generations={args.num_generations}",
+                    *(["--lora"] if args.lora else []),
                 ],
                 timeout=7200,
             )
@@ -143,7 +167,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ns = argparse.Namespace(
         model_path=args.model_path,
         threads=args.threads,
-        num_generations=8,
+        num_generations=args.num_generations,
         prompts=1,
         max_completion_length=args.length,
         top_k=1,
@@ -153,7 +177,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         lean_memory=setting.get("lean_memory", False),
     )
     trainer = grpokit_trainer(
-        ns, SETTINGS["full-beta0.04"], max_steps=args.steps, training=setting["training"]
+        ns,
+        SETTINGS["lora-beta0.04" if args.lora else "full-beta0.04"],
+        max_steps=args.steps,
+        training=setting["training"],
     )
     meter = PhaseMeter()
     loaded = meter.resident()

@@ -11,7 +11,7 @@ grpokit's engine runs as ``model.dtype: auto`` makes it run: on a CPU with nativ
 is the same engine in float32, and their ratio is bfloat16's gain. It computes linear layers
 through oneDNN on CPU (grpokit.models.onednn), which on some CPUs is much faster than PyTorch's
 default MKL path, or, decoding float32 on a CPU with AVX2 and no AVX-512, through grpokit's own
-blocked product (grpokit.rollout.fused.BlockedLinear); there "grpokit-onednn" is the same engine
+blocked product (grpokit.native.fused.BlockedLinear); there "grpokit-onednn" is the same engine
 with oneDNN's prepacked products (``cpu_matmul: onednn``), and the ratio is the blocked product's
 gain. So that the engine's own gain and the library's can be told apart, ``generate``
 and the floor are also run on a copy of the model whose linear layers use oneDNN
@@ -66,8 +66,8 @@ from grpokit.models.onednn import (  # noqa: E402
     bf16_compute_applies,
     use_onednn_linears,
 )
+from grpokit.native.heuristics import blocked_products_pay  # noqa: E402
 from grpokit.rollout.base import RolloutEngine, SamplingParams  # noqa: E402
-from grpokit.rollout.fused import blocked_products_pay  # noqa: E402
 from grpokit.rollout.torch_engine import TorchEngine, left_pad  # noqa: E402
 from grpokit.rollout.vllm_engine import VLLMEngine, vllm_available  # noqa: E402
 

@@ -94,11 +94,11 @@ install_browser() {
   fi
 }
 
-# grpokit's C++ kernels (grpokit/native.py: the decoder's step, the loss's log-softmax),
+# grpokit's C++ kernels (grpokit/native/build.py: the decoder's step, the loss's log-softmax),
 # compiled for this CPU and torch into grpokit's cache. Without a compiler torch operations are
 # used instead.
 build_kernels() {
-  "$VENV/bin/python" -c "from grpokit.native import main; raise SystemExit(main())" || true
+  "$VENV/bin/python" -c "from grpokit.native.build import main; raise SystemExit(main())" || true
 }
 
 setup_demo() {

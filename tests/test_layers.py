@@ -1,6 +1,6 @@
 """Imports flow one way, each package importing only from packages on lower floors:
-errors, files, progress <- native <- core <- model_files <- models, data, rewards, monitor
-<- rollout, trl_fields <- config <- sampling, config_docs <- train, evaluate, preflight,
+errors, files, progress <- native.build <- core <- model_files <- models, data, rewards, monitor
+<- native <- rollout, trl_fields <- config <- sampling, config_docs <- train, evaluate, preflight,
 recipes <- the commands (FLOORS below).
 Parsed from the source, imports inside functions included, so a lazy import cannot hide a layer
 violation."""
@@ -17,12 +17,15 @@ SRC = Path(grpokit.__file__).parent
 # Each package imports its own modules and packages of lower floors, never one of its own floor
 # or above. The command modules (cli.py, *_cli.py, cli_options.py, demo.py, __main__) form the
 # top floor whatever package they live in; they may use each other, nothing below may use them.
+# A module named here (package.module) sits on its own floor, below its package: native.build,
+# the C++ kernels' compiler, serves the loss (core) as well as the decoder above models.
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "files", "progress"),
-    ("native",),
+    ("native.build",),
     ("core",),
     ("model_files",),
     ("models", "data", "rewards", "monitor"),
+    ("native",),
     ("rollout", "trl_fields"),
     ("config",),
     ("sampling", "config_docs"),
@@ -33,8 +36,10 @@ COMMANDS = len(FLOORS)
 
 
 def _unit(module: str) -> str:
-    """grpokit.train.trainer -> train; grpokit.errors -> errors."""
-    return module.split(".")[1] if module.count(".") else ""
+    """grpokit.train.trainer -> train; grpokit.errors -> errors; grpokit.native.build ->
+    native.build (a module with a floor of its own)."""
+    parts = module.split(".")[1:3]
+    return ".".join(parts) if ".".join(parts) in RANKS else (parts[0] if parts else "")
 
 
 def _is_command(module: str) -> bool:
@@ -148,3 +153,9 @@ def test_the_order_is_strict() -> None:
     assert not _allowed("grpokit.train.trainer", "grpokit.cli_options")
     assert _allowed("grpokit.train.sft_cli", "grpokit.cli_options")
     assert _allowed("grpokit.cli", "grpokit.evaluate.report")
+    # native's build sits below core, its decoder above models
+    assert _allowed("grpokit.core.logprobs", "grpokit.native.build")
+    assert not _allowed("grpokit.core.logprobs", "grpokit.native.fused")
+    assert _allowed("grpokit.native.decoders", "grpokit.models.compat")
+    assert not _allowed("grpokit.native.build", "grpokit.native.decoders")
+    assert _allowed("grpokit.native.fused", "grpokit.native.build")

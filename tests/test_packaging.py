@@ -176,7 +176,7 @@ def test_wheel_installs_alone_and_its_command_runs(wheel_env: WheelEnv, tmp_path
     where = wheel_env.run(
         "python",
         "-c",
-        "import json, grpokit, grpokit.recipes as r, grpokit.native as n; "
+        "import json, grpokit, grpokit.recipes as r, grpokit.native.build as n; "
         "print(json.dumps([grpokit.__file__, str(r.RECIPES_DIR), str(n.KERNELS)]))",
         cwd=tmp_path,
     )

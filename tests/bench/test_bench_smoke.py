@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grpokit.models.onednn import bf16_compute_applies
-from grpokit.rollout.fused import blocked_products_pay
+from grpokit.native.heuristics import blocked_products_pay
 from grpokit.rollout.vllm_engine import vllm_available
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"

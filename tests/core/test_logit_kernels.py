@@ -1,4 +1,5 @@
-"""The log-softmax kernels (grpokit/kernels/logits.cpp) against the same quantities in float64.
+"""The log-softmax kernels (grpokit/native/kernels/logits.cpp) against the same quantities in
+float64.
 
 The bounds follow from what differs: the kernels' exp is a polynomial within 2 ulp of the true
 one and they sum in float32 within blocks of 2,048 values (16-lane partial sums of at most 32
@@ -169,9 +170,9 @@ def test_the_code_paths_for_cpus_without_avx512(tmp_path: Path, flags: list[str]
     """The kernels' other code paths (AVX2 intrinsics where the CPU has AVX2, else plain loops),
     built without AVX-512 and compared in a fresh process (two builds of one operator library
     cannot load into one process). 1,003 values a row: whole 32- and 8-lane steps and a tail."""
-    from grpokit import native
+    from grpokit.native.build import build
 
-    library = native.build("logits", tmp_path, extra_flags=flags)
+    library = build("logits", tmp_path, extra_flags=flags)
     script = textwrap.dedent(
         f"""
         import math, torch

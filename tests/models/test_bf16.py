@@ -4,6 +4,7 @@ linear layers compute the float32 product to bfloat16 rounding, with float32 gra
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -211,17 +212,71 @@ def test_kept_casts_serve_every_region_until_the_weight_changes() -> None:
 @needs_bf16
 def test_frozen_linears_stored_in_the_compute_dtype_compute_the_same_to_the_bit() -> None:
     model = torch.nn.Sequential(OneDNNLinear(16, 8), torch.nn.LayerNorm(8), OneDNNLinear(8, 4))
-    assert store_frozen_linears_in_compute_dtype(model) == 0  # no compute dtype: unchanged
+    assert store_frozen_linears_in_compute_dtype(model) == []  # no compute dtype: unchanged
     model[2].requires_grad_(False)
     set_compute_dtype(model, torch.bfloat16)
     x = torch.randn(5, 16)
     with compute_autocast(model):
         before = model(x)
-    assert store_frozen_linears_in_compute_dtype(model) == 1  # the frozen one only
+    assert store_frozen_linears_in_compute_dtype(model) == ["2"]  # the frozen one only
     assert model[0].weight.dtype == torch.float32 and model[2].weight.dtype == torch.bfloat16
     assert model[1].weight.dtype == torch.float32 and model[2].bias.dtype == torch.float32
     with compute_autocast(model):
         assert torch.equal(model(x), before)
+
+
+def _lora_forward_backward(
+    policy: Any, ids: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits of the policy (under its compute dtype) and the LoRA gradients of a loss on them."""
+    model = policy.model
+    model.zero_grad(set_to_none=True)
+    with compute_autocast(model):
+        logits = model(input_ids=ids).logits.float()
+    torch.log_softmax(logits, dim=-1)[..., 3].sum().backward()
+    grads = [p.grad.clone() for p in policy.trainable_parameters()]
+    return logits.detach(), grads
+
+
+@needs_bf16
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied-head"])
+def test_lora_base_narrowed_to_the_compute_dtype_trains_the_same_to_the_bit(
+    tiny_model_factory: Any, tied: bool, tmp_path: Path
+) -> None:
+    """LoRA's frozen base stored in bfloat16 (Policy.narrow_frozen_base): the logits and the
+    adapters' gradients equal those of float32 weights cast per forward to the bit, the float32
+    base is gone, a tied head keeps its tie, and a merged save writes the float32 base again."""
+    path = tiny_model_factory(seed=3, tie_word_embeddings=tied)
+    policy = load_policy(str(path), lora=LoraSettings(r=2, alpha=4.0), need_reference=True)
+    set_compute_dtype(policy.model, torch.bfloat16)
+    for p in policy.trainable_parameters():  # peft starts B at zero; a gradient through A too
+        torch.nn.init.normal_(p, std=0.1)
+    policy.save(tmp_path / "before", merged=True)
+    ids = torch.randint(0, 60, (2, 7))
+    logits, grads = _lora_forward_backward(policy, ids)
+
+    narrowed = policy.narrow_frozen_base()
+    frozen = [p for p in policy.model.parameters() if not p.requires_grad]
+    assert narrowed == len(policy.narrowed) > 0
+    head = policy.model.get_output_embeddings()
+    embedding = policy.model.get_input_embeddings()
+    assert (head.weight is embedding.weight) is tied  # the tie kept
+    assert embedding.weight.dtype == torch.float32
+    assert head.weight.dtype == (torch.float32 if tied else torch.bfloat16)
+    assert not any(
+        p.dtype == torch.float32 and p.dim() == 2 for p in frozen if p is not embedding.weight
+    )
+    after_logits, after_grads = _lora_forward_backward(policy, ids)
+    assert torch.equal(after_logits, logits)
+    assert all(torch.equal(a, b) for a, b in zip(after_grads, grads, strict=True))
+
+    policy.save(tmp_path / "after", merged=True)
+    from safetensors.torch import load_file
+
+    before = load_file(tmp_path / "before" / "model.safetensors")
+    after = load_file(tmp_path / "after" / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(after[k].dtype == torch.float32 and torch.equal(after[k], before[k]) for k in before)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "checkpointing"])

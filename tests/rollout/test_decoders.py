@@ -14,15 +14,15 @@ import transformers
 
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import PackedLinear, onednn_available
-from grpokit.rollout.decoders import (
+from grpokit.native.decoders import (
     HFDecoder,
     PackCache,
     Packing,
     StaticLlamaDecoder,
     static_decoder_unsupported,
 )
-from grpokit.rollout.fused import BlockedLinear
-from grpokit.rollout.graphs import GraphedSteps
+from grpokit.native.fused import BlockedLinear
+from grpokit.native.graphs import GraphedSteps
 from grpokit.rollout.torch_engine import left_pad, lora_merged
 
 PROMPTS = [[5, 17, 300, 42, 9], [88, 99], [7, 8, 9, 10, 11, 12, 13]]
@@ -139,7 +139,7 @@ def test_static_decoder_equals_full_forward(arch: str, pack: Packing, fused: boo
     decoder = static(model, len(forced), fused, pack=pack)
     kind = {"none": torch.nn.Linear, "onednn": PackedLinear, "blocked": BlockedLinear}[pack]
     assert isinstance(decoder.lm_head.fused, kind)
-    assert pack == "none" or isinstance(decoder.layers[0][1].fused, kind)  # q, k, v as one
+    assert pack == "none" or isinstance(decoder.layers[0].qkv.fused, kind)  # q, k, v as one
     got = decode(decoder, forced, n)
     for row in range(len(PROMPTS) * n):
         prompt = PROMPTS[row // n]
@@ -151,7 +151,7 @@ def test_static_decoder_equals_full_forward(arch: str, pack: Packing, fused: boo
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_fixed_steps_equal_full_forward(arch: str, dtype: torch.dtype) -> None:
-    """The fixed-shape step a CUDA graph replays (grpokit.rollout.graphs), run here uncaptured
+    """The fixed-shape step a CUDA graph replays (grpokit.native.graphs), run here uncaptured
     after an ordinary step, in the operations and layout of the decoder on a GPU: in float32
     the logits of the full forward, in bfloat16 those of the autocast forward within the
     tolerance of the bfloat16 tests below, for every architecture; the cache column it writes
@@ -229,8 +229,8 @@ def test_lora_decodes_as_peft_computes(
     second = static(model, len(forced), fused, **options)
     got = decode(second, forced, n)
     if pack != "none":  # unmerged, the frozen base's packed copy is kept
-        assert (second.layers[0][1].fused is first.layers[0][1].fused) == (not merge)
-    assert second.layers[0][1].lora.empty == merge
+        assert (second.layers[0].qkv.fused is first.layers[0].qkv.fused) == (not merge)
+    assert second.layers[0].qkv.lora.empty == merge
     unchanged = [torch.equal(v, model.state_dict()[k]) for k, v in weights.items() if "B" not in k]
     assert all(unchanged)
     assert_follows_forward(model, got, forced, n, dtype)

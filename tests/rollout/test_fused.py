@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpokit import native
-from grpokit.native import build
-from grpokit.rollout.decoders import blocked_bt
-from grpokit.rollout.fused import BLOCK, BlockedLinear, decode_kernels
+from grpokit.native.build import build, main
+from grpokit.native.decoders import blocked_bt
+from grpokit.native.fused import BLOCK, BlockedLinear, decode_kernels
 
 BF16_ULP = 2.0**-7
 """The largest spacing of bfloat16 numbers relative to their value (8 significant bits): two
@@ -67,7 +66,7 @@ def _eager_rope(
     d: int,
     norms: tuple[torch.Tensor, torch.Tensor] | None,
 ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The eager decoder's arithmetic (grpokit.rollout.decoders) in float64: per-head norm,
+    """The eager decoder's arithmetic (grpokit.native.decoders) in float64: per-head norm,
     rotation; q and k as (float64, size of the rotation's two terms), v as given."""
     rows = qkv.shape[0]
     q, k, v = qkv.split([heads * d, kv * d, kv * d], dim=-1)
@@ -252,10 +251,10 @@ def test_a_failed_build_says_why(
     assert list(tmp_path.iterdir()) == []
     # the set-up's entry point says so and exits 1 instead of failing the set-up
     monkeypatch.setenv("GRPOKIT_CACHE", str(tmp_path))
-    assert native.main() == 1
+    assert main() == 1
     assert "decode kernels not built" in capsys.readouterr().out
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
-    assert native.main() == 1
+    assert main() == 1
 
 
 def test_switched_off_by_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

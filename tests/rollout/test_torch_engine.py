@@ -11,19 +11,19 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from grpokit.core.truncation import truncated_log_softmax
 from grpokit.models.loading import LoraSettings, load_policy
 from grpokit.models.onednn import onednn_available, set_compute_dtype
-from grpokit.rollout import decoders, torch_engine
+from grpokit.native import decoders
+from grpokit.native.decoders import (
+    HFDecoder,
+    StaticLlamaDecoder,
+)
+from grpokit.native.heuristics import merged_lora_fits, unmerged_lora_pays
+from grpokit.rollout import torch_engine
 from grpokit.rollout.base import (
     EngineCapabilities,
     RolloutBatch,
     RolloutEngine,
     SamplingParams,
     without_reference_logprobs,
-)
-from grpokit.rollout.decoders import (
-    HFDecoder,
-    StaticLlamaDecoder,
-    merged_lora_fits,
-    unmerged_lora_pays,
 )
 from grpokit.rollout.torch_engine import (
     COMPACT_WHEN_DONE,

@@ -45,8 +45,17 @@ def test_auto_dtype_trains_in_bf16_without_fake_clipping_or_kl(
     assert first["kl"] == 0.0  # the reference is the starting policy, computed the same way
     if mu == 2:  # after an update the ratio moves, and the narrow range clips: the metric works
         assert result.history[1]["clip_ratio/region_mean"] > 0.0
-    assert {p.dtype for p in trainer.policy.model.parameters()} == {torch.float32}
-    reference = trainer.policy.reference
+    policy = trainer.policy
+    assert {p.dtype for p in policy.trainable_parameters()} == {torch.float32}
+    frozen = {n: p.dtype for n, p in policy.model.named_parameters() if not p.requires_grad}
+    if "lora" in model:  # the frozen base's linear weights as they are computed, the rest float32
+        narrowed = {f"{name}.weight" for name in policy.narrowed}
+        assert narrowed and all(n.endswith("base_layer.weight") for n in narrowed)
+        assert {frozen[n] for n in narrowed} == {torch.bfloat16}
+        assert {d for n, d in frozen.items() if n not in narrowed} == {torch.float32}
+    else:
+        assert not frozen and not policy.narrowed
+    reference = policy.reference
     if "lora" not in model:  # the frozen copy keeps its linear weights as they are computed,
         assert reference is not None  # which is why the KL above is exactly 0
         linear = {m.weight.dtype for m in reference.modules() if isinstance(m, torch.nn.Linear)}

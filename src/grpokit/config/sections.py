@@ -50,8 +50,9 @@ class ModelConfig(_Strict):
             "Weights dtype. 'auto': float32 weights and optimizer state, with bfloat16 compute "
             "(autocast in training, a bfloat16 copy of the weights for decoding) on a CPU that "
             "multiplies bfloat16 natively (AVX512-BF16 or AMX) when cpu_matmul is not 'torch'; "
-            "float32 elsewhere (other CPUs, GPUs). training.bf16: true selects bfloat16 weights "
-            "as in TRL."
+            "under LoRA the frozen base layers are then stored in bfloat16, which every forward "
+            "computed them in anyway (the trained adapters stay float32). float32 elsewhere "
+            "(other CPUs, GPUs). training.bf16: true selects bfloat16 weights as in TRL."
         ),
     )
     lora: LoraConfig | None = Field(

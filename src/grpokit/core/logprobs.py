@@ -21,15 +21,15 @@ each per-sequence view ``logits[b]`` would get its own logits-sized zero gradien
 pass, B full passes over B*T*V floats where one is needed (measured on the embedded model with 8
 sequences a micro-batch: 0.4 s of a 5 s update).
 
-On CPU, float32 and bfloat16 logits go through C++ kernels (grpokit/kernels/logits.cpp, built
-by grpokit.native) where they build: per row, the log-sum-exp, the chosen logit and the entropy
-in two reads of the row, and the gradient written straight into the logits' dtype. The torch
-operations below make four or five passes, each allocating a float32 temporary of the chunk's
+On CPU, float32 and bfloat16 logits go through C++ kernels (grpokit/native/kernels/logits.cpp,
+built by grpokit.native.build) where they build: per row, the log-sum-exp, the chosen logit and the
+entropy in two reads of the row, and the gradient written straight into the logits' dtype. The
+torch operations below make four or five passes, each allocating a float32 temporary of the chunk's
 size, and those fresh allocations cost more than the arithmetic: on a 128k vocabulary, 2,048
 positions in bfloat16, the kernels took 0.06x the torch operations' time for the log-probs and
 0.10x for forward + backward (bench/logsoftmax.py; bench/RESULTS.md). The kernels sum in float32
-within blocks of 2,048 values and in float64 across them; their exp is a polynomial within about
-2 ulp of torch's. ``GRPOKIT_FUSED_LOGITS=0`` keeps the torch operations (for comparisons).
+within blocks of 2,048 values and in float64 across them; their exp is a polynomial within about 2
+ulp of torch's. ``GRPOKIT_FUSED_LOGITS=0`` keeps the torch operations (for comparisons).
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ _ENTROPY_ROWS = 128
 def _kernels() -> Any | None:
     """``torch.ops.grpokit_logits`` (softmax_stats, softmax_gradient), or None where they cannot
     be built (logged once) or are switched off."""
-    from grpokit import native
+    from grpokit.native.build import load
 
-    return native.load("logits", "grpokit_logits", "GRPOKIT_FUSED_LOGITS", "using torch operations")
+    return load("logits", "grpokit_logits", "GRPOKIT_FUSED_LOGITS", "using torch operations")
 
 
 def _native(logits: Tensor) -> Any | None:

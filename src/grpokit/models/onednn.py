@@ -11,7 +11,7 @@ way round for training: MKL's AVX2 products made a LoRA update of the embedded m
 as oneDNN's (median of 7 paired updates on the same prompts, 0.64-0.78; full fine-tuning 0.91x,
 0.82-0.97); decoding's few rows go faster through oneDNN's prepacked
 weights than through MKL there (a 49k x 576 output layer at 4 rows: 10.4 against 20.6 ms), and
-faster again through grpokit's own blocked product (grpokit.rollout.fused.BlockedLinear). So
+faster again through grpokit's own blocked product (grpokit.native.fused.BlockedLinear). So
 ``cpu_matmul: auto`` takes oneDNN for training products only where the CPU has AVX-512
 (:func:`onednn_training_pays`), and for decoding where the blocked product was not measured to
 be faster.
@@ -166,25 +166,32 @@ def compute_autocast(model: torch.nn.Module) -> Iterator[None]:
         _frozen_casts = outer
 
 
-def store_frozen_linears_in_compute_dtype(model: torch.nn.Module) -> int:
+def store_frozen_linears_in_compute_dtype(
+    model: torch.nn.Module, *, shared: bool = True
+) -> list[str]:
     """Store a frozen model's float32 linear weights in its compute dtype (see
     :func:`set_compute_dtype`), which its forwards would cast them to anyway: the same products
     to the bit, half the memory, and no cast per forward. For a full fine-tuning run's
-    reference copy, which nothing trains and nothing saves.
+    reference copy, which nothing trains and nothing saves, and for LoRA's frozen base layers,
+    which a merged save reads again from the model's files (grpokit.models.loading.Policy.save).
 
     Only linear weights change (biases, norms and embeddings keep float32, as autocast computes
-    them); a head tied to the embedding gets its own copy, so the embedding output, the residual
-    stream's start, stays float32. Nothing changes for a model without a compute dtype, or for
-    weights that require grad.
+    them). A head tied to the embedding gets its own copy, so the embedding output, the residual
+    stream's start, stays float32; with ``shared`` False a weight shared with another module is
+    left as it is instead (a tied head keeps its tie, and its cast per region). Nothing changes
+    for a model without a compute dtype, or for weights that require grad.
 
     Returns:
-        How many weights were converted.
+        The names (``model.named_modules()``) of the layers whose weight was converted.
     """
     dtype = compute_dtype(model)
     if dtype is None:
-        return 0
-    converted = 0
-    for module in model.modules():
+        return []
+    uses: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        uses[id(param)] = uses.get(id(param), 0) + 1
+    converted = []
+    for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
         if (
             isinstance(module, torch.nn.Linear)
@@ -192,9 +199,10 @@ def store_frozen_linears_in_compute_dtype(model: torch.nn.Module) -> int:
             and not weight.requires_grad
             and weight.dtype == torch.float32
             and not getattr(module, "keeps_float32", False)  # cast_lm_head_to_fp32's head
+            and (shared or uses.get(id(weight), 1) == 1)
         ):
             module.weight = torch.nn.Parameter(weight.detach().to(dtype), requires_grad=False)
-            converted += 1
+            converted.append(name)
     return converted
 
 

@@ -2,7 +2,7 @@
 
 Each prompt is encoded once (a left-padded prefill of the P prompts); the cache is then repeated
 n times per prompt, so a group shares its prompt's encoding. Each step runs one forward of a
-single token for all live sequences (see grpokit.rollout.decoders for the two decoders), and
+single token for all live sequences (see grpokit.native.decoders for the two decoders), and
 finished sequences leave the batch: their cache rows are dropped once a quarter of the rows have
 finished (:data:`COMPACT_WHEN_DONE`), so late steps cost only what is still generating without
 copying the cache every time one sequence ends.
@@ -18,6 +18,20 @@ import torch
 
 from grpokit.models.compat import eval_mode
 from grpokit.models.onednn import CpuMatmul, compute_dtype
+from grpokit.native.decoders import (
+    Decoder,
+    HFDecoder,
+    PackCache,
+    Packing,
+    StaticLlamaDecoder,
+    static_decoder_unsupported,
+)
+from grpokit.native.graphs import GraphedSteps
+from grpokit.native.heuristics import (
+    blocked_products_pay,
+    merged_lora_fits,
+    unmerged_lora_pays,
+)
 from grpokit.rollout.base import (
     EngineCapabilities,
     FinishReason,
@@ -26,18 +40,6 @@ from grpokit.rollout.base import (
     SamplingParams,
     check_generate_args,
 )
-from grpokit.rollout.decoders import (
-    Decoder,
-    HFDecoder,
-    PackCache,
-    Packing,
-    StaticLlamaDecoder,
-    merged_lora_fits,
-    static_decoder_unsupported,
-    unmerged_lora_pays,
-)
-from grpokit.rollout.fused import blocked_products_pay
-from grpokit.rollout.graphs import GraphedSteps
 from grpokit.rollout.sampling import sample_next_tokens, token_logprobs
 
 COMPACT_WHEN_DONE = 4
@@ -93,7 +95,7 @@ def free_device_bytes(model: torch.nn.Module) -> int | None:
 def lora_merged(model: torch.nn.Module) -> Iterator[None]:
     """Decode with a peft model's LoRA adapter merged into its base weights, then undo the merge:
     for transformers' own forward (the static Llama decoder merges into its own copy instead,
-    and a sync to vLLM merges layer by layer as it sends, grpokit.rollout.decoders.merged_weight).
+    and a sync to vLLM merges layer by layer as it sends, grpokit.native.decoders.merged_weight).
 
     An unmerged adapter adds two small matmuls and their Python dispatch to every adapted linear
     layer at every decoding step; merged, each layer is one plain matmul. Measured with
@@ -142,20 +144,20 @@ class TorchEngine(RolloutEngine):
         cpu_matmul: "torch" keeps the static decoder from packing weights; "onednn" prepacks
             them for oneDNN (see grpokit.models.onednn); "auto" does too, but decodes float32
             with grpokit's blocked product where it pays
-            (grpokit.rollout.fused.blocked_products_pay).
+            (grpokit.native.heuristics.blocked_products_pay).
         compute_dtype: the dtype to decode in; None takes the model's mark (bfloat16 for a
             policy loaded with ``model.dtype: auto`` on a CPU that has it, see
             grpokit.models.onednn.compute_dtype), else its weights' dtype. Sampling and the
             returned log-probs are float32 either way.
         fused_kernels: let the static decoder's step use the fused CPU kernels of
-            grpokit.rollout.fused where they build; False keeps its eager operations (the
+            grpokit.native.fused where they build; False keeps its eager operations (the
             benchmark's comparison; ``GRPOKIT_FUSED_DECODE=0`` does the same process-wide).
         reference_logprobs: for a LoRA policy whose reference model is its base, score the
             sampled tokens under the reference model too, as the static decoder decodes
             (see its ``reference``), into :attr:`RolloutBatch.ref_logprobs`; a rollout through
             transformers' forward leaves them None.
         cuda_graphs: let the static decoder's steps be captured once per rollout as a CUDA
-            graph and replayed (grpokit.rollout.graphs) where it decodes on a CUDA device; on
+            graph and replayed (grpokit.native.graphs) where it decodes on a CUDA device; on
             the CPU the same fixed-shape step runs uncaptured. Finished rows then stay in the
             batch to the end (their tokens unrecorded), since a graph's shapes are fixed. Off
             by default until whole rollouts are measured on a GPU (bench/gpu_check.sh).

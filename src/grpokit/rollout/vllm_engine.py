@@ -41,6 +41,7 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.models.compat import adapter_in_effect
+from grpokit.native.decoders import merged_weight
 from grpokit.rollout.base import (
     FinishReason,
     RolloutBatch,
@@ -48,7 +49,6 @@ from grpokit.rollout.base import (
     SamplingParams,
     check_generate_args,
 )
-from grpokit.rollout.decoders import merged_weight
 from grpokit.rollout.vllm_server import ServerClient, sync_dir, write_weights
 
 VLLMMode = Literal["colocate", "server"]
@@ -238,7 +238,7 @@ def dense_weights(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(vLLM name, tensor) for every weight of the dense model: with ``merge_lora``, an adapted
     layer's weight with its LoRA adapters merged in, each made as it is consumed
-    (grpokit.rollout.decoders.merged_weight), so that a sync holds one merged layer at a time
+    (grpokit.native.decoders.merged_weight), so that a sync holds one merged layer at a time
     and never changes the policy's weights; without, the base weights as they are."""
     adapted: dict[str, torch.nn.Module] = {}
     if merge_lora:

@@ -27,8 +27,8 @@ from grpokit.models.loading import Policy, model_context
 from grpokit.models.onednn import store_frozen_linears_in_compute_dtype
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, TensorBoardSink
 from grpokit.monitor.trackers import ReportBuilder, tracker_sinks
+from grpokit.native.heuristics import reference_rows_pay
 from grpokit.rollout.base import RolloutEngine
-from grpokit.rollout.decoders import reference_rows_pay
 from grpokit.sampling import load_model_policy, torch_engine
 from grpokit.train.distributed import DistContext, broadcast_parameters, shard_slice
 from grpokit.train.fsdp import GatheredEngine, shard_policy
@@ -71,9 +71,12 @@ def build_policy(
         for model in (policy.model, policy.reference):
             if model is not None:
                 cast_lm_head_to_fp32(model)
-    if policy.reference is not None and not sharded:
-        # Under FSDP the reference is sharded like the policy, whose units need one dtype.
-        store_frozen_linears_in_compute_dtype(policy.reference)
+    if not sharded:
+        # Under FSDP the reference and LoRA's base are sharded with the trained weights, and
+        # FSDP's units need one dtype.
+        if policy.reference is not None:
+            store_frozen_linears_in_compute_dtype(policy.reference)
+        policy.narrow_frozen_base()
     if sharded:
         fc = cfg.training.fsdp_config
         shard_policy(

@@ -1,7 +1,7 @@
 """grpokit's C++ CPU kernels (the ``kernels`` directory), compiled for this machine on first use.
 
 Each source file is one library of torch operators: ``decode.cpp`` the static decoder's step
-(grpokit.rollout.fused), ``logits.cpp`` the log-softmax statistics of the training loss
+(grpokit.native.fused), ``logits.cpp`` the log-softmax statistics of the training loss
 (grpokit.core.logprobs). They are compiled with the machine's C++ compiler against the installed
 torch (about 15 s each) and cached under ``$GRPOKIT_CACHE/kernels`` (default
 ``~/.cache/grpokit``), keyed by the source and the headers it shares, torch's version and the

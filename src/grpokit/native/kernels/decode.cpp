@@ -1,9 +1,9 @@
-// Fused CPU kernels for one decoding step of a Llama-family layer (see grpokit/rollout/fused.py).
+// Fused CPU kernels for one decoding step of a Llama-family layer (see grpokit/native/fused.py).
 //
 // Each replaces a run of small eager operations that, at the batch sizes of a rollout, cost more
 // in dispatch and in intermediate tensors than in arithmetic; what is between the linear layers
 // is here, and (blocked_linear) the float32 products themselves where they are faster than
-// oneDNN's (grpokit/rollout/fused.py says where). Every kernel rounds where the eager decoder
+// oneDNN's (grpokit/native/heuristics.py says where). Every kernel rounds where the eager decoder
 // (and the training forward under autocast) rounds, so the compute dtype T (float or bfloat16)
 // is rounded to at the same points; the residual stream, norms, rotary embedding and softmax
 // are float32.

@@ -9,24 +9,25 @@
   layer a cache update that re-concatenates the cache, mask construction and module dispatch,
   which on a small model cost a large share of the step (bench/rollout.py compares the engine
   with transformers' generate and with the bare decode). Its step computes what lies between
-  the linear layers with the fused C++ kernels of grpokit.rollout.fused where they are built,
+  the linear layers with the fused C++ kernels of grpokit.native.fused where they are built,
   four calls per layer instead of about forty eager operations.
 - :class:`HFDecoder`, transformers' own forward with a ``DynamicCache``: every other architecture.
 
 Both are built per rollout, after a sharded model is gathered; the static decoder also packs
 float32 CPU weights then: prepacked for oneDNN (grpokit.models.onednn), which more than halves a
 decoding step against PyTorch's own product, or, on CPUs with AVX2 and no AVX-512, into the blocked
-layout of grpokit's own float32 product, faster there again (grpokit.rollout.fused.BlockedLinear).
-Frozen weights, LoRA's base, are packed once and kept (:class:`PackCache`). For a short
-rollout it computes a LoRA adapter beside the base product, unmerged, as peft's forward does; for
-a long one it merges the adapter into a copy of the weights it packs (:func:`unmerged_lora_pays`;
-the transformers forward decodes with the adapter merged into the weights in place, then
-restored), where that copy fits the device's free memory (:func:`merged_lora_fits`). With the
-adapter unmerged it can also decode the reference model, the base alone, on rows of its own
-beside the policy's (its ``reference``): the trainer then needs no reference forward before the
-update. On a GPU, where a step costs what the host spends launching its kernels, its
-:meth:`~StaticLlamaDecoder.fixed_step` keeps every shape and buffer the same from token to token,
-so that a rollout's steps can be replayed from one CUDA graph (grpokit.rollout.graphs).
+layout of grpokit's own float32 product, faster there again (grpokit.native.fused.BlockedLinear).
+Frozen weights, LoRA's base, are packed once and kept (:class:`PackCache`). For a short rollout it
+computes a LoRA adapter beside the base product, unmerged, as peft's forward does; for a long one
+it merges the adapter into a copy of the weights it packs
+(:func:`grpokit.native.heuristics.unmerged_lora_pays`; the transformers forward decodes with the
+adapter merged into the weights in place, then restored), where that copy fits the device's free
+memory (:func:`~grpokit.native.heuristics.merged_lora_fits`). With the adapter unmerged it can also
+decode the reference model, the base alone, on rows of its own beside the policy's (its
+``reference``): the trainer then needs no reference forward before the update. On a GPU, where a
+step costs what the host spends launching its kernels, its :meth:`~StaticLlamaDecoder.fixed_step`
+keeps every shape and buffer the same from token to token, so that a rollout's steps can be
+replayed from one CUDA graph (grpokit.native.graphs).
 
 Both decode in a model's compute dtype (grpokit.models.onednn.compute_dtype) as its training
 forward computes under autocast: with bfloat16, the static decoder packs a bfloat16 copy of the
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
@@ -51,7 +53,7 @@ from grpokit.models.compat import (
     new_cache,
 )
 from grpokit.models.onednn import PackedLinear
-from grpokit.rollout.fused import BlockedLinear, decode_kernels
+from grpokit.native.fused import BlockedLinear, decode_kernels
 
 LLAMA_FAMILY = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 """``config.model_type`` values whose decoder layers are pre-norm attention + gated MLP with
@@ -148,7 +150,7 @@ def _merges_out_of_place(module: torch.nn.Module) -> bool:
     )
 
 
-def _base_layer(module: torch.nn.Module) -> Any:
+def base_layer(module: torch.nn.Module) -> Any:
     """The plain linear layer behind a projection (a peft layer's base layer, else itself)."""
     get_base = getattr(module, "get_base_layer", None)
     return get_base() if callable(get_base) else module
@@ -160,7 +162,7 @@ def merged_weight(module: torch.nn.Module) -> torch.Tensor:
     changed, so neither a rollout nor a sync to vLLM needs a saved copy of them and a copy back.
     Each delta is added in the wider of the two dtypes and rounded once to the weight's, as
     peft's in-place merge rounds."""
-    base = _base_layer(module)
+    base = base_layer(module)
     weight: torch.Tensor = base.weight.detach()
     if not adapter_in_effect(module):
         return weight
@@ -175,7 +177,7 @@ def merged_weight(module: torch.nn.Module) -> torch.Tensor:
 Packing = Literal["none", "onednn", "blocked"]
 """How the static decoder copies float32 CPU linear weights for its products: "onednn" prepacks
 them for oneDNN (grpokit.models.onednn.PackedLinear); "blocked" copies them into the blocked
-layout of grpokit's own float32 product (grpokit.rollout.fused.BlockedLinear) where the decoder
+layout of grpokit's own float32 product (grpokit.native.fused.BlockedLinear) where the decoder
 computes in float32, and prepacks for oneDNN in bfloat16; "none" uses the layers as they are."""
 
 Packed = PackedLinear | BlockedLinear
@@ -202,53 +204,6 @@ def _linear(
         return partial(torch.nn.functional.linear, weight=weight.detach().to(dtype), bias=cast)
     result: Callable[[torch.Tensor], torch.Tensor] = base
     return result
-
-
-def unmerged_lora_pays(max_new_tokens: int, rows: int) -> bool:
-    """Whether decoding ``rows`` rows of up to ``max_new_tokens`` tokens is faster with a LoRA
-    adapter computed beside its frozen base (packed once for the run; a cost per step that grows
-    with the rows) than merged into a freshly packed copy of the weights (a cost per rollout).
-
-    Measured on the embedded model (r 16 on every linear layer, bfloat16, 1 thread, Intel AMX):
-    merging and packing take 0.3 s a rollout; the adapter unmerged adds 4.1 ms to a step of 4
-    rows and 8.8 ms to one of 32 (break-even at 73 and 33 tokens). This rule picks unmerged up to
-    64 tokens at 4 rows, 48 at 8 and 19 at 32: on the safe side of both measurements.
-    """
-    return max_new_tokens * (1 + rows / 8) <= 96
-
-
-def merged_lora_fits(model: torch.nn.Module, free_bytes: int | None) -> bool:
-    """Whether a rollout may merge the LoRA adapters into a copy of the weights they adapt (the
-    other side of :func:`unmerged_lora_pays`) with ``free_bytes`` of the device's memory free:
-    the copy may take at most half of it, leaving the rest to the KV cache and the steps. None
-    (a CPU, whose memory :func:`unmerged_lora_pays`'s measurements ran in): always.
-
-    LoRA is picked to save memory: merged, the rollout of a 7B model in bfloat16 would hold 14 GB
-    of copied weights beside the 14 GB of the model, where peft's own forward (TRL's rollout)
-    holds none; unmerged, the adapters cost a few small products a step instead."""
-    if free_bytes is None:
-        return True
-    copied = 0
-    for module in model.modules():
-        if adapter_in_effect(module):
-            weight = _base_layer(module).weight
-            copied += weight.numel() * weight.element_size()
-    return 2 * copied <= free_bytes
-
-
-def reference_rows_pay(rows: int) -> bool:
-    """Whether a rollout of ``rows`` sequences (all processes' share of one generation round on
-    this one) is faster with the reference model decoded beside the policy (the static decoder's
-    ``reference``) than with a reference forward in the update.
-
-    The reference rows double the rows of each decoding step; at a few rows a step mostly reads
-    the weights, so they cost less than the forward they save, which grows with the tokens.
-    Measured on the embedded model (LoRA r 16 on every linear layer, float32, 1 thread, an AMD
-    EPYC with AVX2, 64 tokens, two trainers taking turns on the same prompts): a step took
-    0.955x (0.78-1.14, 14 steps) at 4 rows, 0.98x (0.77-1.13, 14 steps) at 8, 1.02x
-    (0.88-1.14, 4 steps) at 16, where doubling the rows doubles a step's products.
-    """
-    return rows <= 8
 
 
 class PackCache:
@@ -411,7 +366,7 @@ class _Projections:
     calls fewer per step on the embedded model's 30 layers; at batch 8 a call costs more in
     dispatch than the bandwidth of the smaller weights). Plain LoRA adapters add their share
     after the base product (:class:`_LoraDelta`), or with ``merge_lora`` are merged into a copy
-    of the weights (see :func:`unmerged_lora_pays`)."""
+    of the weights (see grpokit.native.heuristics)."""
 
     def __init__(
         self,
@@ -421,7 +376,7 @@ class _Projections:
         cache: PackCache | None = None,
         merge_lora: bool = False,
     ) -> None:
-        bases = [_base_layer(m) for m in modules]
+        bases = [base_layer(m) for m in modules]
         self.sizes = [int(b.weight.shape[0]) for b in bases]
         merge = merge_lora and any(adapter_in_effect(m) for m in modules)
         # A merged copy is new every rollout: nothing to keep.
@@ -454,6 +409,38 @@ class _Projections:
     def split(self, x: torch.Tensor) -> list[torch.Tensor]:
         """x (..., in) -> one (..., out_i) per layer (views of one result)."""
         return list(torch.split(self(x), self.sizes, dim=-1))
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaLayer:
+    """One decoder layer of a Llama-family model as :class:`StaticLlamaDecoder` computes it:
+    pre-norm attention, then a pre-norm gated MLP, each added to the residual stream. The norms
+    and the activation are the model's own modules (transformers' RMSNorm: ``weight`` and
+    ``variance_epsilon``); the projections are the decoder's copies of its linear layers."""
+
+    input_norm: Any
+    """RMSNorm before attention (``input_layernorm``)."""
+    qkv: _Projections
+    """The query, key and value projections, as one product."""
+    o_proj: _Projections
+    """Attention's output projection."""
+    q_norm: Any
+    """RMSNorm of each head's query before the rotary embedding (Qwen3); None elsewhere."""
+    k_norm: Any
+    """The same of each head's key (Qwen3); None where ``q_norm`` is."""
+    post_norm: Any
+    """RMSNorm before the MLP (``post_attention_layernorm``)."""
+    gate_up: _Projections
+    """The MLP's gate and up projections, as one product."""
+    down: _Projections
+    """The MLP's down projection."""
+    act: Any
+    """The MLP's activation of the gate (``mlp.act_fn``)."""
+
+    @property
+    def projections(self) -> tuple[_Projections, ...]:
+        """The layer's linear layers, in the order they compute."""
+        return (self.qkv, self.o_proj, self.gate_up, self.down)
 
 
 def static_decoder_unsupported(model: torch.nn.Module, total_length: int) -> str | None:
@@ -497,12 +484,12 @@ class StaticLlamaDecoder:
         dtype: the linear layers' and the KV cache's dtype (None: the weights' own); bfloat16
             with float32 weights computes as the training forward does under CPU autocast.
         fused: compute a step's operations between the linear layers with the fused CPU kernels
-            of grpokit.rollout.fused where they apply (see :meth:`fusable`); False keeps the
+            of grpokit.native.fused where they apply (see :meth:`fusable`); False keeps the
             eager operations. The prefill is eager either way (LoRA's shares aside).
         pack_cache: where packed copies of frozen weights are kept between decoders (the
             engine's own); None packs everything afresh.
         merge_lora: merge a plain LoRA adapter into a copy of the weights it packs, instead of
-            computing it beside the base products (see :func:`unmerged_lora_pays`).
+            computing it beside the base products (see grpokit.native.heuristics).
         reference: also decode the reference model of a LoRA policy, its base weights with the
             adapter off, on rows of its own that take the policy's tokens: each call's logits
             are then the policy's, and :attr:`reference_logits` the reference model's at the
@@ -535,17 +522,17 @@ class StaticLlamaDecoder:
             _Projections, pack=pack, dtype=self.dtype, cache=pack_cache, merge_lora=merge_lora
         )
         self.lm_head = projections([inner.lm_head])
-        self.layers: list[tuple[Any, ...]] = [
-            (
-                layer.input_layernorm,
-                projections([getattr(layer.self_attn, f"{p}_proj") for p in ("q", "k", "v")]),
-                projections([layer.self_attn.o_proj]),
-                getattr(layer.self_attn, "q_norm", None),
-                getattr(layer.self_attn, "k_norm", None),
-                layer.post_attention_layernorm,
-                projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
-                projections([layer.mlp.down_proj]),
-                layer.mlp.act_fn,
+        self.layers: list[LlamaLayer] = [
+            LlamaLayer(
+                input_norm=layer.input_layernorm,
+                qkv=projections([getattr(layer.self_attn, f"{p}_proj") for p in ("q", "k", "v")]),
+                o_proj=projections([layer.self_attn.o_proj]),
+                q_norm=getattr(layer.self_attn, "q_norm", None),
+                k_norm=getattr(layer.self_attn, "k_norm", None),
+                post_norm=layer.post_attention_layernorm,
+                gate_up=projections([layer.mlp.gate_proj, layer.mlp.up_proj]),
+                down=projections([layer.mlp.down_proj]),
+                act=layer.mlp.act_fn,
             )
             for layer in body.layers
         ]
@@ -569,17 +556,19 @@ class StaticLlamaDecoder:
         self.reference_logits: torch.Tensor | None = None
         self._adapters: list[_LoraDelta] = []
         # The LoRA shares follow the step's choice: one kernel call each, or eager operations.
-        for part in (self.lm_head, *(part for layer in self.layers for part in layer)):
-            if isinstance(part, _Projections):
-                part.lora.kernels = self.kernels
-                self._adapters.append(part.lora)
+        for part in (self.lm_head, *(part for layer in self.layers for part in layer.projections)):
+            part.lora.kernels = self.kernels
+            self._adapters.append(part.lora)
 
     def fusable(self) -> bool:
         """Whether the fused kernels compute this model's step: on CPU, with a float32 residual
         stream and norm weights (the kernels' layout), a compute dtype of float32 or bfloat16,
         and the SiLU-gated MLP."""
         norms = [self.final_norm] + [
-            n for layer in self.layers for n in (layer[0], layer[3], layer[4], layer[5]) if n
+            n
+            for layer in self.layers
+            for n in (layer.input_norm, layer.q_norm, layer.k_norm, layer.post_norm)
+            if n
         ]
         return (
             self.embed.weight.device.type == "cpu"
@@ -630,14 +619,12 @@ class StaticLlamaDecoder:
         # embedded model doubled the largest log-prob difference to the training forward.
         cos, sin = cos[:, None], sin[:, None]
         end = self.column + s
-        for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, act) in enumerate(
-            self.layers
-        ):
-            q, k, v = qkv.split(self._rms_norm(norm1, hidden))
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv.split(self._rms_norm(layer.input_norm, hidden))
             q = q.view(rows, s, self.n_heads, self.head_dim)
             k = k.view(rows, s, self.n_kv, self.head_dim)
-            if q_norm is not None:  # Qwen3 normalises each head's query and key
-                q, k = q_norm(q), k_norm(k)
+            if layer.q_norm is not None:  # Qwen3 normalises each head's query and key
+                q, k = layer.q_norm(q), layer.k_norm(k)
             q = self._rotate(q.transpose(1, 2), cos, sin).to(self.dtype)
             k = self._rotate(k.transpose(1, 2), cos, sin)
             k, v = k.transpose(-1, -2), v.view(rows, s, self.n_kv, self.head_dim).transpose(1, 2)
@@ -648,9 +635,9 @@ class StaticLlamaDecoder:
                 self.keys[i].index_copy_(3, column, k.to(self.dtype))
                 self.values[i].index_copy_(2, column, v.to(self.dtype))
             out = attend(i, q).transpose(1, 2).reshape(rows, s, self.n_heads * self.head_dim)
-            hidden = hidden + o_p(out)
-            gate, up = gate_up.split(self._rms_norm(norm2, hidden))
-            hidden = hidden + down(act(gate) * up)
+            hidden = hidden + layer.o_proj(out)
+            gate, up = layer.gate_up.split(self._rms_norm(layer.post_norm, hidden))
+            hidden = hidden + layer.down(layer.act(gate) * up)
         if column is None:
             self.column = end
         return hidden
@@ -766,7 +753,7 @@ class StaticLlamaDecoder:
     def fixed_step(self, token: torch.Tensor) -> torch.Tensor:
         """:meth:`step` in eager operations whose shapes and buffers stay the same from one
         token to the next, so that one capture as a CUDA graph replays every step of a rollout
-        (grpokit.rollout.graphs): the new keys and values go to the column that
+        (grpokit.native.graphs): the new keys and values go to the column that
         :attr:`column_index` holds, attention reads the cache's whole width with the columns
         not yet written masked out, and the column and :attr:`next_position` advance in place.
         :attr:`column` (the Python count) is the caller's to advance. Rows cannot be dropped
@@ -793,10 +780,12 @@ class StaticLlamaDecoder:
         cos, sin = self._rotary(hidden, self.next_position[:, None])  # (rows, 1, d)
         upto = self.column + 1
         pending: torch.Tensor | None = None  # the last layer's output, added before its norm
-        for i, (norm1, qkv, o_p, q_norm, k_norm, norm2, gate_up, down, _) in enumerate(self.layers):
+        for i, layer in enumerate(self.layers):
+            norm1, norm2 = layer.input_norm, layer.post_norm
+            q_norm, k_norm = layer.q_norm, layer.k_norm
             x = kernels.add_rms_norm(hidden, pending, norm1.weight, norm1.variance_epsilon, bf16)
             q = kernels.rope_cache(
-                qkv(x),
+                layer.qkv(x),
                 cos,
                 sin,
                 self.keys[i],
@@ -811,9 +800,9 @@ class StaticLlamaDecoder:
                 q, self.keys[i], self.values[i], self.pad_bias, upto, self.scaling
             )
             x = kernels.add_rms_norm(
-                hidden, o_p(attended), norm2.weight, norm2.variance_epsilon, bf16
+                hidden, layer.o_proj(attended), norm2.weight, norm2.variance_epsilon, bf16
             )
-            pending = down(kernels.silu_mul(gate_up(x)))
+            pending = layer.down(kernels.silu_mul(layer.gate_up(x)))
         self.column = upto
         self.next_position = self.next_position + 1
         norm = self.final_norm

@@ -1,4 +1,4 @@
-"""Fused CPU kernels for the static decoder's step (grpokit/kernels/decode.cpp).
+"""Fused CPU kernels for the static decoder's step (grpokit/native/kernels/decode.cpp).
 
 A decoding step at the batch sizes of a rollout is, besides the linear layers, about 40 small
 eager operations per layer (norms, rotary embedding, cache writes, attention over the cache, the
@@ -7,9 +7,9 @@ and intermediate tensors (bench/RESULTS.md). Four kernels here do the same arith
 calls per layer, rounding to the compute dtype where the eager code rounds; a fifth adds a LoRA
 adapter's share to a projection (one call where the eager code makes two products per adapter,
 a scaling and a sum); a sixth computes the float32 linear layers themselves where that is faster
-than oneDNN (:class:`BlockedLinear`, :func:`blocked_products_pay`).
+than oneDNN (:class:`BlockedLinear`; where: grpokit.native.heuristics).
 
-They are built for this machine on first use (grpokit.native). With no compiler, or a failed
+They are built for this machine on first use (grpokit.native.build). With no compiler, or a failed
 build, the decoder keeps its eager step and says why once; ``GRPOKIT_FUSED_DECODE=0`` keeps it
 too (for comparisons).
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from grpokit import native
+from grpokit.native.build import load
 
 
 @functools.cache
@@ -29,18 +29,7 @@ def decode_kernels() -> Any | None:
     """``torch.ops.grpokit_decode`` (add_rms_norm, rope_cache, decode_attention, silu_mul,
     lora_add, blocked_linear), built and loaded on first call; None where they cannot be
     (logged once) or are switched off."""
-    return native.load(
-        "decode", "grpokit_decode", "GRPOKIT_FUSED_DECODE", "decoding with eager ops"
-    )
-
-
-def blocked_products_pay() -> bool:
-    """Whether ``model.cpu_matmul: auto`` decodes float32 linear layers with :class:`BlockedLinear`
-    here rather than with oneDNN's prepacked products: on CPUs with AVX2 and no AVX-512, where it
-    was measured (an AMD EPYC of the Zen 3 generation, one thread: 1.2-1.7x oneDNN's speed over a
-    decoding step's products of the embedded model at 1-8 rows, 1.16-1.31x at 32-256); CPUs with
-    AVX-512 keep oneDNN, which was not compared there. Needs the kernels built."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX2" and decode_kernels() is not None
+    return load("decode", "grpokit_decode", "GRPOKIT_FUSED_DECODE", "decoding with eager ops")
 
 
 BLOCK = 16

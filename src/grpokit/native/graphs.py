@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from grpokit.rollout.decoders import StaticLlamaDecoder
+from grpokit.native.decoders import StaticLlamaDecoder
 
 
 class GraphedSteps:

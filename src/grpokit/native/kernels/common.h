@@ -1,4 +1,4 @@
-// What the kernels of this directory share (see grpokit/native.py): bfloat16 as raw bits,
+// What the kernels of this directory share (see grpokit/native/build.py): bfloat16 as raw bits,
 // its widening and rounding, 16-lane AVX-512 loads, and a vectorisable exp.
 
 #pragma once
