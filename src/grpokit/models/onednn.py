@@ -339,7 +339,7 @@ class PackedLinear:
     The packed copy is a snapshot: build it again after the weight changes.
 
     Args:
-        weight: (out, in) float32 on CPU; bias: (out,) or None.
+        weight: (out, in) float32 (or bfloat16) on CPU; bias: (out,) or None.
         dtype: the packed copy's dtype (float32, or bfloat16 where :func:`cpu_bf16_native`);
             inputs must have it, and outputs have it.
     """
@@ -361,13 +361,18 @@ class PackedLinear:
 
     @staticmethod
     def applies(module: torch.nn.Module) -> bool:
-        """Whether ``module`` is a plain float32 CPU linear layer that can be packed."""
+        """Whether ``module`` is a plain CPU linear layer that can be packed: float32 weights,
+        or bfloat16 ones where the CPU multiplies bfloat16 natively (LoRA's frozen base stored
+        in the compute dtype, grpokit.models.loading.Policy.narrow_frozen_base)."""
         weight = getattr(module, "weight", None)
         return (
             isinstance(module, torch.nn.Linear)
             and isinstance(weight, torch.Tensor)
             and weight.device.type == "cpu"
-            and weight.dtype == torch.float32
+            and (
+                weight.dtype == torch.float32
+                or (weight.dtype == torch.bfloat16 and cpu_bf16_native())
+            )
             and not hasattr(weight, "device_mesh")  # a sharded (DTensor) weight: not gathered
             and onednn_available()
         )
