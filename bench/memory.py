@@ -23,10 +23,10 @@ the hidden size, in float32 and bfloat16; of the head size), each storage counte
     python bench/memory.py --smoke                       # tiny model, default and both (tests)
 
 A real model instead (its end tokens suppressed in a copy, bench/.fixed-length, so that greedy
-completions run to L), with LoRA r 16 and 4 completions as ``train_step.py`` measures it:
+completions run to L), with LoRA r 16 and 4 completions as ``train_step.py`` measures it (add
+``--lengths 256 --settings default --threads 2`` for its 0.5B figure):
 
-    python bench/memory.py --model qwen2.5-coder-0.5b-instruct --lora --num-generations 4 \
-        --lengths 256 --settings default --threads 2
+    python bench/memory.py --model qwen2.5-coder-0.5b-instruct --lora --num-generations 4
 
 Prints per setting the phase peaks and the kept tensors, then each setting's peak against the
 default's last.
@@ -80,7 +80,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the last is reported)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--model", help="a model name or directory (default: the random 128k model)")
-    ap.add_argument("--lora", action="store_true", help="LoRA r 16 (train_step.py's) for full")
+    ap.add_argument(
+        "--lora",
+        action="store_true",
+        help="LoRA r 16 as train_step.py sets it, not full fine-tuning",
+    )
     ap.add_argument("--num-generations", type=int, default=8, help="completions of the one prompt")
     ap.add_argument("--child", choices=list(MEMORY_SETTINGS), help=argparse.SUPPRESS)
     ap.add_argument("--model-path", help=argparse.SUPPRESS)

@@ -71,13 +71,9 @@ def build_policy(
         for model in (policy.model, policy.reference):
             if model is not None:
                 cast_lm_head_to_fp32(model)
-    if not sharded:
-        # Under FSDP the reference and LoRA's base are sharded with the trained weights, and
-        # FSDP's units need one dtype.
-        if policy.reference is not None:
-            store_frozen_linears_in_compute_dtype(policy.reference)
-        policy.narrow_frozen_base()
     if sharded:
+        # The frozen weights stay float32 here: the reference and LoRA's base are sharded with
+        # the trained weights, and FSDP's units need one dtype.
         fc = cfg.training.fsdp_config
         shard_policy(
             policy,
@@ -87,6 +83,10 @@ def build_policy(
             cpu_offload=fc.cpu_offload,
             layer_classes=fc.transformer_layer_cls_to_wrap,
         )
+    else:
+        if policy.reference is not None:
+            store_frozen_linears_in_compute_dtype(policy.reference)
+        policy.narrow_frozen_base()
     return policy
 
 
