@@ -89,16 +89,24 @@ def test_a_real_model_from_preflight_to_a_faithful_export(
     assert (tmp_path / "eval" / "eval.json").is_file(), out[-2000:]
 
     # Exports answer as the checkpoint: HF in transformers, f32 GGUF in llama.cpp.
-    for fmt, target, kind in (
-        ("hf", tmp_path / "hf", []),
-        ("gguf", tmp_path / "model.gguf", ["--outtype", "f32"]),
-    ):
+    for fmt, target, kind, stored_at in (
+        ("hf", tmp_path / "hf", [], tmp_path / "hf" / "grpokit_fidelity.json"),
+        ("gguf", tmp_path / "model.gguf", ["--outtype", "f32"],
+         tmp_path / "model.gguf.fidelity.json"),
+    ):  # fmt: skip
         out = grpokit("export", str(tmp_path / "grpo"), "--format", fmt, "--out", str(target),
                       *kind, "--check", "2", cwd=task)  # fmt: skip
-        assert "fidelity: 2 of 2 greedy completions identical" in out, out[-3000:]
         assert "prompt tokens identical in 2 of 2" in out, out[-3000:]
-    stored = json.loads((tmp_path / "model.gguf.fidelity.json").read_text())
-    assert stored["identical"] == stored["n"] == 2 and stored["runtime"] == "llama.cpp"
+        stored = json.loads(stored_at.read_text())
+        assert stored["summary"] in out
+        # Identical, or parting only where the checkpoint itself held two tokens within 0.02
+        # nats (llama.cpp's float16 KV cache flips such ties: one 0.0001 apart, on a CI run).
+        assert stored["faithful"] == stored["n"] == 2, out[-3000:]
+        # The values behind the tokens: an f32 file's log-probs of the checkpoint's greedy
+        # tokens stayed within 0.004 of PyTorch's (measured: the float16 KV cache's rounding);
+        # 0.05 leaves room for another CPU's kernels; q8_0 moved them by 0.11, q4_k_m 0.55.
+        assert stored["logprob_gap"] < 0.05, stored
+    assert stored["runtime"] == "llama.cpp"
     template = (tmp_path / "hf" / "chat_template.jinja").read_text()
     trained = (tmp_path / "grpo" / "checkpoint-2" / "model" / "chat_template.jinja").read_text()
     assert template == trained

@@ -7,6 +7,14 @@ HF directory and llama.cpp for a GGUF. Each side encodes the prompt as its runti
 exported chat template and BOS), so a template or BOS that did not travel shows as different
 prompt tokens, and a quantisation that changes the answers shows as different completions. The
 result is printed as "k of n identical" and stored beside the export.
+
+Two runtimes round differently (llama.cpp keeps its KV cache in float16), so where the checkpoint
+itself barely prefers one token over another, an exact export can take the other and go on
+differently from there. Where two answers part, the check reads both models' logits at that
+token: a parting where the checkpoint held the two tokens within :data:`NEAR_TIE` of each other
+is counted as a near tie, not as a changed answer. Beside it stands a value comparison: the
+export's log-probabilities of the checkpoint's own greedy tokens, teacher-forced, against the
+checkpoint's (the largest gap).
 """
 
 from __future__ import annotations
@@ -32,6 +40,13 @@ FALLBACK_PROMPTS: tuple[str, ...] = (
 )
 """Prompts for a checkpoint without a run config to take held-out prompts from."""
 
+NEAR_TIE = 0.02
+"""Largest margin (nats) between the checkpoint's token and the export's, in the checkpoint's own
+logits, at which a parting counts as a near tie: the checkpoint preferred its token by less than
+2% in probability. Measured on Qwen2.5 0.5B exported to f32 GGUF: llama.cpp's float16 KV cache
+moves the log-probability of a greedy token by up to 0.004, so it can flip only ties closer than
+about 0.008 (the one it flipped was 0.0001 apart); q8_0 moved them by up to 0.11, q4_k_m 0.55."""
+
 SAFER_TYPES: dict[str, str] = {"q4_k_m": "q6_k", "q5_k_m": "q6_k", "q6_k": "q8_0", "q8_0": "f16"}
 """The next type up in precision, named when a quantisation changes what the checkpoint does."""
 
@@ -45,6 +60,24 @@ class Answer:
     export: str
     same_prompt_tokens: bool
     same_completion: bool
+    parts_at: int | None = None
+    """Index of the first completion token where the two differ (None where they do not)."""
+    checkpoint_margin: float | None = None
+    """At ``parts_at``: the checkpoint's logit of its own token minus its logit of the export's
+    (0 or more)."""
+    logprob_gap: float | None = None
+    """Largest |log p| difference between checkpoint and export over the checkpoint's greedy
+    tokens, both teacher-forced on the same prompt (None where the prompt tokens differ)."""
+
+    @property
+    def near_tie(self) -> bool:
+        """The answers part only where the checkpoint held both tokens within :data:`NEAR_TIE`."""
+        return (
+            not self.same_completion
+            and self.same_prompt_tokens
+            and self.checkpoint_margin is not None
+            and self.checkpoint_margin < NEAR_TIE
+        )
 
 
 @dataclass
@@ -63,15 +96,29 @@ class Fidelity:
     """Share of completions in the run's xml_format, ``checkpoint`` and ``export`` (where the run
     has that reward)."""
     warning: str | None = None
+    near_ties: int = 0
+    """Answers that part from the checkpoint's only at a near tie (see :attr:`Answer.near_tie`)."""
+    logprob_gap: float | None = None
+    """Largest :attr:`Answer.logprob_gap` over the answers."""
+
+    @property
+    def faithful(self) -> int:
+        """Answers identical to the checkpoint's or parting from them only at a near tie."""
+        return self.identical + self.near_ties
 
     @property
     def summary(self) -> str:
         tokens = sum(a.same_prompt_tokens for a in self.answers)
+        ties = ""
+        if self.near_ties:
+            ties = f", {self.near_ties} more parting from it only at a near tie"
         line = (
             f"fidelity: {self.identical} of {self.n} greedy completions identical to the "
-            f"checkpoint's ({self.runtime}, {self.outtype}, {self.max_new_tokens} new tokens); "
-            f"prompt tokens identical in {tokens} of {self.n}"
+            f"checkpoint's{ties} ({self.runtime}, {self.outtype}, {self.max_new_tokens} new "
+            f"tokens); prompt tokens identical in {tokens} of {self.n}"
         )
+        if self.logprob_gap is not None:
+            line += f"; its log-probs of the checkpoint's tokens within {self.logprob_gap:.2g}"
         if self.format_rate:
             line += (
                 f"; format kept in {self.format_rate['export']:.0%} "
@@ -105,11 +152,24 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
+def _completion_logits(model: Any, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """A PyTorch model's logits for each token of ``completion`` and the one after it, read
+    teacher-forced after ``prompt``: (len(completion) + 1, vocab), float64."""
+    with torch.no_grad():
+        logits: torch.Tensor = model(torch.tensor([prompt + completion])).logits
+    return logits[0, len(prompt) - 1 :].double()
+
+
 def _llama_cpp_side(
-    path: Path, texts: Sequence[str], max_new_tokens: int, context: int
-) -> list[tuple[list[int], list[int]]]:
-    """(prompt tokens, greedy completion) of each rendered prompt as llama.cpp's server has them:
-    its own tokenizer, its BOS rule, a leading BOS the template wrote taken as that BOS."""
+    path: Path,
+    texts: Sequence[str],
+    completions: Sequence[list[int]],
+    max_new_tokens: int,
+    context: int,
+) -> list[tuple[list[int], list[int], torch.Tensor]]:
+    """(prompt tokens, greedy completion, logits after the prompt along the checkpoint's
+    completion) of each rendered prompt as llama.cpp's server has them: its own tokenizer, its BOS
+    rule, a leading BOS the template wrote taken as that BOS."""
     from grpokit.models.gguf_runtime import GGUFModel, require_cyllama
 
     try:
@@ -119,12 +179,61 @@ def _llama_cpp_side(
     with GGUFModel(path, n_ctx=context, n_threads=max(1, torch.get_num_threads())) as llm:
         bos_text = llm.token_text(llm.token_bos)
         out = []
-        for text in texts:
+        for text, theirs in zip(texts, completions, strict=True):
             if llm.adds_bos and text.startswith(bos_text):
                 text = text[len(bos_text) :]
             prompt = llm.tokenize(text, add_bos=True, special=True)
-            out.append((prompt, llm.greedy(prompt, max_new_tokens, stop_at_end=True)))
+            greedy = llm.greedy(prompt, max_new_tokens, stop_at_end=True)
+            rows = llm.logits(prompt + theirs, first=len(prompt) - 1)
+            out.append((prompt, greedy, torch.tensor(rows, dtype=torch.float64)))
         return out
+
+
+def _compare(
+    prompt: Prompt,
+    ids: tuple[list[int], list[int]],
+    completions: tuple[list[int], list[int]],
+    logits: tuple[torch.Tensor, torch.Tensor],
+    decode: Callable[[list[int]], str],
+) -> Answer:
+    """One prompt's answers, checkpoint first then export in each pair: where they part, and by
+    how much the export's log-probs of the checkpoint's tokens differ (both teacher-forced).
+
+    ``logits``: each side's logits after the prompt along the checkpoint's completion,
+    (len(checkpoint completion) + 1, vocab)."""
+    mine, theirs = completions
+    answer = Answer(
+        prompt=prompt if isinstance(prompt, str) else prompt[-1]["content"],
+        checkpoint=decode(mine),
+        export=decode(theirs),
+        same_prompt_tokens=ids[0] == ids[1],
+        same_completion=mine == theirs,
+    )
+    if not answer.same_prompt_tokens:
+        return answer  # the two read different prompts: their logits are not comparable
+    ours, exported = logits
+    if ours.shape[-1] != exported.shape[-1]:  # a padded vocabulary: compare the shared part
+        vocab = min(ours.shape[-1], exported.shape[-1])
+        ours, exported = ours[:, :vocab], exported[:, :vocab]
+    target = torch.tensor(mine, dtype=torch.long)[:, None]
+    gaps = ours[:-1].log_softmax(-1).gather(1, target) - exported[:-1].log_softmax(-1).gather(
+        1, target
+    )
+    answer.logprob_gap = float(gaps.abs().max()) if len(mine) else 0.0
+    if not answer.same_completion:
+        # The first token where they differ; the prefix before it is the same on both sides, so
+        # both rows there are the two models' logits after the same tokens. Past the end of a
+        # completion, its side ended: its choice there is the row's top token (an end token).
+        at = next(
+            (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
+            min(len(mine), len(theirs)),
+        )
+        ours_row = ours[at]
+        a = mine[at] if at < len(mine) else int(ours_row.argmax())
+        b = theirs[at] if at < len(theirs) else int(exported[at].argmax())
+        answer.parts_at = at
+        answer.checkpoint_margin = max(0.0, float(ours_row[a] - ours_row[b]))
+    return answer
 
 
 def check_export(
@@ -157,10 +266,11 @@ def check_export(
     eos = _eos_ids(model, tok)
     ours = [encode_prompt(tok, p, system_prompt=system_prompt) for p in prompts]
     mine = [_greedy_torch(model, ids, eos, max_new_tokens) for ids in ours]
+    our_logits = [_completion_logits(model, ids, c) for ids, c in zip(ours, mine, strict=True)]
     if fmt == "gguf":
         texts = [render_prompt(tok, p, system_prompt=system_prompt) for p in prompts]
         context = max(len(ids) for ids in ours) + max_new_tokens + 8
-        theirs = _llama_cpp_side(exported, texts, max_new_tokens, context)
+        theirs = _llama_cpp_side(exported, texts, mine, max_new_tokens, context)
         runtime = "llama.cpp"
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,20 +280,18 @@ def check_export(
         their_model.eval()  # type: ignore[no-untyped-call]
         their_eos = _eos_ids(their_model, their_tok)
         theirs = []
-        for p in prompts:
+        for p, completion in zip(prompts, mine, strict=True):
             ids = encode_prompt(their_tok, p, system_prompt=system_prompt)
-            theirs.append((ids, _greedy_torch(their_model, ids, their_eos, max_new_tokens)))
+            greedy = _greedy_torch(their_model, ids, their_eos, max_new_tokens)
+            theirs.append((ids, greedy, _completion_logits(their_model, ids, completion)))
         runtime = "transformers"
     answers = [
-        Answer(
-            prompt=p if isinstance(p, str) else p[-1]["content"],
-            checkpoint=tok.decode(a),
-            export=tok.decode(b),
-            same_prompt_tokens=their_ids == our_ids,
-            same_completion=a == b,
+        _compare(p, (our_ids, their_ids), (a, b), (our_rows, their_rows), tok.decode)
+        for p, our_ids, a, our_rows, (their_ids, b, their_rows) in zip(
+            prompts, ours, mine, our_logits, theirs, strict=True
         )
-        for p, our_ids, a, (their_ids, b) in zip(prompts, ours, mine, theirs, strict=True)
     ]
+    gaps = [a.logprob_gap for a in answers if a.logprob_gap is not None]
     result = Fidelity(
         export=str(exported),
         runtime=runtime,
@@ -192,6 +300,8 @@ def check_export(
         identical=sum(a.same_completion and a.same_prompt_tokens for a in answers),
         n=len(answers),
         answers=answers,
+        near_ties=sum(a.near_tie for a in answers),
+        logprob_gap=max(gaps) if gaps else None,
     )
     if format_tags:
         rate = {
@@ -206,7 +316,10 @@ def check_export(
         if fmt == "gguf"
         else (exported / "grpokit_fidelity.json")
     )
-    write_json(store, asdict(result) | {"summary": result.summary})
+    record = asdict(result) | {"faithful": result.faithful, "summary": result.summary}
+    for row, answer in zip(record["answers"], answers, strict=True):
+        row["near_tie"] = answer.near_tie
+    write_json(store, record)
     if result.warning:
         log(f"warning: {result.warning}")
     return result
@@ -229,9 +342,9 @@ def _warning(result: Fidelity) -> str | None:
             f"{result.format_rate['export']:.0%} of greedy answers, the checkpoint in "
             f"{result.format_rate['checkpoint']:.0%}): export --quantize {safer} or finer"
         )
-    if result.identical < result.n and safer:
+    if result.faithful < result.n and safer:
         return (
-            f"{result.outtype} changes {result.n - result.identical} of {result.n} greedy "
+            f"{result.outtype} changes {result.n - result.faithful} of {result.n} greedy "
             f"answers of the checkpoint; if they matter, compare with grpokit eval or export "
             f"--quantize {safer}"
         )

@@ -203,22 +203,27 @@ class GGUFModel:
 
     # ---- running it -----------------------------------------------------------------------------
 
-    def _decode(self, tokens: Sequence[int], start: int, *, every_position: bool) -> None:
+    def _decode(self, tokens: Sequence[int], start: int, *, rows_from: int | None = None) -> None:
+        """Decode ``tokens`` at positions ``start``...; logits are kept for the last token and,
+        where ``rows_from`` is given, for every token from that index of ``tokens`` on."""
         if start + len(tokens) > self.n_ctx:
             raise UserError(
                 f"{self.path}: {start + len(tokens)} tokens do not fit the context of {self.n_ctx}"
             )
         batch = self._cy.LlamaBatch(n_tokens=max(1, len(tokens)), embd=0, n_seq_max=1)
+        last = len(tokens) - 1
         for i, token in enumerate(tokens):
-            batch.add(int(token), start + i, [0], every_position or i == len(tokens) - 1)
+            keep = i == last or (rows_from is not None and i >= rows_from)
+            batch.add(int(token), start + i, [0], keep)
         self._ctx.decode(batch)
 
-    def logits(self, ids: Sequence[int]) -> list[list[float]]:
-        """The logits after each of ``ids`` (one row per position, ``n_vocab`` long), read as one
-        prompt from an empty cache."""
+    def logits(self, ids: Sequence[int], *, first: int = 0) -> list[list[float]]:
+        """The logits after each of ``ids`` from index ``first`` on (one row per position,
+        ``n_vocab`` long), read as one prompt from an empty cache. A row is a vocabulary of
+        Python floats, so a caller that needs few rows asks only for those."""
         self._ctx.kv_cache_clear()
-        self._decode(ids, 0, every_position=True)
-        return [list(self._ctx.get_logits_ith(i)) for i in range(len(ids))]
+        self._decode(ids, 0, rows_from=first)
+        return [list(self._ctx.get_logits_ith(i)) for i in range(first, len(ids))]
 
     def greedy(self, ids: Sequence[int], n: int, *, stop_at_end: bool = False) -> list[int]:
         """Up to ``n`` tokens after the prompt ``ids``, each the most likely (the first on ties),
@@ -227,7 +232,7 @@ class GGUFModel:
         out: list[int] = []
         if n <= 0:
             return out
-        self._decode(ids, 0, every_position=False)
+        self._decode(ids, 0)
         while True:
             row = self._ctx.get_logits_ith(-1)
             token = int(row.index(max(row)))
@@ -236,7 +241,7 @@ class GGUFModel:
             out.append(token)
             if len(out) == n:
                 return out
-            self._decode([token], len(ids) + len(out) - 1, every_position=False)
+            self._decode([token], len(ids) + len(out) - 1)
 
     def close(self) -> None:
         for part in ("_ctx", "_model"):
