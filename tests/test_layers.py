@@ -147,7 +147,7 @@ def test_the_order_is_strict() -> None:
     top of their own package too."""
     assert _allowed("grpokit.train.setup", "grpokit.sampling.sampler")
     assert not _allowed("grpokit.train.setup", "grpokit.evaluate.report")
-    assert not _allowed("grpokit.train.sft_run", "grpokit.preflight.sampling")
+    assert not _allowed("grpokit.train.sft_run", "grpokit.preflight.inputs")
     assert not _allowed("grpokit.config.loading", "grpokit.sampling")
     assert not _allowed("grpokit.evaluate.generate", "grpokit.evaluate.generate_cli")
     assert not _allowed("grpokit.train.trainer", "grpokit.cli_options")

@@ -7,7 +7,7 @@ import math
 import torch
 
 from grpokit.core.truncation import kept_tokens, truncate_logits, truncated_log_softmax
-from grpokit.rollout.sampling import filter_top_k, filter_top_p
+from grpokit.rollout.next_token import filter_top_k, filter_top_p
 
 PROBS = [0.5, 0.3, 0.15, 0.05]
 

@@ -71,7 +71,7 @@ def kept_tokens(logits: Tensor, *, top_k: int, top_p: float) -> Tensor:
         # The candidates: the top-k set (ties included), or the TOP_P_CANDIDATES most likely.
         pool = int(keep.sum(dim=-1).max()) if k_on else min(vocab, TOP_P_CANDIDATES)
         values, order = torch.topk(masked, pool, dim=-1)  # sorted, most likely first
-        # As the torch engine computes them (rollout.sampling), so that both find the same set.
+        # As the torch engine computes them (rollout.next_token), so that both find the same set.
         probs = torch.softmax(values, dim=-1) if k_on else torch.exp(values - log_total)
         if not k_on and pool < vocab and bool((probs.sum(dim=-1) < top_p).any()):
             values, order = torch.sort(masked, dim=-1, descending=True)

@@ -11,9 +11,9 @@ from rich.console import Console
 
 from grpokit.config import GRPOKitConfig
 from grpokit.files import write_json
+from grpokit.preflight.inputs import reward_infos, sampling_settings, tool_info
 from grpokit.preflight.measure import Measurement, measure
 from grpokit.preflight.report import preflight_json, render
-from grpokit.preflight.sampling import reward_infos, sampling_settings, tool_info
 from grpokit.preflight.verdict import Verdict, decide
 from grpokit.sampling import Sampler, ScoredBatch
 from grpokit.sampling.groups import choose_prompts, open_sampler, sample_groups

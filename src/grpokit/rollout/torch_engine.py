@@ -40,7 +40,7 @@ from grpokit.rollout.base import (
     SamplingParams,
     check_generate_args,
 )
-from grpokit.rollout.sampling import sample_next_tokens, token_logprobs
+from grpokit.rollout.next_token import sample_next_tokens, token_logprobs
 
 COMPACT_WHEN_DONE = 4
 """Finished rows are dropped from the decoder once they are at least 1 / this of its rows: each

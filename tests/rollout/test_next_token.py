@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpokit.rollout.base import RolloutBatch, SamplingParams
-from grpokit.rollout.sampling import (
+from grpokit.rollout.next_token import (
     TOP_P_CANDIDATES,
     filter_top_k,
     filter_top_p,
@@ -149,7 +149,7 @@ def test_rollout_batch_checks_its_layout() -> None:
 
 
 def test_min_p_and_repetition_penalty_hand_computed() -> None:
-    from grpokit.rollout.sampling import filter_min_p, penalize_repetition
+    from grpokit.rollout.next_token import filter_min_p, penalize_repetition
 
     probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
     kept = ~torch.isinf(filter_min_p(probs.log(), 0.2))  # threshold 0.2 * 0.5 = 0.1

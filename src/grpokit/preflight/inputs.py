@@ -1,5 +1,5 @@
-"""What preflight reports of the configured rewards and of how its samples were drawn (the
-sampling itself: :mod:`grpokit.sampling.groups`)."""
+"""What preflight reports of its inputs: the configured rewards and tools, and how its samples
+were drawn (the drawing itself: :mod:`grpokit.sampling.groups`)."""
 
 from __future__ import annotations
 

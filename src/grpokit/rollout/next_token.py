@@ -1,5 +1,6 @@
-"""Vectorised next-token sampling: repetition penalty, temperature, top-k, top-p, min-p, for a
-whole batch at once."""
+"""Choosing each row's next token, for a whole batch at once: repetition penalty, temperature,
+top-k, top-p, min-p, and the chosen tokens' log-probs. (Sampling, in grpokit, is drawing groups of
+completions from a configured policy: :mod:`grpokit.sampling`.)"""
 
 from __future__ import annotations
 
