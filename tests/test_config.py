@@ -8,6 +8,7 @@ import pytest
 
 from grpokit.config import load_config
 from grpokit.errors import UserError
+from grpokit.rollout.base import SamplingParams
 
 BASE = """\
 model:
@@ -212,13 +213,33 @@ def test_trl_forms_of_settings(tmp_path: Path) -> None:
     assert t.save_interval(steps_per_epoch=3) == 3
     t.save_strategy = "no"
     assert t.save_interval(steps_per_epoch=3) == 0
-    assert t.sampling_settings == {
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "min_p": None,
-        "repetition_penalty": 1.0,
-    }
+    assert t.sampling_params == SamplingParams(
+        max_completion_length=t.max_completion_length,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+    )
+
+
+def test_generation_kwargs_override_the_sampling_fields_as_floats_and_ints() -> None:
+    from grpokit.config import TrainingConfig
+
+    # TRL's precedence: generation_kwargs over the fields; their values are kept as written
+    # (an int temperature, a text top_p, a null top_k or min_p) and cast into SamplingParams.
+    t = TrainingConfig(
+        temperature=0.9,
+        top_k=5,
+        min_p=0.1,
+        max_completion_length=64,
+        generation_kwargs={"temperature": 1, "top_p": "0.5", "top_k": None, "min_p": None},
+    )
+    assert t.sampling_params == SamplingParams(
+        max_completion_length=64, temperature=1.0, top_p=0.5, top_k=0, min_p=0.0
+    )
+    assert isinstance(t.sampling_params.temperature, float)
+    assert TrainingConfig(top_k=None).sampling_params.top_k == 0
 
 
 def test_device_is_checked_by_name_and_on_this_machine(tmp_path: Path) -> None:

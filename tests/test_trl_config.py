@@ -162,7 +162,7 @@ def test_a_trl_users_config_runs_unchanged(tmp_path: Path) -> None:
         "weight_decay": 0.0,
         "fused": False,
     }
-    assert t.sampling_settings["top_k"] == 20 and t.sampling_settings["min_p"] == 0.05
+    assert t.sampling_params.top_k == 20 and t.sampling_params.min_p == 0.05
     assert (t.warmup_ratio, t.warmup_steps) == (0.1, 0)
     assert cfg.model.gradient_checkpointing
     assert t.eval_interval == 5  # eval_steps defaults to logging_steps, as in transformers

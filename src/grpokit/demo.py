@@ -41,7 +41,7 @@ from grpokit.errors import UserError
 from grpokit.files import write_jsonl
 from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
-from grpokit.sampling import Sampled, Sampler, sampling_params
+from grpokit.sampling import Sampled, Sampler
 from grpokit.train.sft import load_demonstrations, run_sft
 from grpokit.train.trainer import GRPOTrainer
 
@@ -332,7 +332,7 @@ class _DemoRun:
                 init_from=str(init_from) if init_from else None,
             ),
             self.rewards,
-            sampling=sampling_params(cfg.training),
+            sampling=cfg.training.sampling_params,
             system_prompt=cfg.system_prompt,
             max_prompt_length=cfg.training.max_prompt_length,
             base_dir=self.output_dir,

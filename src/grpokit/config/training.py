@@ -28,6 +28,7 @@ from grpokit.core.advantages import MultiObjectiveAggregation
 from grpokit.core.curriculum import Curriculum
 from grpokit.core.entropy import EntropyControl
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
+from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.tool_calls import check_pattern
 from grpokit.trl_fields import drop_accepted_trl_fields
 
@@ -1199,17 +1200,27 @@ class TrainingConfig(_Strict):
         return self.optim in _8BIT_ADAMW
 
     @property
-    def sampling_settings(self) -> dict[str, Any]:
-        """temperature, top_p, top_k (0 = off), min_p (None = off) and repetition_penalty, with
-        generation_kwargs overriding them (TRL's precedence)."""
-        settings: dict[str, Any] = {
+    def sampling_params(self) -> SamplingParams:
+        """How this section samples completions: max_completion_length, temperature, top_p,
+        top_k (None = 0, off), min_p (None = 0.0, off) and repetition_penalty, with
+        generation_kwargs overriding the fields (TRL's precedence)."""
+        s: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "top_k": self.top_k or 0,
+            "top_k": self.top_k,
             "min_p": self.min_p,
             "repetition_penalty": self.repetition_penalty,
-        }
-        return settings | dict(self.generation_kwargs or {})
+        } | dict(self.generation_kwargs or {})
+        # generation_kwargs are checked as their fields are but kept as written (an int for a
+        # float, a null for top_k or min_p): cast here.
+        return SamplingParams(
+            max_completion_length=self.max_completion_length,
+            temperature=float(s["temperature"]),
+            top_p=float(s["top_p"]),
+            top_k=int(s["top_k"] or 0),
+            min_p=float(s["min_p"] or 0.0),
+            repetition_penalty=float(s["repetition_penalty"]),
+        )
 
     @property
     def best_metric(self) -> str | None:

@@ -207,7 +207,6 @@ def run_generate(
     from grpokit.config import load_config
     from grpokit.rewards.compose import build_reward_set
     from grpokit.rewards.registry import BuildContext
-    from grpokit.sampling import sampling_params
 
     reward_set: RewardSet | None = None
     prompt_column, config_device = "prompt", "auto"
@@ -217,7 +216,7 @@ def run_generate(
     defaults = SamplingParams(max_completion_length=128)
     if config is not None:
         cfg = load_config(config)
-        defaults = sampling_params(cfg.training)
+        defaults = cfg.training.sampling_params
         system_prompt = system_prompt if system_prompt is not None else cfg.system_prompt
         prompt_column, max_prompt_length = cfg.data.prompt_column, cfg.training.max_prompt_length
         config_device, model_config = cfg.model.device, cfg.model

@@ -23,7 +23,6 @@ from grpokit.sampling.sampler import (
     Sampler,
     check_tools,
     load_model_policy,
-    sampling_params,
     tool_rollout,
     torch_engine,
 )
@@ -54,7 +53,6 @@ __all__ = [
     "resolve_model",
     "reward_inputs",
     "sample_and_score",
-    "sampling_params",
     "seed_everything",
     "summarize",
     "tool_rollout",

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from grpokit.config import GRPOKitConfig, ModelConfig, TrainingConfig
+from grpokit.config import GRPOKitConfig, ModelConfig
 from grpokit.data.chat import NO_TEMPLATE, apply_template_setting, encode_prompt
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
@@ -59,20 +59,6 @@ from grpokit.sampling.scoring import (
     sample_and_score,
     summarize,
 )
-
-
-def sampling_params(training: TrainingConfig) -> SamplingParams:
-    """The sampling settings of a config's ``training:`` section (TRL's names; its
-    generation_kwargs override the fields, as in TRL)."""
-    s = training.sampling_settings
-    return SamplingParams(
-        max_completion_length=training.max_completion_length,
-        temperature=float(s["temperature"]),
-        top_p=float(s["top_p"]),
-        top_k=int(s["top_k"] or 0),
-        min_p=float(s["min_p"] or 0.0),
-        repetition_penalty=float(s["repetition_penalty"]),
-    )
 
 
 def load_model_policy(
@@ -364,7 +350,7 @@ class Sampler:
         sampler = cls.load(
             cfg.model,
             rewards,
-            sampling=sampling_params(cfg.training),
+            sampling=cfg.training.sampling_params,
             system_prompt=cfg.system_prompt,
             max_prompt_length=cfg.training.max_prompt_length,
             base_dir=cfg.config_dir,

@@ -48,7 +48,6 @@ from grpokit.sampling import (
     checkpoint_dirs,
     latest_checkpoint,
     resolve_device,
-    sampling_params,
     seed_everything,
     tool_rollout,
 )
@@ -253,7 +252,7 @@ class GRPOTrainer:
             self.policy,
             build_engine(self.cfg, self.policy, sharded=self.sharded),
             rewards,
-            sampling_params(self.args),
+            self.args.sampling_params,
             system_prompt,
             self.args.max_prompt_length,
             self.args.chat_template_kwargs,
