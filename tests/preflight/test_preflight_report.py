@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from grpokit.preflight.measure import CompletionStats, Measurement, SamplingSettings
-from grpokit.preflight.report import completions_line
+from grpokit.preflight.report import completions_line, preflight_json
+from grpokit.preflight.verdict import Verdict
 
 
 def _measurement(mean_terminated_length: float | None) -> Measurement:
@@ -23,3 +24,20 @@ def test_the_length_of_completions_ended_by_eos_reads_as_a_mean_not_a_count() ->
         "truncated at 64: 25%; entropy 1.80 nats/token; distinct per group 90%"
     )
     assert "(min 12, max 64; none ended by EOS)" in completions_line(_measurement(None))
+
+
+def test_preflight_json_records_how_the_samples_were_drawn_without_the_system_prompt() -> None:
+    doc = preflight_json(_measurement(35.0), Verdict("go"))
+    # In this order in the file, as the records' fields are declared.
+    assert list(doc["settings"].items()) == [
+        ("prompts", 8),
+        ("generations", 8),
+        ("temperature", 1.0),
+        ("top_p", 1.0),
+        ("top_k", 0),
+        ("max_completion_length", 64),
+        ("beta", 0.04),
+        ("scale_rewards", "group"),
+        ("seed", 0),
+        ("samples", 64),
+    ]
