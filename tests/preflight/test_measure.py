@@ -9,8 +9,8 @@ import torch
 
 from grpokit.data.prompts import PromptRow
 from grpokit.preflight.measure import (
+    DrawRecord,
     RewardInfo,
-    SamplingSettings,
     completion_stats,
     measure,
     merge_scores,
@@ -166,7 +166,7 @@ def test_partial_credit_scores_the_same_texts() -> None:
 def test_measure_end_to_end_on_records() -> None:
     texts = ["<a>1</a>", "b", "c", "d", "e", "f", "g", "h"]
     batch = _scored(texts, [3] * 8, ["eos"] * 8, 4)
-    settings = SamplingSettings(2, 4, 1.0, 1.0, 0, 16, 0.04, "group", None, 0)
+    settings = DrawRecord(2, 4, 1.0, 1.0, 0, 16, 0.04, "group", None, 0)
     infos = [RewardInfo("format", "xml_format", tags=("a",)), RewardInfo("answer", "math_answer")]
     m = measure([batch], infos, settings)
     assert m.reward("format").passed == 1
@@ -175,4 +175,4 @@ def test_measure_end_to_end_on_records() -> None:
     assert m.total_mean == pytest.approx(1 / 8)
     assert len(m.examples) == 4
     with pytest.raises(ValueError, match="group size"):
-        measure([batch], infos, SamplingSettings(2, 2, 1.0, 1.0, 0, 16, 0.04, "group", None, 0))
+        measure([batch], infos, DrawRecord(2, 2, 1.0, 1.0, 0, 16, 0.04, "group", None, 0))

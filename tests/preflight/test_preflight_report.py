@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from grpokit.preflight.measure import CompletionStats, Measurement, SamplingSettings
+from grpokit.preflight.measure import CompletionStats, DrawRecord, Measurement
 from grpokit.preflight.report import completions_line, preflight_json
 from grpokit.preflight.verdict import Verdict
 
 
 def _measurement(mean_terminated_length: float | None) -> Measurement:
     return Measurement(
-        settings=SamplingSettings(8, 8, 1.0, 1.0, 0, 64, 0.04, "group", None, 0),
+        settings=DrawRecord(8, 8, 1.0, 1.0, 0, 64, 0.04, "group", None, 0),
         infos=[],
         rewards=[],
         total_mean=0.0,

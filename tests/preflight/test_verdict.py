@@ -7,11 +7,11 @@ import pytest
 from grpokit.core.stats import wilson_interval
 from grpokit.preflight.measure import (
     CompletionStats,
+    DrawRecord,
     Measurement,
     PartialCredit,
     RewardInfo,
     RewardStats,
-    SamplingSettings,
     ToolInfo,
     ToolStats,
 )
@@ -50,7 +50,7 @@ def _measurement(
         RewardInfo("answer", "math_answer", gate="format"),
     ][: len(rewards)]
     return Measurement(
-        settings=SamplingSettings(8, 8, temperature, 1.0, 0, 64, 0.04, "group", system_prompt, 0),
+        settings=DrawRecord(8, 8, temperature, 1.0, 0, 64, 0.04, "group", system_prompt, 0),
         infos=infos,
         rewards=rewards,
         total_mean=sum(r.mean for r in rewards),

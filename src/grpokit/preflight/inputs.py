@@ -6,7 +6,7 @@ from __future__ import annotations
 from grpokit.config import GRPOKitConfig
 from grpokit.data.chat import AUTO, shows_tools
 from grpokit.model_files.resolve import load_tokenizer
-from grpokit.preflight.measure import RewardInfo, SamplingSettings, ToolInfo
+from grpokit.preflight.measure import DrawRecord, RewardInfo, ToolInfo
 from grpokit.rewards.compose import RewardSet
 from grpokit.sampling import Sampler
 
@@ -31,12 +31,12 @@ def reward_infos(cfg: GRPOKitConfig, rewards: RewardSet) -> list[RewardInfo]:
     return out
 
 
-def sampling_settings(
+def draw_record(
     sampler: Sampler, cfg: GRPOKitConfig, prompts: int, generations: int, seed: int
-) -> SamplingSettings:
+) -> DrawRecord:
     """What preflight.json records of how the samples were drawn."""
     t = cfg.training
-    return SamplingSettings(
+    return DrawRecord(
         prompts=prompts,
         generations=generations,
         temperature=sampler.sampling.temperature,

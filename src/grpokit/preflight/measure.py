@@ -34,8 +34,10 @@ class RewardInfo:
 
 
 @dataclass(frozen=True)
-class SamplingSettings:
-    """How the completions were sampled and what training would do with them."""
+class DrawRecord:
+    """One preflight draw: how many groups of what size, how their completions were sampled
+    (SamplingParams' subset that preflight reports) and what training would do with them;
+    preflight.json's ``settings``, less the system prompt."""
 
     prompts: int
     generations: int
@@ -177,7 +179,7 @@ class ToolStats:
 class Measurement:
     """Everything one preflight measured; the verdict and the report read only this."""
 
-    settings: SamplingSettings
+    settings: DrawRecord
     infos: list[RewardInfo]
     rewards: list[RewardStats]
     total_mean: float
@@ -367,7 +369,7 @@ def _examples(batches: list[ScoredBatch], limit: int) -> list[dict[str, Any]]:
 def measure(
     batches: list[ScoredBatch],
     infos: list[RewardInfo],
-    settings: SamplingSettings,
+    settings: DrawRecord,
     *,
     tools: ToolInfo | None = None,
     n_examples: int = 4,

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from grpokit.config import GRPOKitConfig
 from grpokit.files import write_json
-from grpokit.preflight.inputs import reward_infos, sampling_settings, tool_info
+from grpokit.preflight.inputs import draw_record, reward_infos, tool_info
 from grpokit.preflight.measure import Measurement, measure
 from grpokit.preflight.report import preflight_json, render
 from grpokit.preflight.verdict import Verdict, decide
@@ -70,7 +70,7 @@ def run_preflight(
         )
         batches = sample_groups(sampler, cfg, rows, g, seed=seed)
         infos = reward_infos(cfg, sampler.rewards)
-        settings = sampling_settings(sampler, cfg, len(rows), g, seed)
+        settings = draw_record(sampler, cfg, len(rows), g, seed)
         tools = tool_info(sampler, cfg)
     finally:
         sampler.rewards.close()
@@ -99,6 +99,6 @@ def advice_on_steps(cfg: GRPOKitConfig, sampler: Sampler, batches: list[ScoredBa
     numbers `grpokit preflight` would print."""
     g = batches[0].group_size
     prompts = sum(len(b.rows) for b in batches)
-    settings = sampling_settings(sampler, cfg, prompts, g, cfg.training.seed)
+    settings = draw_record(sampler, cfg, prompts, g, cfg.training.seed)
     verdict = decide(measure(batches, reward_infos(cfg, sampler.rewards), settings))
     return [*verdict.reasons, *verdict.advice]
