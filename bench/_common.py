@@ -60,10 +60,10 @@ def model_path(smoke: bool, model: str | None, **tiny_shape: Any) -> str:
     ``smoke`` a tiny random model with SmolLM2's tokenizer (a temporary directory), its config
     changed by ``tiny_shape``."""
     if model:
-        from grpokit.model_files.resolve import resolve_model_path
+        from grpokit.hub.resolve import resolve_model_path
 
         return resolve_model_path(model)
-    from grpokit.model_files.embedded import embedded_model_dir
+    from grpokit.hub.embedded import embedded_model_dir
 
     if smoke:
         from grpokit.models.tiny import make_tiny_model_dir

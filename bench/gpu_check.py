@@ -216,7 +216,7 @@ WHEELS = REPO / "bench" / "wheels"
 TOKENIZER_DIRS = {"llama": "smollm2-tokenizer", "qwen2": "qwen2.5-tokenizer"}
 """Where --fill-wheels saves each family's tokenizer, inside the wheels folder."""
 QWEN_TOKENIZER_MODEL = "qwen2.5-coder-0.5b-instruct"
-"""The named model (grpokit.model_files.named) whose tokenizer the Qwen2 shapes use."""
+"""The named model (grpokit.hub.named) whose tokenizer the Qwen2 shapes use."""
 
 CHECK_PACKAGES = {
     "transformers",
@@ -382,10 +382,10 @@ def tokenizer_source(model_type: str) -> Path:
     Qwen2.5-Coder model's for qwen2 (converted on first use; not installed: a UserError that says
     how to install it)."""
     if model_type == "llama":
-        from grpokit.model_files.embedded import embedded_model_dir
+        from grpokit.hub.embedded import embedded_model_dir
 
         return embedded_model_dir()
-    from grpokit.model_files.named import NAMED_MODELS, named_model_dir
+    from grpokit.hub.named import NAMED_MODELS, named_model_dir
 
     return named_model_dir(NAMED_MODELS[QWEN_TOKENIZER_MODEL])
 

@@ -81,8 +81,8 @@ def model_dir(name: str, shape: dict[str, Any], root: Path) -> Path:
     tokenizer (vLLM loads random weights; the policy is initialised from the config)."""
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig
 
-    from grpokit.model_files.embedded import embedded_model_dir
-    from grpokit.model_files.resolve import pad_token_id
+    from grpokit.hub.embedded import embedded_model_dir
+    from grpokit.hub.resolve import pad_token_id
 
     out = root / name
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())

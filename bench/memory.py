@@ -106,7 +106,7 @@ def main() -> None:
     from gpu_check import Shape, build_model
     from scaling import VOCAB_SHAPE
 
-    from grpokit.model_files.embedded import embedded_model_dir
+    from grpokit.hub.embedded import embedded_model_dir
 
     shape = VOCAB_SHAPE
     if args.smoke:

@@ -192,7 +192,7 @@ def memory(args: argparse.Namespace) -> None:
     """Peak memory of the update's log-probs per (L, chunk size), each point in a fresh process."""
     import tempfile
 
-    from grpokit.model_files.embedded import embedded_model_dir
+    from grpokit.hub.embedded import embedded_model_dir
     from grpokit.models.tiny import make_tiny_model_dir
 
     if args.smoke:
@@ -249,7 +249,7 @@ def against_trl(args: argparse.Namespace) -> None:
     """Seconds per step and peak memory, grpokit and TRL, per completion length."""
     from gpu_check import Shape, build_model
 
-    from grpokit.model_files.embedded import embedded_model_dir
+    from grpokit.hub.embedded import embedded_model_dir
 
     # A narrower body keeps the vocabulary's share of the work and costs less (a loaded machine).
     shape = {

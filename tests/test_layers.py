@@ -1,5 +1,5 @@
 """Imports flow one way, each package importing only from packages on lower floors:
-errors, files, progress <- native.build <- core <- model_files <- models, data, rewards, monitor
+errors, files, progress <- native.build <- core <- hub <- models, data, rewards, monitor
 <- native <- rollout, trl_fields <- config <- sampling, config_docs <- train, evaluate, preflight,
 recipes <- the commands (FLOORS below).
 Parsed from the source, imports inside functions included, so a lazy import cannot hide a layer
@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("errors", "files", "progress"),
     ("native.build",),
     ("core",),
-    ("model_files",),
+    ("hub",),
     ("models", "data", "rewards", "monitor"),
     ("native",),
     ("rollout", "trl_fields"),

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpokit.model_files.named import NAMED_MODELS, is_installed
+from grpokit.hub.named import NAMED_MODELS, is_installed
 
 pytestmark = pytest.mark.slow
 

@@ -194,7 +194,7 @@ def test_shapes_are_the_released_models_and_the_default_run_fits_10_minutes() ->
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpokit.model_files.named import NAMED_MODELS
+    from grpokit.hub.named import NAMED_MODELS
 
     gpu_check = _import_gpu_check()
     released = {

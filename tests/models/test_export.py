@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from grpokit.cli import main
 from grpokit.errors import UserError
-from grpokit.model_files.embedded import MARKER_FILE, find_embedded_gguf
+from grpokit.hub.embedded import MARKER_FILE, find_embedded_gguf
 from grpokit.models.export import export_checkpoint, origin_gguf
 from grpokit.models.gguf_export import (
     arch_spec,
@@ -328,7 +328,7 @@ def test_embedded_model_after_lora_training_exports_to_matching_gguf(tmp_path: P
     import yaml
 
     from grpokit.config import load_config
-    from grpokit.model_files.embedded import EMBEDDED_MODEL
+    from grpokit.hub.embedded import EMBEDDED_MODEL
     from grpokit.train.trainer import GRPOTrainer
 
     torch.set_num_threads(2)

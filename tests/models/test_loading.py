@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from grpokit.errors import UserError
-from grpokit.model_files.embedded import EMBEDDED_MODEL
-from grpokit.model_files.resolve import load_tokenizer, resolve_model_path
+from grpokit.hub.embedded import EMBEDDED_MODEL
+from grpokit.hub.resolve import load_tokenizer, resolve_model_path
 from grpokit.models.compat import hf_model, is_checkpointing
 from grpokit.models.loading import POLICY_FILE, LoraSettings, Policy, load_policy
 

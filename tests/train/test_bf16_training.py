@@ -83,7 +83,7 @@ def test_bf16_logprobs_on_the_embedded_model_agree_with_float32() -> None:
     0.26, mean 0.023 (two computations of the same bfloat16 policy, whose rounding differs; the
     rollout's log-probs are not used in the loss)."""
     from grpokit.data.chat import encode_prompt
-    from grpokit.model_files.embedded import EMBEDDED_MODEL
+    from grpokit.hub.embedded import EMBEDDED_MODEL
     from grpokit.models.loading import load_policy
     from grpokit.models.onednn import set_compute_dtype
     from grpokit.rollout.base import SamplingParams

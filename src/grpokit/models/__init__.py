@@ -9,16 +9,16 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "EMBEDDED_MODEL": "grpokit.model_files.embedded",
-    "embedded_model_dir": "grpokit.model_files.embedded",
-    "find_embedded_gguf": "grpokit.model_files.embedded",
-    "source_gguf": "grpokit.model_files.embedded",
-    "convert_gguf": "grpokit.model_files.embedded",
+    "EMBEDDED_MODEL": "grpokit.hub.embedded",
+    "embedded_model_dir": "grpokit.hub.embedded",
+    "find_embedded_gguf": "grpokit.hub.embedded",
+    "source_gguf": "grpokit.hub.embedded",
+    "convert_gguf": "grpokit.hub.embedded",
     "LoraSettings": "grpokit.models.loading",
     "Policy": "grpokit.models.loading",
     "load_policy": "grpokit.models.loading",
-    "load_tokenizer": "grpokit.model_files.resolve",
-    "resolve_model_path": "grpokit.model_files.resolve",
+    "load_tokenizer": "grpokit.hub.resolve",
+    "resolve_model_path": "grpokit.hub.resolve",
     "make_tiny_model_dir": "grpokit.models.tiny",
 }
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from grpokit.errors import UserError
-from grpokit.model_files.embedded import EMBEDDED_MODEL
+from grpokit.hub.embedded import EMBEDDED_MODEL
 from grpokit.models.loading import POLICY_FILE
 from grpokit.models.manifest import MANIFEST, CheckpointDamaged, check_model
 

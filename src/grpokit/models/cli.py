@@ -173,7 +173,7 @@ def models_cmd(prepare: bool, names: tuple[str, ...]) -> None:
       grpokit train cfg.yaml --set model.name_or_path=qwen2.5-coder-0.5b-instruct
     """
     from grpokit.errors import UserError
-    from grpokit.model_files.named import NAMED_MODELS, model_table, named_model, prepare_model
+    from grpokit.hub.named import NAMED_MODELS, model_table, named_model, prepare_model
 
     unknown = [n for n in names if named_model(n) is None]
     if unknown:

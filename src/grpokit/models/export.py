@@ -90,9 +90,9 @@ def origin_gguf(name_or_path: str, init_from: str | None = None) -> Path | None:
     names its base model, and a directory converted from a GGUF (the embedded model) records its
     source file.
     """
-    from grpokit.model_files.embedded import source_gguf
-    from grpokit.model_files.named import named_model
-    from grpokit.model_files.resolve import resolve_model_path
+    from grpokit.hub.embedded import source_gguf
+    from grpokit.hub.named import named_model
+    from grpokit.hub.resolve import resolve_model_path
 
     seen: set[str] = set()
     candidates = [p for p in (init_from, name_or_path) if p]

@@ -318,7 +318,7 @@ def _same_tokenizer(ours: list[KV], theirs: Mapping[str, KV]) -> bool:
 
 def _reference_ggufs(source: Path | None) -> list[Path]:
     """GGUF files whose tokenizer metadata may be reused: the source, then the embedded model's."""
-    from grpokit.model_files.embedded import find_embedded_gguf
+    from grpokit.hub.embedded import find_embedded_gguf
 
     found = [source] if source is not None else []
     try:

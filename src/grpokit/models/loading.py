@@ -25,8 +25,8 @@ from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
 from grpokit.files import set_default_mode
-from grpokit.model_files.embedded import EMBEDDED_MODEL
-from grpokit.model_files.resolve import hub_error, load_tokenizer, pad_token_id, resolve_model_path
+from grpokit.hub.embedded import EMBEDDED_MODEL
+from grpokit.hub.resolve import hub_error, load_tokenizer, pad_token_id, resolve_model_path
 from grpokit.models.attention import use_float32_attention_backward
 from grpokit.models.manifest import CheckpointDamaged, check_model
 from grpokit.models.onednn import (

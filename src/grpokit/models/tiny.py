@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grpokit.model_files.embedded import embedded_model_dir
+from grpokit.hub.embedded import embedded_model_dir
 
 TINY_CONFIG: dict[str, Any] = {
     "hidden_size": 64,
@@ -116,7 +116,7 @@ def _save_tiny(
 ) -> Path:
     from transformers import AutoTokenizer, LlamaConfig
 
-    from grpokit.model_files.resolve import pad_token_id
+    from grpokit.hub.resolve import pad_token_id
 
     config_class = config_class or LlamaConfig
     where = torch.device(device if device is not None else "cpu")

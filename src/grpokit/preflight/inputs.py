@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grpokit.config import GRPOKitConfig
 from grpokit.data.chat import AUTO, shows_tools
-from grpokit.model_files.resolve import load_tokenizer
+from grpokit.hub.resolve import load_tokenizer
 from grpokit.preflight.measure import DrawRecord, RewardInfo, ToolInfo
 from grpokit.rewards.compose import RewardSet
 from grpokit.sampling import Sampler

@@ -61,7 +61,7 @@ def vllm_serve_cmd(
     import torch
     from transformers import AutoConfig
 
-    from grpokit.model_files.resolve import resolve_model_path
+    from grpokit.hub.resolve import resolve_model_path
     from grpokit.models.onednn import bf16_compute_applies
     from grpokit.rollout.vllm_engine import memory_args, require_vllm
     from grpokit.rollout.vllm_server import server_command

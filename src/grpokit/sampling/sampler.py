@@ -20,7 +20,7 @@ from grpokit.config import GRPOKitConfig, ModelConfig
 from grpokit.data.chat import NO_TEMPLATE, apply_template_setting, encode_prompt
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
-from grpokit.model_files.resolve import load_tokenizer
+from grpokit.hub.resolve import load_tokenizer
 from grpokit.models.checkpoints import ModelSpec, model_dir
 from grpokit.models.host_memory import FREED_BLOCKS_RETURNED_FROM, return_freed_blocks
 from grpokit.models.loading import (

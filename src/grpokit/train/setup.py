@@ -110,7 +110,7 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
         )
         local = torch_engine(policy, cfg.model.cpu_matmul, reference_logprobs=reference)
         return GatheredEngine(local, policy.model) if sharded else local
-    from grpokit.model_files.resolve import resolve_model_path
+    from grpokit.hub.resolve import resolve_model_path
     from grpokit.rollout.vllm_engine import VLLMEngine
 
     engine = VLLMEngine(

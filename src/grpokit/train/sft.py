@@ -21,7 +21,7 @@ import torch
 from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import Prompt
 from grpokit.errors import UserError
-from grpokit.model_files.resolve import pad_token_id
+from grpokit.hub.resolve import pad_token_id
 from grpokit.progress import progress
 from grpokit.rollout.agent import ToolMessageTokens
 from grpokit.rollout.tool_calls import call_from_json

@@ -159,7 +159,7 @@ LlamaServer = ServerProcess
 def launch_llama_server(log_dir: Path) -> LlamaServer:
     if importlib.util.find_spec("xllamacpp") is None:
         pytest.skip(f"xllamacpp is not installed; install it with pip install '{XLLAMACPP}'")
-    from grpokit.model_files.embedded import find_embedded_gguf
+    from grpokit.hub.embedded import find_embedded_gguf
 
     try:
         gguf = find_embedded_gguf()

@@ -144,7 +144,7 @@ def test_the_real_model_recipe_trains_two_steps(tmp_path: Path) -> None:
     grpokit serves itself, asked completion by completion; the server goes with the run."""
     import tempfile
 
-    from grpokit.model_files.named import NAMED_MODELS, is_installed
+    from grpokit.hub.named import NAMED_MODELS, is_installed
     from grpokit.train.run import train_from_config
 
     for name in ("qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"):

@@ -193,8 +193,8 @@ def resolve_reward_model(model: str, base_dir: Path, where: str) -> str:
     """Where to load the reward model from: a directory (relative to ``base_dir``) or a hub
     name ``owner/name``; anything else is a :class:`UserError` naming the field (a bare name is
     taken for a mistyped directory rather than sent to the hub)."""
-    from grpokit.model_files.embedded import EMBEDDED_MODEL
-    from grpokit.model_files.resolve import resolve_model_path
+    from grpokit.hub.embedded import EMBEDDED_MODEL
+    from grpokit.hub.resolve import resolve_model_path
 
     path = Path(model).expanduser()
     local = path if path.is_absolute() else base_dir / path
@@ -226,7 +226,7 @@ def load_reward_model(
     """
     from transformers import AutoModelForSequenceClassification
 
-    from grpokit.model_files.resolve import load_tokenizer
+    from grpokit.hub.resolve import load_tokenizer
 
     resolved = resolve_reward_model(model, base_dir, where)
     if dtype_name == "auto":

@@ -146,7 +146,7 @@ def start_process(
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.model is None:
-        from grpokit.model_files.embedded import find_embedded_gguf
+        from grpokit.hub.embedded import find_embedded_gguf
 
         try:
             args.model = str(find_embedded_gguf())

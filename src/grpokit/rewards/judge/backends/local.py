@@ -35,7 +35,7 @@ class LocalBackend:
     def __init__(self, spec: LocalJudge, *, where: str) -> None:
         from transformers import AutoModelForCausalLM
 
-        from grpokit.model_files.resolve import load_tokenizer, resolve_model_path
+        from grpokit.hub.resolve import load_tokenizer, resolve_model_path
 
         self.spec = spec
         self.where = where

@@ -32,7 +32,7 @@ ALIAS = "judge"
 
 def resolve_gguf(model: str, base_dir: Path | None, where: str) -> Path:
     """The GGUF file of ``model``: a named model's (joined once into the cache) or a file."""
-    from grpokit.model_files.named import gguf_file, named_model
+    from grpokit.hub.named import gguf_file, named_model
 
     named = named_model(model)
     if named is not None:

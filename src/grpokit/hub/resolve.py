@@ -12,9 +12,9 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from grpokit.errors import UserError
-from grpokit.model_files.convert import gguf_model_dir
-from grpokit.model_files.embedded import EMBEDDED_MODEL, embedded_model_dir
-from grpokit.model_files.named import NAMED_MODELS, named_model, named_model_dir
+from grpokit.hub.convert import gguf_model_dir
+from grpokit.hub.embedded import EMBEDDED_MODEL, embedded_model_dir
+from grpokit.hub.named import NAMED_MODELS, named_model, named_model_dir
 
 # A hub id is "name" or "owner/name" made of these characters; anything else is a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -23,7 +23,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 def resolve_model_path(name_or_path: str) -> str:
     """Where to load a model from.
 
-    The embedded name, a named offline model (:data:`~grpokit.model_files.named.NAMED_MODELS`)
+    The embedded name, a named offline model (:data:`~grpokit.hub.named.NAMED_MODELS`)
     and a ``.gguf`` file give their converted cache directory (converting on first use); an
     existing local directory is returned as is; a string shaped like a hub id (``owner/name``) is
     passed through for transformers to fetch. Anything else raises :class:`UserError`.
