@@ -2,6 +2,7 @@
 errors, files, progress <- native.build <- core <- hub <- models, data, rewards, monitor
 <- native <- rollout, trl_fields <- config <- sampling, config_docs <- train, evaluate, preflight,
 recipes <- the commands (FLOORS below).
+The floors are stated here and nowhere else; README.md and docstrings that speak of one point here.
 Parsed from the source, imports inside functions included, so a lazy import cannot hide a layer
 violation."""
 

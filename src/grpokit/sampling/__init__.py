@@ -3,8 +3,8 @@
 ``train``, ``evaluate``, ``preflight`` and the demo sample through a
 :class:`~grpokit.sampling.sampler.Sampler` (policy, engine, sampling settings, prompt rendering
 and rewards of one config), find models and checkpoints with :mod:`grpokit.models.checkpoints`
-and seed and place work with :mod:`grpokit.sampling.runtime`. Imports flow one way:
-core <- models, data, rewards <- rollout <- sampling <- train, evaluate, preflight <- cli.
+and seed and place work with :mod:`grpokit.sampling.runtime`. Its floor, and every package's,
+is stated once, in tests/test_layers.py, which checks the imports against it.
 """
 
 from __future__ import annotations
