@@ -438,6 +438,15 @@ def test_audit_compares_absolute_and_group_scoring(
     assert absolute["ensemble_mean"] == pytest.approx(0.7)
     assert 0.7 <= group["ensemble_mean"] <= 0.8
     assert absolute["separation"] == group["separation"] == 1.0
+    # Position bias, measured within answers: this judge adds exactly 0.1 to whatever it is
+    # shown first, so every answer seen first and elsewhere scores 0.1 more when first; shown
+    # last it scores less than elsewhere (where it was sometimes first), never more.
+    assert absolute["position_bias"] == {}
+    ((first, last),) = group["position_bias"].values()
+    assert first["slot"] == "first" and first["answers"] >= 1 and first["prompts"] == 1
+    assert first["contrast"] == pytest.approx(0.1)
+    assert last["slot"] == "last" and last["answers"] >= 1 and last["contrast"] <= 0.0
+    assert "position bias of judge" in result.output and "first +0.100" in result.output
     # Absolute: start-up sample + 7 answers x 4 repeats; group: start-up pair + 1 group x 4.
     contents = [r["messages"][0]["content"] for r in server.requests]
     assert sum("<answer id=" in c for c in contents) == 1 + 4

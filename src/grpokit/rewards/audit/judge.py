@@ -10,7 +10,9 @@ gives GRPO little to learn from.
 
 ``--compare-scoring`` audits the same completions and planted answers twice, judged one by one
 (``scoring: absolute``, the rubric) and a prompt's answers together (``scoring: group``, the
-group rubric; each repeat draws another order), and prints the two side by side.
+group rubric; each repeat draws another order), and prints the two side by side. A group audit
+also measures the judge's position bias: the same answer shown first, or last, against shown
+elsewhere (:mod:`grpokit.rewards.audit.position`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ from grpokit.progress import progress
 from grpokit.rewards.audit.common import audit_config_reward, fmt
 from grpokit.rewards.audit.common import read_completions as read_rows
 from grpokit.rewards.audit.planted import PLANTED_PROMPTS, planted_answers
+from grpokit.rewards.audit.position import PositionBias, Shown, position_bias
 from grpokit.rewards.judge.config import JudgeParams
-from grpokit.rewards.judge.reward import JudgeReward, build_judge_reward
+from grpokit.rewards.judge.reward import JudgeOutcome, JudgeReward, build_judge_reward
 from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.spec import RewardSpec
 from grpokit.rewards.text import completion_text, user_request
@@ -55,6 +58,9 @@ class AuditItem:
     """``scores[j][r]``: judge j's normalised score on repeat r."""
     rewards: list[float | None] = field(default_factory=list)
     """``rewards[r]``: the reward's value on repeat r (the judges' scores aggregated)."""
+    shown: list[list[Shown]] = field(default_factory=list)
+    """Group scoring only: ``shown[j]`` the repeats where judge j was shown this answer, each as
+    (number, group size, score)."""
 
 
 @dataclass
@@ -110,6 +116,9 @@ class AuditReport:
     """How the reward judged: "absolute" (one by one) or "group" (a prompt's answers together)."""
     seconds: float = 0.0
     """Wall time of the k scoring passes."""
+    position_bias: dict[str, list[PositionBias]] = field(default_factory=dict)
+    """Group scoring: each judge's bias for the first and the last slot, over real and planted
+    answers (see :func:`~grpokit.rewards.audit.position.position_bias`)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, indent=2)
@@ -213,6 +222,7 @@ def audit_reward(
     judge_count = len(reward.judges)
     for item in all_items:
         item.scores = [[] for _ in range(judge_count)]
+        item.shown = [[] for _ in range(judge_count)]
     column_names = sorted({c for item in all_items for c in item.columns})
     columns = {c: [item.columns.get(c) for item in all_items] for c in column_names}
     prompts_list = [item.prompt for item in all_items]
@@ -229,6 +239,9 @@ def audit_reward(
             for item, value in zip(all_items, batch.scores, strict=True):
                 item.rewards.append(value)
             for j in range(judge_count):
+                for item, seen in zip(all_items, _shown(all_items, batch.outcomes[j]), strict=True):
+                    if seen is not None:
+                        item.shown[j].append(seen)
                 for i, outcome in enumerate(batch.outcomes[j]):
                     all_items[i].scores[j].append(outcome.score)
                     answered[j][0] += 1
@@ -333,7 +346,30 @@ def audit_reward(
         replies=replies,
         scoring=reward.scoring,
         seconds=time.perf_counter() - started,
+        position_bias={
+            judge.label: position_bias(
+                [item.shown[j] for item in all_items], [item.prompt for item in all_items]
+            )
+            for j, judge in enumerate(reward.judges)
+        }
+        if reward.scoring == "group"
+        else {},
     )
+
+
+def _shown(items: Sequence[AuditItem], outcomes: Sequence[JudgeOutcome]) -> list[Shown | None]:
+    """Each item's (number, group size, score) in one group-scored pass; None where it was not
+    shown (an absolute judge, or a completion the gate kept from the judge). A group's size is
+    the highest number shown for its prompt: the audit's items of one prompt share its columns,
+    so they are one group."""
+    sizes: dict[str, int] = {}
+    for item, outcome in zip(items, outcomes, strict=True):
+        if outcome.position is not None:
+            sizes[item.prompt] = max(sizes.get(item.prompt, 0), outcome.position)
+    return [
+        None if outcome.position is None else (outcome.position, sizes[item.prompt], outcome.score)
+        for item, outcome in zip(items, outcomes, strict=True)
+    ]
 
 
 def _audit_build(
@@ -517,6 +553,17 @@ def print_report(report: AuditReport, console: Any = None) -> None:
         out.print(
             f"separation: P(real answer scored above a planted one) = {fmt(report.separation, 2)}"
             " (1 = always, 0.5 = chance)"
+        )
+    for label, slots in report.position_bias.items():
+        out.print(
+            f"position bias of judge {label} (the same answer shown there minus shown elsewhere; "
+            "0 = none): "
+            + "; ".join(
+                f"{b.slot} {b.contrast:+.3f} "
+                + ("" if math.isnan(b.low) else f"[{b.low:+.3f}, {b.high:+.3f}] ")
+                + f"({b.answers} answers, {b.prompts} prompts)"
+                for b in slots
+            )
         )
     if report.replies:
         out.print("[bold]sample judge replies[/bold]")
