@@ -189,6 +189,29 @@ def _llama_cpp_side(
         return out
 
 
+def _transformers_side(
+    path: Path,
+    prompts: Sequence[Prompt],
+    completions: Sequence[list[int]],
+    system_prompt: str | None,
+    max_new_tokens: int,
+) -> list[tuple[list[int], list[int], torch.Tensor]]:
+    """As :func:`_llama_cpp_side`, for an HF export in transformers: its own tokenizer and chat
+    template encode the prompts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.eval()  # type: ignore[no-untyped-call]
+    eos = _eos_ids(model, tokenizer)
+    out = []
+    for prompt, theirs in zip(prompts, completions, strict=True):
+        ids = encode_prompt(tokenizer, prompt, system_prompt=system_prompt)
+        greedy = _greedy_torch(model, ids, eos, max_new_tokens)
+        out.append((ids, greedy, _completion_logits(model, ids, theirs)))
+    return out
+
+
 def _compare(
     prompt: Prompt,
     ids: tuple[list[int], list[int]],
@@ -273,17 +296,7 @@ def check_export(
         theirs = _llama_cpp_side(exported, texts, mine, max_new_tokens, context)
         runtime = "llama.cpp"
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        their_tok = AutoTokenizer.from_pretrained(exported)
-        their_model = AutoModelForCausalLM.from_pretrained(exported)
-        their_model.eval()  # type: ignore[no-untyped-call]
-        their_eos = _eos_ids(their_model, their_tok)
-        theirs = []
-        for p, completion in zip(prompts, mine, strict=True):
-            ids = encode_prompt(their_tok, p, system_prompt=system_prompt)
-            greedy = _greedy_torch(their_model, ids, their_eos, max_new_tokens)
-            theirs.append((ids, greedy, _completion_logits(their_model, ids, completion)))
+        theirs = _transformers_side(exported, prompts, mine, system_prompt, max_new_tokens)
         runtime = "transformers"
     answers = [
         _compare(p, (our_ids, their_ids), (a, b), (our_rows, their_rows), tok.decode)

@@ -35,7 +35,7 @@ from grpokit.rewards.audit.common import read_completions as read_rows
 from grpokit.rewards.audit.planted import PLANTED_PROMPTS, planted_answers
 from grpokit.rewards.audit.position import PositionBias, Shown, position_bias
 from grpokit.rewards.judge.config import JudgeParams
-from grpokit.rewards.judge.reward import JudgeOutcome, JudgeReward, build_judge_reward
+from grpokit.rewards.judge.reward import Judge, JudgeOutcome, JudgeReward, build_judge_reward
 from grpokit.rewards.judge.rubric import Rubric
 from grpokit.rewards.spec import RewardSpec
 from grpokit.rewards.text import completion_text, user_request
@@ -212,78 +212,17 @@ def audit_reward(
         raise UserError("--k must be at least 1")
     all_items = list(items)
     if planted:
-        rng = random.Random(seed)
-        prompts = list(dict.fromkeys(item.prompt for item in items))[:planted_prompts]
         rubric = keyword_rubric if keyword_rubric is not None else reward.judges[0].rubric
-        for prompt in prompts:
-            columns = next(item.columns for item in items if item.prompt == prompt)
-            for kind, text in planted_answers(prompt, rubric, format_tags, rng).items():
-                all_items.append(AuditItem(prompt, text, dict(columns), kind))
-    judge_count = len(reward.judges)
-    for item in all_items:
-        item.scores = [[] for _ in range(judge_count)]
-        item.shown = [[] for _ in range(judge_count)]
-    column_names = sorted({c for item in all_items for c in item.columns})
-    columns = {c: [item.columns.get(c) for item in all_items] for c in column_names}
-    prompts_list = [item.prompt for item in all_items]
-    completions_list = [item.completion for item in all_items]
-    replies: list[dict[str, Any]] = []
-    answered = [[0, 0, 0] for _ in range(judge_count)]  # requests, replies, parse failures
+        all_items += _planted_items(items, planted_prompts, rubric, format_tags, seed)
     started = time.perf_counter()
-    with progress("judge audit", k * len(all_items)) as bar:
-        for repeat in range(k):
-            batch = reward.judge_batch(
-                prompts_list, completions_list, columns, use_cache=False, shuffle_salt=repeat
-            )
-            bar.advance(len(all_items), f"repeat {repeat + 1}/{k}")
-            for item, value in zip(all_items, batch.scores, strict=True):
-                item.rewards.append(value)
-            for j in range(judge_count):
-                for item, seen in zip(all_items, _shown(all_items, batch.outcomes[j]), strict=True):
-                    if seen is not None:
-                        item.shown[j].append(seen)
-                for i, outcome in enumerate(batch.outcomes[j]):
-                    all_items[i].scores[j].append(outcome.score)
-                    answered[j][0] += 1
-                    if outcome.reply is not None:
-                        answered[j][1] += 1
-                        answered[j][2] += outcome.score is None
-                    if repeat == 0 and len(replies) < 12 and i % max(1, len(all_items) // 6) == 0:
-                        replies.append(
-                            {
-                                "judge": reward.judges[j].label,
-                                "kind": all_items[i].kind,
-                                "score": outcome.score,
-                                "reply": outcome.reply
-                                if outcome.reply is not None
-                                else outcome.error,
-                            }
-                        )
+    answered, replies = _score_repeats(reward, all_items, k)
+    seconds = time.perf_counter() - started
 
     real = [item for item in all_items if item.kind == "real"]
-    judge_stats: list[JudgeStats] = []
-    item_means: list[list[float]] = []
-    for j, judge in enumerate(reward.judges):
-        means = [_mean(item.scores[j]) for item in real]
-        item_means.append(means)
-        noises = [
-            statistics.pstdev(present)
-            for present in ([v for v in item.scores[j] if v is not None] for item in real)
-            if len(present) > 1
-        ]
-        finite = [m for m in means if not math.isnan(m)]
-        requests, got, failed = answered[j]
-        judge_stats.append(
-            JudgeStats(
-                label=judge.label,
-                description=judge.backend.description,
-                mean=statistics.fmean(finite) if finite else math.nan,
-                noise=statistics.fmean(noises) if noises else math.nan,
-                spread=statistics.pstdev(finite) if len(finite) > 1 else math.nan,
-                parse_failure_rate=failed / got if got else math.nan,
-                request_failure_rate=(requests - got) / requests if requests else math.nan,
-            )
-        )
+    judge_stats = [
+        _judge_stats(judge, [item.scores[j] for item in real], answered[j])
+        for j, judge in enumerate(reward.judges)
+    ]
     ensemble = [_item_score(item) for item in real]
     reward_noises = [
         statistics.pstdev(present)
@@ -292,25 +231,154 @@ def audit_reward(
     ]
     finite_ensemble = [v for v in ensemble if not math.isnan(v)]
     ensemble_mean = statistics.fmean(finite_ensemble) if finite_ensemble else math.nan
-    disagreement: float | None = None
-    agreement: dict[str, float] = {}
-    if judge_count > 1:
-        spreads = []
-        for i in range(len(real)):
-            present = [
-                item_means[j][i] for j in range(judge_count) if not math.isnan(item_means[j][i])
-            ]
-            if len(present) > 1:
-                spreads.append(statistics.pstdev(present))
-        disagreement = statistics.fmean(spreads) if spreads else math.nan
-        for a in range(judge_count):
-            for b in range(a + 1, judge_count):
-                key = f"{reward.judges[a].label}~{reward.judges[b].label}"
-                agreement[key] = _agreement(item_means[a], item_means[b])
+    disagreement, agreement = _ensemble_agreement(reward, real)
+    planted_items = [item for item in all_items if item.kind != "real"]
+    return AuditReport(
+        reward=name,
+        k=k,
+        temperature=[j.temperature for j in reward.judges],
+        items=len(real),
+        judges=judge_stats,
+        ensemble_mean=ensemble_mean,
+        reward_noise=statistics.fmean(reward_noises) if reward_noises else math.nan,
+        disagreement=disagreement,
+        agreement=agreement,
+        planted=_planted_stats(reward, planted_items, ensemble_mean),
+        separation=separation(ensemble, [_item_score(item) for item in planted_items]),
+        replies=replies,
+        scoring=reward.scoring,
+        seconds=seconds,
+        position_bias={
+            judge.label: position_bias(
+                [item.shown[j] for item in all_items], [item.prompt for item in all_items]
+            )
+            for j, judge in enumerate(reward.judges)
+        }
+        if reward.scoring == "group"
+        else {},
+    )
 
-    planted_stats: list[PlantedStats] = []
+
+def _planted_items(
+    items: Sequence[AuditItem],
+    planted_prompts: int,
+    rubric: Rubric,
+    format_tags: Sequence[str] | None,
+    seed: int,
+) -> list[AuditItem]:
+    """The planted bad answers of the first ``planted_prompts`` prompts, each with its prompt's
+    columns."""
+    rng = random.Random(seed)
+    out = []
+    for prompt in list(dict.fromkeys(item.prompt for item in items))[:planted_prompts]:
+        columns = next(item.columns for item in items if item.prompt == prompt)
+        for kind, text in planted_answers(prompt, rubric, format_tags, rng).items():
+            out.append(AuditItem(prompt, text, dict(columns), kind))
+    return out
+
+
+def _score_repeats(
+    reward: JudgeReward, items: list[AuditItem], k: int
+) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """Score every item ``k`` times, filling each item's ``scores``, ``rewards`` and ``shown``.
+
+    Returns per judge [requests, replies, parse failures], and a sample of raw replies of the
+    first repeat (to see what the judge actually writes)."""
+    judge_count = len(reward.judges)
+    for item in items:
+        item.scores = [[] for _ in range(judge_count)]
+        item.shown = [[] for _ in range(judge_count)]
+    column_names = sorted({c for item in items for c in item.columns})
+    columns = {c: [item.columns.get(c) for item in items] for c in column_names}
+    prompts = [item.prompt for item in items]
+    completions = [item.completion for item in items]
+    replies: list[dict[str, Any]] = []
+    answered = [[0, 0, 0] for _ in range(judge_count)]
+    with progress("judge audit", k * len(items)) as bar:
+        for repeat in range(k):
+            batch = reward.judge_batch(
+                prompts, completions, columns, use_cache=False, shuffle_salt=repeat
+            )
+            bar.advance(len(items), f"repeat {repeat + 1}/{k}")
+            for item, value in zip(items, batch.scores, strict=True):
+                item.rewards.append(value)
+            for j in range(judge_count):
+                for item, seen in zip(items, _shown(items, batch.outcomes[j]), strict=True):
+                    if seen is not None:
+                        item.shown[j].append(seen)
+                for i, outcome in enumerate(batch.outcomes[j]):
+                    items[i].scores[j].append(outcome.score)
+                    answered[j][0] += 1
+                    if outcome.reply is not None:
+                        answered[j][1] += 1
+                        answered[j][2] += outcome.score is None
+                    if repeat == 0 and len(replies) < 12 and i % max(1, len(items) // 6) == 0:
+                        replies.append(
+                            {
+                                "judge": reward.judges[j].label,
+                                "kind": items[i].kind,
+                                "score": outcome.score,
+                                "reply": outcome.reply
+                                if outcome.reply is not None
+                                else outcome.error,
+                            }
+                        )
+    return answered, replies
+
+
+def _judge_stats(
+    judge: Judge, scores: Sequence[Sequence[float | None]], answered: Sequence[int]
+) -> JudgeStats:
+    """One judge's figures over the real items: ``scores[i]`` item i's repeats; ``answered``
+    [requests, replies, parse failures]."""
+    means = [_mean(repeats) for repeats in scores]
+    noises = [
+        statistics.pstdev(present)
+        for present in ([v for v in repeats if v is not None] for repeats in scores)
+        if len(present) > 1
+    ]
+    finite = [m for m in means if not math.isnan(m)]
+    requests, got, failed = answered
+    return JudgeStats(
+        label=judge.label,
+        description=judge.backend.description,
+        mean=statistics.fmean(finite) if finite else math.nan,
+        noise=statistics.fmean(noises) if noises else math.nan,
+        spread=statistics.pstdev(finite) if len(finite) > 1 else math.nan,
+        parse_failure_rate=failed / got if got else math.nan,
+        request_failure_rate=(requests - got) / requests if requests else math.nan,
+    )
+
+
+def _ensemble_agreement(
+    reward: JudgeReward, real: Sequence[AuditItem]
+) -> tuple[float | None, dict[str, float]]:
+    """With several judges: the mean over items of the std across judges' item means, and each
+    pair's correlation of item means; (None, {}) with one judge."""
+    judge_count = len(reward.judges)
+    if judge_count < 2:
+        return None, {}
+    item_means = [[_mean(item.scores[j]) for item in real] for j in range(judge_count)]
+    spreads = []
+    for i in range(len(real)):
+        present = [item_means[j][i] for j in range(judge_count) if not math.isnan(item_means[j][i])]
+        if len(present) > 1:
+            spreads.append(statistics.pstdev(present))
+    agreement = {}
+    for a in range(judge_count):
+        for b in range(a + 1, judge_count):
+            key = f"{reward.judges[a].label}~{reward.judges[b].label}"
+            agreement[key] = _agreement(item_means[a], item_means[b])
+    return (statistics.fmean(spreads) if spreads else math.nan), agreement
+
+
+def _planted_stats(
+    reward: JudgeReward, planted: Sequence[AuditItem], real_mean: float
+) -> list[PlantedStats]:
+    """Each planted kind's mean score and verdict against the real answers' mean."""
+    out = []
     for kind in PLANTED_KINDS:
-        group = [item for item in all_items if item.kind == kind]
+        group = [item for item in planted if item.kind == kind]
         if not group:
             continue
         per_judge = {
@@ -321,40 +389,14 @@ def audit_reward(
         mean = statistics.fmean(finite) if finite else math.nan
         if math.isnan(mean):
             verdict = "no score"
-        elif not math.isnan(ensemble_mean) and mean >= ensemble_mean:
+        elif not math.isnan(real_mean) and mean >= real_mean:
             verdict = "hackable"
         elif mean > PLANTED_OK_MAX:
             verdict = "leaks"
         else:
             verdict = "ok"
-        planted_stats.append(PlantedStats(kind, mean, per_judge, verdict))
-
-    temperatures = [j.temperature for j in reward.judges]
-    planted_items = [item for item in all_items if item.kind != "real"]
-    return AuditReport(
-        reward=name,
-        k=k,
-        temperature=temperatures,
-        items=len(real),
-        judges=judge_stats,
-        ensemble_mean=ensemble_mean,
-        reward_noise=statistics.fmean(reward_noises) if reward_noises else math.nan,
-        disagreement=disagreement,
-        agreement=agreement,
-        planted=planted_stats,
-        separation=separation(ensemble, [_item_score(item) for item in planted_items]),
-        replies=replies,
-        scoring=reward.scoring,
-        seconds=time.perf_counter() - started,
-        position_bias={
-            judge.label: position_bias(
-                [item.shown[j] for item in all_items], [item.prompt for item in all_items]
-            )
-            for j, judge in enumerate(reward.judges)
-        }
-        if reward.scoring == "group"
-        else {},
-    )
+        out.append(PlantedStats(kind, mean, per_judge, verdict))
+    return out
 
 
 def _shown(items: Sequence[AuditItem], outcomes: Sequence[JudgeOutcome]) -> list[Shown | None]:
