@@ -179,12 +179,12 @@ def _llama_cpp_side(
     with GGUFModel(path, n_ctx=context, n_threads=max(1, torch.get_num_threads())) as llm:
         bos_text = llm.token_text(llm.token_bos)
         out = []
-        for text, theirs in zip(texts, completions, strict=True):
+        for text, checkpoint_answer in zip(texts, completions, strict=True):
             if llm.adds_bos and text.startswith(bos_text):
                 text = text[len(bos_text) :]
             prompt = llm.tokenize(text, add_bos=True, special=True)
             greedy = llm.greedy(prompt, max_new_tokens, stop_at_end=True)
-            rows = llm.logits(prompt + theirs, first=len(prompt) - 1)
+            rows = llm.logits(prompt + checkpoint_answer, first=len(prompt) - 1)
             out.append((prompt, greedy, torch.tensor(rows, dtype=torch.float64)))
         return out
 
@@ -205,10 +205,10 @@ def _transformers_side(
     model.eval()  # type: ignore[no-untyped-call]
     eos = _eos_ids(model, tokenizer)
     out = []
-    for prompt, theirs in zip(prompts, completions, strict=True):
+    for prompt, checkpoint_answer in zip(prompts, completions, strict=True):
         ids = encode_prompt(tokenizer, prompt, system_prompt=system_prompt)
         greedy = _greedy_torch(model, ids, eos, max_new_tokens)
-        out.append((ids, greedy, _completion_logits(model, ids, theirs)))
+        out.append((ids, greedy, _completion_logits(model, ids, checkpoint_answer)))
     return out
 
 
