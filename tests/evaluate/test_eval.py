@@ -330,3 +330,35 @@ def test_eval_reports_checklist_items(
     metrics = {c.metric for c in result.paired}
     assert {"eval/checklist/has_e/pass_rate", "eval/checklist/vowels/pass_rate"} <= metrics
     assert "Checklist items: pass rate per model" in (out / "eval.md").read_text()
+
+
+def test_a_gain_that_is_only_length_vanishes_at_equal_length() -> None:
+    # A "judge" that scores length alone (0.002 a token) and a trained model that writes about
+    # 60 tokens more: the raw paired difference is about +0.12, the difference at equal length
+    # 0 (exactly: the score is linear in length), and the table says both.
+    samples = [
+        Sample(model, p, k, "t", None, {"judged": 0.002 * length}, length, False)
+        for p in range(4)
+        for k in range(3)
+        for model, length in (("base", 100 + 10 * k + p), ("trained", 150 + 20 * k + 3 * p))
+    ]
+    result = summarize_eval(
+        samples,
+        labels=["base", "trained"],
+        paths={},
+        prompts=["a", "b", "c", "d"],
+        samples_per_prompt=3,
+        reward_names=["judged"],
+        thresholds={},
+        seed=0,
+        sampling={},
+        heldout="h.jsonl",
+    )
+    (c,) = result.paired
+    assert c.diff > 0.1 and c.ci is not None and c.ci[0] > 0.0
+    assert c.at_equal_length == pytest.approx((0.0, 0.0, 0.0), abs=1e-9)
+    assert "at equal length" in render_markdown(result)
+    # Written before the field existed: still read.
+    old = json.loads(result.model_dump_json())
+    del old["paired"][0]["at_equal_length"]
+    assert EvalResult.model_validate(old).paired[0].at_equal_length is None

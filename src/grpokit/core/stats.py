@@ -4,6 +4,7 @@ monitors."""
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from functools import lru_cache
 from statistics import NormalDist
@@ -15,6 +16,7 @@ __all__ = [
     "cluster_pass_summary",
     "cohen_kappa",
     "design_effect",
+    "length_adjusted_difference",
     "pass_at_k",
     "paired_difference",
     "pearson",
@@ -287,6 +289,92 @@ def paired_difference(
     q = t_quantile_975(n - 1) if z is None else z
     half = q * math.sqrt(var / n)
     return (mean, mean - half, mean + half)
+
+
+# Per cluster: n, sum g, sum L, sum y, sum gL, sum gy, sum LL, sum Ly (g is 0/1, so sum gg = sum g).
+_Moments = tuple[float, float, float, float, float, float, float, float]
+
+
+def _moments(rows: Sequence[tuple[float, float, float]]) -> _Moments:
+    n = float(len(rows))
+    sg = math.fsum(g for g, _, _ in rows)
+    sl = math.fsum(x for _, x, _ in rows)
+    sy = math.fsum(y for _, _, y in rows)
+    sgl = math.fsum(g * x for g, x, _ in rows)
+    sgy = math.fsum(g * y for g, _, y in rows)
+    sll = math.fsum(x * x for _, x, _ in rows)
+    sly = math.fsum(x * y for _, x, y in rows)
+    return (n, sg, sl, sy, sgl, sgy, sll, sly)
+
+
+def _adjusted_from_moments(m: Sequence[float]) -> float | None:
+    """The model coefficient d of y = a + d g + s L by least squares, from summed moments.
+
+    By Frisch-Waugh, d regresses y on g after both are residualised on (1, L):
+    d = (C_gy - C_gL C_Ly / C_LL) / (C_gg - C_gL^2 / C_LL), with C the centred cross sums.
+    Equal lengths (C_LL = 0) leave the plain difference of means, C_gy / C_gg. None when g is
+    constant or wholly explained by length (the two models' lengths do not overlap linearly).
+    """
+    n, sg, sl, sy, sgl, sgy, sll, sly = m
+    if n < 2:
+        return None
+    cgg = sg - sg * sg / n
+    cgl = sgl - sg * sl / n
+    cgy = sgy - sg * sy / n
+    cll = sll - sl * sl / n
+    cly = sly - sl * sy / n
+    # Relative to the scale of the terms, so that rounding in a constant length is not a slope.
+    if cll <= 1e-12 * max(sll, 1.0):
+        return cgy / cgg if cgg > 1e-12 * max(n, 1.0) else None
+    den = cgg - cgl * cgl / cll
+    if den <= 1e-12 * max(cgg, 1e-300):
+        return None
+    return (cgy - cgl * cly / cll) / den
+
+
+def length_adjusted_difference(
+    rows: Sequence[tuple[int, bool, float, float]], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float] | None:
+    """A model's difference from the base at equal length: (estimate, low, high), 95%.
+
+    rows: one per sample, ``(cluster, is_other, length, value)``: its prompt, whether the
+    compared model (True) or the base (False) wrote it, its length in tokens and its score.
+    The estimate is d in the least-squares fit value = a + d * is_other + s * length over all
+    samples of both models: the score difference between the models among answers of the same
+    length, the control a judge's liking for longer answers needs (a trained model that only
+    writes more scores higher on the raw difference, not on this one). The interval is the
+    2.5% and 97.5% points of d over ``resamples`` resamplings of the clusters with replacement
+    (each with all its samples), so the prompts stay the independent units as in
+    :func:`paired_difference`; with one cluster it collapses to the estimate. None when the fit
+    has no answer (one model only, or is_other a linear function of length).
+
+    The fit is linear in length: a judge whose liking saturates is only approximately
+    controlled, and with lengths that barely overlap between the models the estimate
+    extrapolates (its interval then widens).
+    """
+    per: dict[int, list[tuple[float, float, float]]] = {}
+    for cluster, other, length, value in rows:
+        per.setdefault(cluster, []).append((1.0 if other else 0.0, float(length), float(value)))
+    if not per:
+        return None
+    moments = {k: _moments(v) for k, v in per.items()}
+    estimate = _adjusted_from_moments([math.fsum(c) for c in zip(*moments.values(), strict=True)])
+    if estimate is None:
+        return None
+    keys = sorted(moments)
+    if len(keys) < 2:
+        return (estimate, estimate, estimate)
+    rng = random.Random(seed)
+    fits: list[float] = []
+    for _ in range(resamples):
+        picked = [moments[k] for k in rng.choices(keys, k=len(keys))]
+        d = _adjusted_from_moments([math.fsum(c) for c in zip(*picked, strict=True)])
+        if d is not None:  # a resample may hold one model only; it has no difference to give
+            fits.append(d)
+    if not fits:
+        return (estimate, estimate, estimate)
+    fits.sort()
+    return (estimate, fits[int(0.025 * (len(fits) - 1))], fits[int(0.975 * (len(fits) - 1))])
 
 
 def zero_variance_share(

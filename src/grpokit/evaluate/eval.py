@@ -28,6 +28,7 @@ from grpokit.config import GRPOKitConfig, load_config
 from grpokit.core.stats import (
     cluster_mean_stderr,
     cluster_pass_interval,
+    length_adjusted_difference,
     paired_difference,
     pass_at_k,
     t_quantile_975,
@@ -454,9 +455,29 @@ def _paired(
                     diff=diff,
                     ci=(result[1], result[2]) if result else None,
                     n_prompts=len(pairs),
+                    at_equal_length=_at_equal_length(
+                        by_model[base], by_model[other], key, thresholds
+                    ),
                 )
             )
     return paired
+
+
+def _at_equal_length(
+    base: Sequence[Sample],
+    other: Sequence[Sample],
+    key: str | None,
+    thresholds: Mapping[str, float],
+) -> tuple[float, float, float] | None:
+    """The difference other - base among answers of equal length, with its interval over
+    prompts (:func:`length_adjusted_difference` on every scored sample of the two models)."""
+    rows: list[tuple[int, bool, float, float]] = []
+    for is_other, samples in ((False, base), (True, other)):
+        for s in samples:
+            value = float(_compliant(s, thresholds)) if key is None else _metric_value(s, key)
+            if value is not None:
+                rows.append((s.prompt_index, is_other, float(s.length), value))
+    return length_adjusted_difference(rows)
 
 
 # ---- sampling --------------------------------------------------------------------------------------

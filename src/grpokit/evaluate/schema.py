@@ -108,6 +108,17 @@ class PairedComparison(_Strict):
         )
     )
     n_prompts: int = Field(description="Prompts in the comparison.")
+    at_equal_length: tuple[float, float, float] | None = Field(
+        default=None,
+        description=(
+            "(difference, low, high): other - base among answers of the same length, the "
+            "model's coefficient in a least-squares fit of each sample's value on the model and "
+            "its length in tokens, with a 95% interval from resampling the prompts "
+            "(grpokit.core.stats.length_adjusted_difference). A gain in diff that vanishes here "
+            "came with longer answers. None when the fit has no answer, and in files written "
+            "before it existed."
+        ),
+    )
 
 
 class TranscriptSample(_Strict):

@@ -125,22 +125,40 @@ def eval_tables(result: EvalResult) -> list[Table]:
         tables.append(
             Table(
                 title="Paired comparison against the first model (per-prompt means)",
-                header=["metric", "model", "difference", "95% interval", "prompts"],
+                header=[
+                    "metric",
+                    "model",
+                    "difference",
+                    "95% interval",
+                    "at equal length",
+                    "prompts",
+                ],
                 rows=[
                     [
                         c.metric,
                         f"{c.other} - {c.base}",
                         f"{c.diff:+.3g}",
                         f"[{c.ci[0]:+.3g}, {c.ci[1]:+.3g}]" if c.ci else "–",
+                        _at_equal_length_cell(c.at_equal_length),
                         str(c.n_prompts),
                     ]
                     for c in result.paired
                 ],
                 note="95% t intervals over per-prompt means (prompts are the independent units); "
-                "an interval that excludes 0 is a difference the prompts support",
+                "an interval that excludes 0 is a difference the prompts support. At equal "
+                "length: the difference among answers of the same length (least squares on the "
+                "model and the length, prompts resampled): a gain that is only longer answers "
+                "vanishes there",
             )
         )
     return tables
+
+
+def _at_equal_length_cell(value: tuple[float, float, float] | None) -> str:
+    if value is None:
+        return "–"
+    d, lo, hi = value
+    return f"{d:+.3g} [{lo:+.3g}, {hi:+.3g}]"
 
 
 def to_markdown(tables: Sequence[Table]) -> str:
