@@ -7,9 +7,12 @@
 #   bench/judge_real.sh [OUT]          # default runs/judge-real; every stage skips what exists
 #
 # Settings (environment): DESIGNS="checklist gated" (checklist: config.qwen.checklist.en.yaml,
-# four yes/no questions; gated: config.qwen.en.yaml, the seed's one 0-5 score), SEEDS="0 1 2",
+# four yes/no questions; gated: config.qwen.en.yaml, the seed's one 0-5 score; programs:
+# config.qwen.checklist.program.en.yaml, programs for three items, a question for one), SEEDS="0 1 2",
 # STEPS=30, EVAL_SAMPLES=4 (held-out samples per topic), MAX_PROMPTS=20 (held-out topics),
-# PAIRWISE_SAMPLES=2 (samples per topic the pairwise judge compares; 0 skips it).
+# PAIRWISE_SAMPLES=2 (samples per topic the pairwise judge compares; 0 skips it), LANGUAGE=en
+# (ja: the Japanese configs *.ja.yaml, the 10 Japanese held-out topics, no pairwise comparison,
+# which has no Japanese rubric and no judge able to give one: see the README).
 # Measured on the 2-core development CPU (2026-12-05): a 30-step run 40 min, the eval of the
 # base and one run 16 min, the pairwise comparison of one run 7 min.
 #
@@ -26,7 +29,12 @@ SEEDS=${SEEDS:-"0 1 2"}
 STEPS=${STEPS:-30}
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 MAX_PROMPTS=${MAX_PROMPTS:-20}
-PAIRWISE_SAMPLES=${PAIRWISE_SAMPLES:-2}
+LANGUAGE=${LANGUAGE:-en}
+case "$LANGUAGE" in
+  en) PAIRWISE_SAMPLES=${PAIRWISE_SAMPLES:-2} ;;
+  ja) PAIRWISE_SAMPLES=0 ;;
+  *) echo "judge_real.sh: LANGUAGE is en or ja, not $LANGUAGE" >&2; exit 2 ;;
+esac
 mkdir -p "$OUT/logs"
 say() { echo "[$(date +%H:%M:%S)] $*"; }
 run() {  # run LOG COMMAND...: the command's output to OUT/logs/LOG
@@ -37,9 +45,10 @@ run() {  # run LOG COMMAND...: the command's output to OUT/logs/LOG
 }
 config_of() {
   case "$1" in
-    checklist) echo "$R/config.qwen.checklist.en.yaml" ;;
-    gated) echo "$R/config.qwen.en.yaml" ;;
-    *) echo "judge_real.sh: unknown design $1 (checklist, gated)" >&2; exit 2 ;;
+    checklist) echo "$R/config.qwen.checklist.$LANGUAGE.yaml" ;;
+    gated) echo "$R/config.qwen.$LANGUAGE.yaml" ;;
+    programs) echo "$R/config.qwen.checklist.program.$LANGUAGE.yaml" ;;
+    *) echo "judge_real.sh: unknown design $1 (checklist, gated, programs)" >&2; exit 2 ;;
   esac
 }
 
@@ -57,8 +66,8 @@ for design in $DESIGNS; do
 done
 
 if [ ! -f "$OUT/eval/eval.json" ]; then
-  run eval.log "$BIN/grpokit" eval "${models[@]}" --prompts "$R/heldout_en.jsonl" \
-    --max-prompts "$MAX_PROMPTS" --samples "$EVAL_SAMPLES" --config "$R/config.qwen.eval.en.yaml" \
+  run eval.log "$BIN/grpokit" eval "${models[@]}" --prompts "$R/heldout_$LANGUAGE.jsonl" \
+    --max-prompts "$MAX_PROMPTS" --samples "$EVAL_SAMPLES" --config "$R/config.qwen.eval.$LANGUAGE.yaml" \
     --out "$OUT/eval" --seed 0
 fi
 if [ "$PAIRWISE_SAMPLES" -gt 0 ]; then
