@@ -68,7 +68,7 @@ done
 if [ ! -f "$OUT/eval/eval.json" ]; then
   run eval.log "$BIN/grpokit" eval "${models[@]}" --prompts "$R/heldout_$LANGUAGE.jsonl" \
     --max-prompts "$MAX_PROMPTS" --samples "$EVAL_SAMPLES" --config "$R/config.qwen.eval.$LANGUAGE.yaml" \
-    --out "$OUT/eval" --seed 0
+    --among xml_format --out "$OUT/eval" --seed 0
 fi
 if [ "$PAIRWISE_SAMPLES" -gt 0 ]; then
   for design in $DESIGNS; do

@@ -4,6 +4,7 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -219,12 +220,16 @@ def test_eval_cli_prints_the_table_and_reports_user_errors(
     runner = CliRunner()
     args = ["--model", str(tiny_model_dir), "--prompts", str(prompts), "--samples", "2",
             "--config", str(config), "--max-prompts", "1", "--out", str(tmp_path / "o")]  # fmt: skip
-    res = runner.invoke(eval_cmd, [*args, "--pass", "repetition_penalty=-0.5"])
+    res = runner.invoke(
+        eval_cmd, [*args, "--pass", "repetition_penalty=-0.5", "--among", "repetition_penalty"]
+    )
     assert res.exit_code == 0, res.output
     assert "Per prompt: compliant samples per model" in res.output
     assert "repetition_penalty >= -0.5" in res.output
     res = runner.invoke(eval_cmd, [*args, "--pass", "nope=1"])
     assert isinstance(res.exception, UserError) and "--pass 'nope=1'" in str(res.exception)
+    res = runner.invoke(eval_cmd, [*args, "--among", "nope"])
+    assert isinstance(res.exception, UserError) and "--among 'nope'" in str(res.exception)
     res = runner.invoke(eval_cmd, args[:6])
     assert isinstance(res.exception, UserError) and "--config" in str(res.exception)
 
@@ -362,3 +367,26 @@ def test_a_gain_that_is_only_length_vanishes_at_equal_length() -> None:
     old = json.loads(result.model_dump_json())
     del old["paired"][0]["at_equal_length"]
     assert EvalResult.model_validate(old).paired[0].at_equal_length is None
+
+
+def test_a_comparison_over_the_samples_that_pass_a_reward() -> None:
+    # --among fmt: base passes fmt once (prompt A, sample 0, score 0); trained passes it at
+    # prompt A samples 0-2 (scores 0, 1, 2: mean 1) and prompt B samples 0-1. Prompt B has no
+    # passing base sample, so only prompt A pairs: score 1 - 0 = +1, no interval from one prompt.
+    samples = _samples("base", [[1, 0, 0, 0], [0, 0, 0, 0]], 10, "plain") + _samples(
+        "trained", [[1, 1, 1, 0], [1, 1, 0, None]], 30, "long"
+    )
+    kwargs: dict[str, Any] = dict(
+        labels=["base", "trained"], paths={}, prompts=["A", "B"], samples_per_prompt=4,
+        reward_names=["fmt", "score"], thresholds={"fmt": 1.0}, seed=0, sampling={},
+        heldout="h.jsonl",
+    )  # fmt: skip
+    result = summarize_eval(samples, among=["fmt"], **kwargs)
+    (score,) = [c for c in result.paired if c.among == "fmt"]
+    assert (score.metric, score.diff, score.ci, score.n_prompts) == ("score", 1.0, None, 1)
+    # Over every sample: prompt A 1.5 - 1.5, prompt B 3.5 - 3.5 (trained's mean over its 4).
+    overall = [c for c in result.paired if c.among is None and c.metric == "score"]
+    assert overall[0].diff == 0.0
+    assert "score, where fmt passes" in render_markdown(result)
+    with pytest.raises(ValueError, match="no pass threshold"):
+        summarize_eval(samples, among=["score"], **kwargs)

@@ -85,6 +85,13 @@ def compare_cmd(run_dirs: tuple[Path, ...], out: Path) -> None:
     help="Pass threshold of a reward (default: its maximum, when it has one). Repeatable.",
 )
 @click.option(
+    "--among",
+    multiple=True,
+    metavar="REWARD",
+    help="Also compare every other reward over the samples that pass REWARD's threshold only, "
+    "e.g. --among xml_format: the judged score of the formatted answers alone. Repeatable.",
+)
+@click.option(
     "--batch-size",
     type=click.IntRange(min=1),
     default=32,
@@ -101,6 +108,7 @@ def eval_cmd(
     seed: int,
     max_prompts: int | None,
     thresholds: tuple[str, ...],
+    among: tuple[str, ...],
     batch_size: int,
     device: str | None,
 ) -> None:
@@ -119,6 +127,7 @@ def eval_cmd(
         seed=seed,
         max_prompts=max_prompts,
         thresholds=thresholds,
+        among=among,
         batch_size=batch_size,
         device=device,
         log=lambda msg: click.echo(msg, err=True),

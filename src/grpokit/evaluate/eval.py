@@ -288,14 +288,20 @@ def summarize_eval(
     seconds: Mapping[str, float] | None = None,
     group_texts: Mapping[str, list[str]] | None = None,
     part_names: Sequence[str] = (),
+    among: Sequence[str] = (),
 ) -> EvalResult:
     """Build the eval tables from scored samples (no model needed: testable by hand).
 
     ``thresholds`` holds the pass threshold of each reward that has one; a sample is compliant
     when it passes all of them (no thresholds: no compliant counts). ``part_names``: the reward
     parts (a checklist's items, ``checklist/<item>``) whose success rates are summarised and
-    compared as ``eval/checklist/<item>/pass_rate``.
+    compared as ``eval/checklist/<item>/pass_rate``. ``among``: rewards with a threshold whose
+    passing samples get a paired comparison of their own (every other reward and part, over
+    those samples only), e.g. a judged score over the formatted answers alone.
     """
+    for name in among:
+        if name not in thresholds:
+            raise ValueError(f"among: {name!r} has no pass threshold (thresholds: {thresholds})")
     n_prompts = len(prompts)
     by_model = {label: [s for s in samples if s.model == label] for label in labels}
     models = [
@@ -320,6 +326,13 @@ def summarize_eval(
     metrics: list[str | None] = list(reward_names) + ([None] if thresholds else [])
     metrics += [part_metric(part) for part in part_names]
     paired = _paired(by_model, labels, n_prompts, metrics, thresholds)
+    for name in among:
+        passing = {
+            label: [s for s in mine if _passes(s.rewards.get(name), thresholds[name])]
+            for label, mine in by_model.items()
+        }
+        kept = [m for m in metrics if m is not None and m != name]
+        paired += _paired(passing, labels, n_prompts, kept, thresholds, among=name)
     alerts: list[dict[str, object]] = []
     if monitors is not None and monitors.enabled:
         for m in models[1:]:
@@ -431,9 +444,13 @@ def _paired(
     n_prompts: int,
     metrics: Sequence[str | None],
     thresholds: Mapping[str, float],
+    *,
+    among: str | None = None,
 ) -> list[PairedComparison]:
     """Each model against the first on each metric (None: the compliant rate), paired by
-    prompt: the mean difference other - base with a t interval over prompts."""
+    prompt: the mean difference other - base with a t interval over prompts. ``among`` names
+    the reward whose passing samples ``by_model`` was narrowed to (None: every sample); a prompt
+    where either model has no such sample drops out of the pairs."""
     paired: list[PairedComparison] = []
     base = labels[0]
     for other in labels[1:]:
@@ -458,6 +475,7 @@ def _paired(
                     at_equal_length=_at_equal_length(
                         by_model[base], by_model[other], key, thresholds
                     ),
+                    among=among,
                 )
             )
     return paired
@@ -512,6 +530,7 @@ def run_eval(
     seed: int = 0,
     max_prompts: int | None = None,
     thresholds: Sequence[str] = (),
+    among: Sequence[str] = (),
     batch_size: int = 32,
     device: str | None = None,
     log: Any = print,
@@ -547,6 +566,13 @@ def run_eval(
         n: float(m) for n, m in zip(names, reward_set.max_values, strict=True) if m is not None
     }
     limits.update(parse_thresholds(thresholds, names))
+    for name in among:
+        if name not in limits:
+            reward_set.close()
+            raise UserError(
+                f"--among {name!r}: expected a reward with a pass threshold, one of "
+                f"{', '.join(limits) or '(none: give one with --pass REWARD=VALUE)'}"
+            )
     dev = resolve_device(device or cfg.model.device)
     all_samples: list[Sample] = []
     seconds: dict[str, float] = {}
@@ -580,6 +606,7 @@ def run_eval(
         monitors=cfg.monitors,
         seconds=seconds,
         part_names=reward_set.part_names,
+        among=among,
     )
     lines = "".join(
         json.dumps(

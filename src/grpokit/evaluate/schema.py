@@ -119,6 +119,11 @@ class PairedComparison(_Strict):
             "before it existed."
         ),
     )
+    among: str | None = Field(
+        default=None,
+        description="None: over every sample; a reward's name: over the samples that pass that "
+        "reward's threshold only (`grpokit eval --among`), e.g. the formatted answers.",
+    )
 
 
 class TranscriptSample(_Strict):

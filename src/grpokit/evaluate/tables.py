@@ -135,7 +135,7 @@ def eval_tables(result: EvalResult) -> list[Table]:
                 ],
                 rows=[
                     [
-                        c.metric,
+                        c.metric if c.among is None else f"{c.metric}, where {c.among} passes",
                         f"{c.other} - {c.base}",
                         f"{c.diff:+.3g}",
                         f"[{c.ci[0]:+.3g}, {c.ci[1]:+.3g}]" if c.ci else "–",
@@ -148,7 +148,8 @@ def eval_tables(result: EvalResult) -> list[Table]:
                 "an interval that excludes 0 is a difference the prompts support. At equal "
                 "length: the difference among answers of the same length (least squares on the "
                 "model and the length, prompts resampled): a gain that is only longer answers "
-                "vanishes there",
+                "vanishes there. 'Where X passes': over the samples that pass X's threshold "
+                "only; a prompt where either model has none drops out",
             )
         )
     return tables
