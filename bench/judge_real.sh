@@ -83,3 +83,4 @@ if [ "$PAIRWISE_SAMPLES" -gt 0 ]; then
   done
 fi
 say "held-out tables: $OUT/eval/eval.md; pairwise: $OUT/pairwise-*/pairwise.json"
+say "to grade the answers yourself, blind: $BIN/grpokit review $OUT/eval --config $R/config.qwen.eval.$LANGUAGE.yaml"
