@@ -11,8 +11,8 @@ from grpokit.core.stats import length_adjusted_difference
 def _rows(
     lengths_base: list[float], lengths_other: list[float], value
 ) -> list[tuple[int, bool, float, float]]:
-    rows = [(i % 3, False, x, value(False, x)) for i, x in enumerate(lengths_base)]
-    rows += [(i % 3, True, x, value(True, x)) for i, x in enumerate(lengths_other)]
+    rows = [(i % 5, False, x, value(False, x)) for i, x in enumerate(lengths_base)]
+    rows += [(i % 5, True, x, value(True, x)) for i, x in enumerate(lengths_other)]
     return rows
 
 
@@ -32,7 +32,7 @@ def test_a_score_that_is_length_plus_a_model_effect_gives_the_effect_alone() -> 
 
 
 def test_a_score_that_is_only_length_gives_no_difference() -> None:
-    rows = _rows([100, 150, 120, 90], [200, 260, 180, 150], lambda other, x: 0.001 * x)
+    rows = _rows([100, 150, 120, 90, 110], [200, 260, 180, 150, 170], lambda o, x: 0.001 * x)
     d, _, _ = length_adjusted_difference(rows)  # type: ignore[misc]
     assert d == pytest.approx(0.0, abs=1e-9)
 
@@ -54,7 +54,7 @@ def test_it_is_the_least_squares_coefficient() -> None:
 
 
 def test_equal_lengths_leave_the_difference_of_means() -> None:
-    rows = _rows([100] * 4, [100] * 4, lambda other, x: 0.5 if other else 0.25)
+    rows = _rows([100] * 5, [100] * 5, lambda other, x: 0.5 if other else 0.25)
     d, lo, hi = length_adjusted_difference(rows)  # type: ignore[misc]
     assert (d, lo, hi) == pytest.approx((0.25, 0.25, 0.25))
 
@@ -66,10 +66,10 @@ def test_no_answer_without_two_models_or_when_length_decides_the_model() -> None
     assert length_adjusted_difference([]) is None
 
 
-def test_one_prompt_has_no_interval_and_a_seed_repeats_it() -> None:
-    rows = [(0, o, float(x), float(x % 7) / 7) for o in (False, True) for x in range(10, 40, 3)]
-    d, lo, hi = length_adjusted_difference(rows)  # type: ignore[misc]
-    assert lo == hi == d
+def test_too_few_prompts_give_none_and_a_seed_repeats_it() -> None:
+    # Four prompts: a percentile bootstrap over so few has too few distinct resamples.
+    rows = [(x % 4, o, float(x), float(x % 7) / 7) for o in (False, True) for x in range(10, 40)]
+    assert length_adjusted_difference(rows) is None
     many = _rows(
         [100, 120, 140, 90, 95, 130], [150, 110, 160, 170, 125, 200], lambda o, x: (x % 11) / 11
     )

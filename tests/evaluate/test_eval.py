@@ -343,7 +343,7 @@ def test_a_gain_that_is_only_length_vanishes_at_equal_length() -> None:
     # 0 (exactly: the score is linear in length), and the table says both.
     samples = [
         Sample(model, p, k, "t", None, {"judged": 0.002 * length}, length, False)
-        for p in range(4)
+        for p in range(5)
         for k in range(3)
         for model, length in (("base", 100 + 10 * k + p), ("trained", 150 + 20 * k + 3 * p))
     ]
@@ -351,7 +351,7 @@ def test_a_gain_that_is_only_length_vanishes_at_equal_length() -> None:
         samples,
         labels=["base", "trained"],
         paths={},
-        prompts=["a", "b", "c", "d"],
+        prompts=["a", "b", "c", "d", "e"],
         samples_per_prompt=3,
         reward_names=["judged"],
         thresholds={},

@@ -291,6 +291,10 @@ def paired_difference(
     return (mean, mean - half, mean + half)
 
 
+MIN_BOOTSTRAP_CLUSTERS = 5
+"""Fewest prompts :func:`length_adjusted_difference` resamples: over 2 prompts a percentile
+bootstrap has 3 distinct resamples and an interval far narrower than the t interval's."""
+
 # Per cluster: n, sum g, sum L, sum y, sum gL, sum gy, sum LL, sum Ly (g is 0/1, so sum gg = sum g).
 _Moments = tuple[float, float, float, float, float, float, float, float]
 
@@ -345,8 +349,9 @@ def length_adjusted_difference(
     writes more scores higher on the raw difference, not on this one). The interval is the
     2.5% and 97.5% points of d over ``resamples`` resamplings of the clusters with replacement
     (each with all its samples), so the prompts stay the independent units as in
-    :func:`paired_difference`; with one cluster it collapses to the estimate. None when the fit
-    has no answer (one model only, or is_other a linear function of length).
+    :func:`paired_difference`. None when the fit has no answer (one model only, or is_other a
+    linear function of length) or the samples come from fewer than
+    :data:`MIN_BOOTSTRAP_CLUSTERS` prompts, too few to resample.
 
     The fit is linear in length: a judge whose liking saturates is only approximately
     controlled, and with lengths that barely overlap between the models the estimate
@@ -362,8 +367,8 @@ def length_adjusted_difference(
     if estimate is None:
         return None
     keys = sorted(moments)
-    if len(keys) < 2:
-        return (estimate, estimate, estimate)
+    if len(keys) < MIN_BOOTSTRAP_CLUSTERS:
+        return None
     rng = random.Random(seed)
     fits: list[float] = []
     for _ in range(resamples):

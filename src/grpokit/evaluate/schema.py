@@ -115,8 +115,8 @@ class PairedComparison(_Strict):
             "model's coefficient in a least-squares fit of each sample's value on the model and "
             "its length in tokens, with a 95% interval from resampling the prompts "
             "(grpokit.core.stats.length_adjusted_difference). A gain in diff that vanishes here "
-            "came with longer answers. None when the fit has no answer, and in files written "
-            "before it existed."
+            "came with longer answers. None when the fit has no answer, with fewer than 5 "
+            "prompts (too few to resample), and in files written before it existed."
         ),
     )
     among: str | None = Field(
