@@ -376,8 +376,8 @@ def length_adjusted_difference(
         d = _adjusted_from_moments([math.fsum(c) for c in zip(*picked, strict=True)])
         if d is not None:  # a resample may hold one model only; it has no difference to give
             fits.append(d)
-    if not fits:
-        return (estimate, estimate, estimate)
+    if not fits:  # every resample lacked a model: no interval to give, and no zero-width one
+        return None
     fits.sort()
     return (estimate, fits[int(0.025 * (len(fits) - 1))], fits[int(0.975 * (len(fits) - 1))])
 
