@@ -22,7 +22,9 @@ if [ "$mode" != "--slow" ]; then
   $BIN/ruff format --check src tests bench
   $BIN/mypy src/grpokit
   [ "$mode" = "--lint-only" ] && exit 0
-  $BIN/python -m pytest -q -p no:cacheprovider --doctest-modules src/grpokit tests
+  # The slowest tests listed last: the default run is held to about 15 minutes on 2 cores, and
+  # this list says where its time goes.
+  $BIN/python -m pytest -q -p no:cacheprovider --durations=15 --doctest-modules src/grpokit tests
 else
   $BIN/python -m pytest -q -p no:cacheprovider -m slow tests
 fi
