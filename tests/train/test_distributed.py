@@ -42,8 +42,8 @@ from grpokit.train.distributed import (
     reduce_metrics,
     shard_slice,
 )
-from grpokit.train.experience import Experience
 from grpokit.train.fsdp import full_state, gathered, shard_policy
+from grpokit.train.rollout_record import Rollout
 from grpokit.train.trainer import GRPOTrainer
 
 GROUP = 4
@@ -74,7 +74,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 ROLLOUT_SEED = 123
 
 
-def _fixed_batch() -> tuple[Experience, torch.Tensor]:
+def _fixed_batch() -> tuple[Rollout, torch.Tensor]:
     """Two groups of 4 completions with uneven lengths, one row masked out; and 8 rewards."""
     g = torch.Generator().manual_seed(7)
     prompt_ids, completion_ids = [], []
@@ -86,11 +86,11 @@ def _fixed_batch() -> tuple[Experience, torch.Tensor]:
     mask_rows = torch.ones(2 * GROUP)
     mask_rows[5] = 0.0  # a truncated completion left out of the loss
     rewards = torch.rand(2 * GROUP, generator=g)
-    return Experience(prompt_ids, completion_ids, advantages, mask_rows), rewards
+    return Rollout(prompt_ids, completion_ids, advantages, mask_rows), rewards
 
 
-def _shard(exp: Experience, rows: slice) -> Experience:
-    return Experience(
+def _shard(exp: Rollout, rows: slice) -> Rollout:
+    return Rollout(
         exp.prompt_ids[rows],
         exp.completion_ids[rows],
         exp.advantages[rows],

@@ -9,16 +9,16 @@ import torch
 from float64_identity import UPDATE_SETTINGS, assert_same_update, updated
 
 from grpokit.config import GRPOKitConfig
-from grpokit.train.experience import Experience
+from grpokit.train.rollout_record import Rollout
 from grpokit.train.trainer import GRPOTrainer
 
 PROMPTS = [[1, 9690, 198, 2683, 314], [1, 4093, 30]]
 
 
-def experience(lengths: list[int]) -> Experience:
+def experience(lengths: list[int]) -> Rollout:
     g = torch.Generator().manual_seed(3)
     n = len(lengths)
-    return Experience(
+    return Rollout(
         prompt_ids=[PROMPTS[i * 2 // n] for i in range(n)],
         completion_ids=[torch.randint(3, 20000, (k,), generator=g).tolist() for k in lengths],
         advantages=torch.randn(n, generator=g),

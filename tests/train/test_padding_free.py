@@ -19,8 +19,8 @@ from grpokit.config import GRPOKitConfig
 from grpokit.core.losses import LossTypeName
 from grpokit.errors import UserError
 from grpokit.models.loading import LoraSettings, load_policy
-from grpokit.train.experience import Experience
 from grpokit.train.forward import completion_logprobs, pack
+from grpokit.train.rollout_record import Rollout
 from grpokit.train.trainer import GRPOTrainer
 
 PAD = 2
@@ -87,7 +87,7 @@ def test_packed_forward_equals_padded_forward(
             assert error < 1e-10, (name, error)
 
 
-def _experience() -> Experience:
+def _experience() -> Rollout:
     """8 completions of lengths 2-30 for two prompts, tool messages inside some of them."""
     g = torch.Generator().manual_seed(3)
     lengths = [2, 3, 12, 1, 4, 4, 30, 2]
@@ -95,7 +95,7 @@ def _experience() -> Experience:
     tool_mask = [[1] * n for n in lengths]
     tool_mask[2][3:7] = [0] * 4  # a tool result inside the completion
     tool_mask[6][10:25] = [0] * 15
-    return Experience(
+    return Rollout(
         prompt_ids=[prompts[i // 4] for i in range(len(lengths))],
         completion_ids=[torch.randint(3, 20000, (k,), generator=g).tolist() for k in lengths],
         advantages=torch.randn(len(lengths), generator=g),

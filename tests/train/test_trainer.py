@@ -327,7 +327,7 @@ def _check_reference_from_the_engine(trainer: GRPOTrainer, monkeypatch: pytest.M
     assert during == [False] and engine.reference_logprobs
     trainer.step()
     assert during[-1]
-    exp = trainer.collect().experience
+    exp = trainer.collect()
     assert exp is not None and exp.ref_logps is not None
     rows = [slice(0, len(exp))]
     with torch.no_grad():
@@ -354,7 +354,7 @@ def test_top_p_and_top_k_ratios_on_the_distribution_drawn_from(
         truncated_logprobs=truncated,
     )  # fmt: skip
     trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
-    exp = trainer.collect().experience
+    exp = trainer.collect()
     assert exp is not None
     rows = [slice(0, len(exp))]
     batch = exp.micro_batch(rows[0], trainer.pad_token_id).to(trainer.device)

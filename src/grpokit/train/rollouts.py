@@ -1,38 +1,22 @@
-"""The generation rounds' prompts, sampled and scored: in order from the prompt stream, and with
-an engine that generates ahead, the next rounds' generation overlapping this round's update."""
+"""The generation rounds' prompts, sampled and scored, with their advantages: in order from the
+prompt stream, and with an engine that generates ahead, the next rounds' generation overlapping
+this round's update."""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from grpokit.data.prompts import PromptRow
 from grpokit.errors import UserError
-from grpokit.sampling import Sampler, ScoredBatch
+from grpokit.sampling import Sampler
 from grpokit.train.curriculum import PromptCurriculum
 from grpokit.train.data_order import PromptStream
 from grpokit.train.distributed import DistContext, shard_slice
-
-
-@dataclass
-class Drawn:
-    """One round's scored completions.
-
-    epoch / position: the prompt stream's resume point after this round's prompts (the stream
-        itself may be further on, at rounds taken ahead).
-    indices: the round's prompts over all ranks, as indices into the training rows, in the order
-        :func:`~grpokit.train.distributed.gather_rows` puts their groups.
-    metrics: ``staleness`` when generating ahead: weight updates between the policy that sampled
-        the round and the one trained on it.
-    """
-
-    scored: ScoredBatch
-    epoch: int
-    position: int
-    indices: list[int] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
+from grpokit.train.rollout_record import Rollout
 
 
 @dataclass
@@ -45,7 +29,8 @@ class _Taken:
 
 class Rollouts:
     """Takes each round's prompts from the stream (every rank the same global rows, each its
-    share of groups) and samples and scores them.
+    share of groups), samples and scores them, and computes their ``advantages`` (from the
+    rewards' total (B,) and per-function (B, F) values).
 
     With ``max_staleness`` > 0 (an engine that generates ahead, grpokit.rollout.ahead), the
     prompts of up to ``max_staleness`` later rounds are taken and handed to the engine before this
@@ -64,6 +49,8 @@ class Rollouts:
         *,
         num_generations: int,
         generator: torch.Generator,
+        advantages: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        mask_truncated_completions: bool,
         max_staleness: int = 0,
         curriculum: PromptCurriculum | None = None,
     ) -> None:
@@ -77,13 +64,16 @@ class Rollouts:
         self.dist = dist
         self.num_generations = num_generations
         self.generator = generator
+        self.advantages = advantages
+        self.mask_truncated_completions = mask_truncated_completions
         self.max_staleness = max_staleness
         self.curriculum = curriculum
         self._taken: deque[_Taken] = deque()
 
-    def next(self, prompts: int, *, later_rounds: int) -> Drawn:
-        """This round's ``prompts`` prompts (over all ranks), sampled and scored;
-        ``later_rounds``: how many rounds the run has after this one (none is taken beyond)."""
+    def next(self, prompts: int, *, later_rounds: int) -> Rollout:
+        """This round's ``prompts`` prompts (over all ranks), sampled, scored and their
+        advantages computed; ``later_rounds``: how many rounds the run has after this one (none
+        is taken beyond)."""
         if not self._taken:
             self._take(prompts)
         taken = self._taken.popleft()
@@ -100,7 +90,16 @@ class Rollouts:
                     f"a batch {staleness} weight updates old, outside 0..{self.max_staleness}"
                 )
             metrics["staleness"] = float(staleness)
-        return Drawn(scored, taken.epoch, taken.position, taken.indices, metrics)
+        scores = scored.scores
+        return Rollout.of_round(
+            scored,
+            self.advantages(scores.total, scores.per_function),
+            mask_truncated=self.mask_truncated_completions,
+            epoch=taken.epoch,
+            position=taken.position,
+            indices=taken.indices,
+            metrics=metrics,
+        )
 
     def _take(self, prompts: int) -> None:
         world = self.dist.world_size

@@ -26,8 +26,8 @@ from grpokit.progress import progress
 from grpokit.rollout.agent import ToolMessageTokens
 from grpokit.rollout.tool_calls import call_from_json
 from grpokit.rollout.tools import ToolResult
-from grpokit.train.experience import right_padded
 from grpokit.train.forward import completion_logprobs, pack
+from grpokit.train.rollout_record import right_padded
 
 Completion = str | list[dict[str, Any]]
 

@@ -72,7 +72,6 @@ from grpokit.train.distributed import (
     reduce_metrics,
 )
 from grpokit.train.entropy_control import EntropyStep
-from grpokit.train.experience import Experience
 from grpokit.train.failures import (
     NonFiniteSteps,
     describe_failure,
@@ -83,6 +82,7 @@ from grpokit.train.failures import (
 from grpokit.train.forward import Scores, TokenBatch, completion_scores
 from grpokit.train.fsdp import LockStep, full_state, gathered
 from grpokit.train.no_signal import Advice, NoSignalWatch, no_signal_warning
+from grpokit.train.rollout_record import Rollout, topped_up
 from grpokit.train.rollouts import Rollouts
 from grpokit.train.setup import (
     build_engine,
@@ -118,24 +118,6 @@ class TrainResult:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-@dataclass
-class Collected:
-    """One generation round's outcome.
-
-    experience: what the update trains on (None when every group had equal rewards).
-    scored / advantages: the first round's batch and its advantages exactly as trained on: what
-        the step reports and logs (later dynamic-sampling rounds only top up the groups).
-    metrics: seconds spent generating and scoring (and, generating ahead, the staleness).
-    resume_at: the prompt stream's (epoch, position) after the last round's prompts.
-    """
-
-    experience: Experience | None
-    scored: ScoredBatch
-    advantages: torch.Tensor
-    metrics: dict[str, float]
-    resume_at: tuple[int, int]
-
-
 def heldout_metric_names(rewards: RewardSet) -> list[str]:
     """The metrics the periodic held-out eval can log (:meth:`GRPOTrainer.heldout_metrics`) that
     rank checkpoints (not the standard errors): what training.metric_for_best_model may name."""
@@ -149,10 +131,10 @@ def heldout_metric_names(rewards: RewardSet) -> list[str]:
 
 @dataclass(frozen=True)
 class _StepPlan:
-    """One optimizer step's slice of a generation batch, its micro-batches, the log-probs that
-    stay fixed during the update (pi_old, pi_ref; None where not needed) and its counts."""
+    """One optimizer step's slice of a rollout, its micro-batches, the log-probs that stay fixed
+    during the update (pi_old, pi_ref; None where not needed) and its counts."""
 
-    exp: Experience
+    part: Rollout
     micro_batches: list[slice]
     old_logps: list[torch.Tensor | None]
     ref_logps: list[torch.Tensor | None]
@@ -306,6 +288,8 @@ class GRPOTrainer:
             self.dist,
             num_generations=a.num_generations,
             generator=self.generator,
+            advantages=self._local_advantages,
+            mask_truncated_completions=a.mask_truncated_completions,
             max_staleness=a.max_staleness,
             curriculum=self.curriculum,
         )
@@ -453,7 +437,7 @@ class GRPOTrainer:
 
     # ---- the algorithm -------------------------------------------------------------------------
 
-    def collect(self) -> Collected:
+    def collect(self) -> Rollout:
         """Rollout and reward: G completions for each of the step's prompts, and advantages.
 
         With dynamic_sampling, groups whose rewards are all equal (no signal) are dropped and more
@@ -461,23 +445,24 @@ class GRPOTrainer:
         """
         a = self.args
         want_groups = a.prompts_per_step
-        kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]] = []
+        rounds: list[Rollout] = []
+        kept: list[torch.Tensor] = []  # each round's rows the update trains on, (B_r,) bool
         metrics = {"time/generate": 0.0, "time/score": 0.0}
         n_groups = generated = 0
-        rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
+        max_rounds = a.max_dynamic_sampling_rounds if a.dynamic_sampling else 1
         later_rounds = -(-(self.total_steps - self.state.global_step) // a.updates_per_round) - 1
-        for _ in range(rounds):
+        no_signal = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation].no_signal
+        for _ in range(max_rounds):
             need = want_groups - n_groups if a.dynamic_sampling else want_groups
             drawn = self.rollouts.next(need, later_rounds=later_rounds)
             scored = drawn.scored
+            assert scored is not None  # a sampled round has its scored batch
             self.state.generation_round += 1
             metrics["time/generate"] += scored.generate_seconds
             metrics["time/score"] += scored.score_seconds
             generated += sum(sampled_tokens(scored.rollout))
             metrics |= drawn.metrics
             scores = scored.scores
-            advantages = self._local_advantages(scores.total, scores.per_function)
-            no_signal = MULTI_OBJECTIVE_AGGREGATIONS[a.multi_objective_aggregation].no_signal
             if self.curriculum is not None:  # every rank records every group of the round
                 total = gather_rows(scores.total, self.dist)
                 flat = no_signal(
@@ -487,61 +472,16 @@ class GRPOTrainer:
             keep = torch.ones(len(scored.rows), dtype=torch.bool)
             if a.dynamic_sampling:
                 keep = ~no_signal(scores.total, scores.per_function, a.num_generations)
-            kept.append((scored, advantages, keep))
+            rounds.append(drawn)
+            kept.append(keep.repeat_interleave(a.num_generations))  # a group's keep, its rows'
             n_groups += int(all_reduce_scalars([float(keep.sum())], self.dist)[0])
             if n_groups >= want_groups:
                 break
         metrics |= generation_rate(generated, metrics["time/generate"])
-        first, first_advantages, _ = kept[0]
-        resume_at = (drawn.epoch, drawn.position)
-        return Collected(self._experience(kept), first, first_advantages, metrics, resume_at)
-
-    def _experience(
-        self, kept: list[tuple[ScoredBatch, torch.Tensor, torch.Tensor]]
-    ) -> Experience | None:
-        g = self.args.num_generations
-        prompt_ids: list[list[int]] = []
-        completion_ids: list[list[int]] = []
-        adv: list[torch.Tensor] = []
-        rows_mask: list[float] = []
-        sampler_logps: list[torch.Tensor] = []
-        ref_logps: list[torch.Tensor] | None = []
-        tool_mask: list[list[int]] = []
-        for scored, advantages, keep in kept:
-            engine_ref = scored.rollout.ref_logprobs
-            if engine_ref is None:  # one batch without: the trainer computes them all
-                ref_logps = None
-            expanded = scored.expanded_prompt_ids()
-            for i in range(len(scored.rows)):
-                if not keep[i]:
-                    continue
-                for j in range(i * g, (i + 1) * g):
-                    prompt_ids.append(expanded[j])
-                    completion_ids.append(scored.rollout.completion_ids[j])
-                    sampler_logps.append(scored.rollout.logprobs[j])
-                    if ref_logps is not None and engine_ref is not None:
-                        ref_logps.append(engine_ref[j])
-                    if scored.rollout.tool_mask is not None:
-                        tool_mask.append(scored.rollout.tool_mask[j])
-                    truncated = scored.rollout.finish_reason[j] == "length"
-                    rows_mask.append(
-                        0.0 if (truncated and self.args.mask_truncated_completions) else 1.0
-                    )
-                adv.append(advantages[i * g : (i + 1) * g])
-        if not completion_ids:
-            return None
-        return Experience(
-            prompt_ids,
-            completion_ids,
-            torch.cat(adv),
-            torch.tensor(rows_mask),
-            sampler_logps,
-            tool_mask if tool_mask else None,
-            ref_logps,
-        )
+        return topped_up(rounds, kept, metrics)
 
     def _fixed_logprobs(
-        self, exp: Experience, micro_batches: list[slice]
+        self, rollout: Rollout, micro_batches: list[slice]
     ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
         """The log-probs that stay fixed during the update, those the loss needs: pi_old (several
         optimizer steps per generation) and pi_ref (a KL penalty; the engine's where it scored
@@ -550,21 +490,21 @@ class GRPOTrainer:
         needs = self.loss.needs
         nothing: list[torch.Tensor | None] = [None] * len(micro_batches)
         policy = contextlib.nullcontext(self.policy.model)
-        old = self._frozen_logprobs(policy, exp, micro_batches) if needs.old_logp else nothing
+        old = self._frozen_logprobs(policy, rollout, micro_batches) if needs.old_logp else nothing
         if not needs.ref_logp:
             ref = nothing
-        elif exp.ref_logps is not None:
-            engine_ref = [exp.ref_logprobs(rows) for rows in micro_batches]
+        elif rollout.ref_logps is not None:
+            engine_ref = [rollout.ref_logprobs(rows) for rows in micro_batches]
             ref = [None if r is None else r.to(self.device) for r in engine_ref]
         else:  # the KL's: untruncated, as the engine's reference log-probs are
             reference = self.policy.reference_model()
-            ref = self._frozen_logprobs(reference, exp, micro_batches, truncated=False)
+            ref = self._frozen_logprobs(reference, rollout, micro_batches, truncated=False)
         return old, ref
 
     def _frozen_logprobs(
         self,
         model_context: AbstractContextManager[torch.nn.Module],
-        exp: Experience,
+        rollout: Rollout,
         micro_batches: list[slice],
         truncated: bool = True,
     ) -> list[torch.Tensor | None]:
@@ -572,7 +512,7 @@ class GRPOTrainer:
             out: list[torch.Tensor | None] = [
                 self._logprobs(
                     model,
-                    exp.micro_batch(rows, self.pad_token_id).to(self.device),
+                    rollout.micro_batch(rows, self.pad_token_id).to(self.device),
                     truncated=truncated,
                 )[0]
                 for rows in micro_batches
@@ -617,15 +557,15 @@ class GRPOTrainer:
             entropy_grad=entropy_grad,
         )
 
-    def update(self, exp: Experience) -> list[dict[str, float]]:
-        """num_iterations passes over one experience batch, each an optimizer step on every one
+    def update(self, rollout: Rollout) -> list[dict[str, float]]:
+        """num_iterations passes over one rollout's rows, each an optimizer step on every one
         of its updates_per_generation slices in turn (TRL's steps_per_generation); metrics of
         each step. The rollout engine then takes the new weights (vLLM holds its own copy)."""
         a = self.args
         steps: list[_StepPlan] = []
         with frozen_casts_kept(self.policy.model):
             # pi_old of every slice before the first update: all were drawn from it.
-            for part in exp.split(a.updates_per_generation):
+            for part in rollout.split(a.updates_per_generation):
                 micro_batches = part.micro_batch_rows(
                     a.per_device_train_batch_size,
                     a.max_tokens_per_micro_batch,
@@ -651,7 +591,7 @@ class GRPOTrainer:
                     fixed = zip(step.micro_batches, step.old_logps, step.ref_logps, strict=True)
                     for rows, old, ref in fixed:
                         self._loss_and_backward(
-                            step.exp, rows, old, ref, step.counts, sums, entropy
+                            step.part, rows, old, ref, step.counts, sums, entropy
                         )
                     self.lockstep.finish(self.policy.model, backward=True)
                     records.append(self._apply_gradients(sums))
@@ -662,7 +602,7 @@ class GRPOTrainer:
 
     def _loss_and_backward(
         self,
-        exp: Experience,
+        rollout: Rollout,
         rows: slice,
         old_logp: torch.Tensor | None,
         ref_logp: torch.Tensor | None,
@@ -671,9 +611,9 @@ class GRPOTrainer:
         entropy_step: EntropyStep,
     ) -> None:
         """Forward one micro-batch, add its share of the step's loss to the gradients."""
-        batch = exp.micro_batch(rows, self.pad_token_id).to(self.device)
-        mask = batch.completion_mask * exp.loss_mask_rows[rows].to(self.device)[:, None]
-        tool_mask = exp.tool_mask_of(rows)
+        batch = rollout.micro_batch(rows, self.pad_token_id).to(self.device)
+        mask = batch.completion_mask * rollout.loss_mask_rows[rows].to(self.device)[:, None]
+        tool_mask = rollout.tool_mask_of(rows)
         if tool_mask is not None:  # tool messages stay in the context, out of loss, KL, entropy
             mask = mask * tool_mask.to(self.device)
         logp, entropy, log_kept = self._logprobs(
@@ -681,8 +621,8 @@ class GRPOTrainer:
         )
         assert entropy is not None
         ent = entropy_step.micro_batch(entropy, mask, counts.num_active_tokens)
-        advantages = exp.advantages[rows].to(self.device)
-        sampler = exp.sampler_logprobs(rows)
+        advantages = rollout.advantages[rows].to(self.device)
+        sampler = rollout.sampler_logprobs(rows)
         sampler_logp = None if sampler is None else sampler.to(self.device)
         # Truncated sampling: the ratios on the truncated distribution, the KL on the full one.
         kl_logp = None if log_kept is None else logp + log_kept
@@ -748,30 +688,29 @@ class GRPOTrainer:
             records.append({"loss": 0.0, "grad_norm": 0.0})
         return records
 
-    def _joined(self, exp: Experience | None) -> Experience | None:
-        """With several processes, a rank whose groups all had equal rewards joins the others'
-        update with no rows (its collectives pair with theirs); alone, None means no update."""
-        anyone = all_reduce_scalars([float(exp is not None)], self.dist, "max")[0]
-        if exp is None and anyone:
-            return Experience([], [], torch.zeros(0), torch.zeros(0))
-        return exp
+    def _anyone_trains(self, rollout: Rollout) -> bool:
+        """Whether any rank has rows to train on. With several processes, a rank whose groups all
+        had equal rewards joins the others' update with none (its collectives pair with theirs);
+        alone, none means no update."""
+        return bool(all_reduce_scalars([float(rollout.has_rows)], self.dist, "max")[0])
 
     def step(self) -> list[dict[str, Any]]:
         """One generation round and its optimizer steps (updates_per_round); their metrics."""
         t0 = time.perf_counter()
-        collected = self.collect()
-        scored = collected.scored
+        rollout = self.collect()
+        scored, scored_advantages = rollout.scored, rollout.scored_advantages
+        assert scored is not None and scored_advantages is not None  # collect() samples
         t1 = time.perf_counter()
         text_ngram = self.cfg.monitors.text_ngram
         tools = self.sampler.tools.names if self.sampler.tools is not None else ()
         shared = rollout_metrics(
             scored, self.rewards.max_values, text_ngram=text_ngram, tool_names=tools
         )
-        shared |= collected.metrics
+        shared |= rollout.metrics
         if self.curriculum is not None:
             shared |= self.curriculum.metrics()
-        exp = self._joined(collected.experience)
-        updates = self.update(exp) if exp is not None else self._no_update()
+        trains = self._anyone_trains(rollout)
+        updates = self.update(rollout) if trains else self._no_update()
         shared["time/update"] = time.perf_counter() - t1
         shared |= memory_metrics(self.device)
         if self.state.global_step == 0:
@@ -790,8 +729,8 @@ class GRPOTrainer:
         )
         shared = reduce_metrics(shared, self.dist)
         # No group with a reward spread on any rank: every advantage is 0. (With dynamic
-        # sampling a later round may have found groups with one; exp then holds them.)
-        flat = exp is None or (
+        # sampling a later round may have found groups with one; the rollout then holds them.)
+        flat = not trains or (
             not self.args.dynamic_sampling and shared["frac_reward_zero_std"] >= 1.0
         )
         self._warn_no_signal = self.no_signal.update(flat, scored, len(updates))
@@ -811,8 +750,8 @@ class GRPOTrainer:
                     "step_time": time.perf_counter() - t0,
                 }
             )
-        self._log_completions(scored, collected.advantages)
-        self.state.epoch, self.state.position = collected.resume_at
+        self._log_completions(scored, scored_advantages)
+        self.state.epoch, self.state.position = rollout.epoch, rollout.position
         return out
 
     def _log_completions(self, scored: ScoredBatch, advantages: torch.Tensor) -> None:
