@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -39,6 +40,7 @@ from grpokit.rollout.vllm_engine import (
     dense_weights,
     finish_reason,
     kv_bytes_per_token,
+    launcher_env,
     torch_threads_kept,
     vllm_available,
     vllm_dtype,
@@ -140,8 +142,11 @@ def _engine(model: torch.nn.Module, path: Path, lora_sync: LoraSync = "merged") 
 def test_colocated_generation_and_weight_sync(vllm_tiny_model_dir: Path) -> None:
     path = vllm_tiny_model_dir
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(_device()).eval()
+    launcher_vars = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     engine = _engine(model, path)
     assert isinstance(engine, RolloutEngine)
+    # The build's launcher variables are gone (a later subprocess must not inherit its port).
+    assert {k: os.environ.get(k) for k in launcher_vars} == launcher_vars
     prompts = [[1, 2000, 300, 45, 7], [88, 99, 17]]
     greedy = SamplingParams(max_completion_length=12, temperature=0.0)
     batch = engine.generate(prompts, 3, greedy)
@@ -263,6 +268,31 @@ def test_the_thread_setting_survives_an_engine_that_replaces_it() -> None:
         assert threads == before
     assert torch.set_num_threads is setter
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("under_torchrun", [False, True])
+def test_launcher_variables_last_only_as_long_as_the_engine_build(
+    monkeypatch: pytest.MonkeyPatch, under_torchrun: bool
+) -> None:
+    """Without torchrun the engine build gets a rank, a world and a free port, and the process
+    is left without them, so a subprocess started later does not inherit a port this process
+    holds; under torchrun the launcher's own values are used and kept."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    for key in keys:
+        monkeypatch.delenv(key, raising=False)
+    launched = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.2"}
+    launched["MASTER_PORT"] = "29511"
+    if under_torchrun:
+        for key, value in launched.items():
+            monkeypatch.setenv(key, value)
+    with launcher_env() as rank:
+        inside = {key: os.environ[key] for key in keys}
+    if under_torchrun:
+        assert rank == 3 and inside == launched
+        assert {key: os.environ[key] for key in keys} == launched
+    else:
+        assert rank == 0 and inside["WORLD_SIZE"] == "1" and int(inside["MASTER_PORT"]) > 0
+        assert not any(key in os.environ for key in keys)
 
 
 # ---- a real vLLM (CUDA GPU or vLLM's CPU build) ---------------------------------------------

@@ -196,6 +196,31 @@ CPU_KV_BLOCK = 128
 """Tokens per KV-cache block on vLLM's CPU backend (its default block size there)."""
 
 
+LAUNCHER_ENV = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+"""torch.distributed's launcher variables as a single process without ``torchrun`` has them."""
+
+
+@contextmanager
+def launcher_env() -> Iterator[int]:
+    """The launcher variables vLLM's ``external_launcher`` reads, for building one engine; yields
+    this process's rank.
+
+    Under ``torchrun`` they are set and kept. Without it they are set for the build only (a free
+    ``MASTER_PORT`` included) and removed after: left in ``os.environ`` they would be inherited
+    by every subprocess started later (a benchmark, a judge, another run), which would then try
+    to listen on the port this process's process group still holds (``EADDRINUSE``).
+    """
+    added = {key: value for key, value in LAUNCHER_ENV.items() if key not in os.environ}
+    if "MASTER_PORT" not in os.environ:
+        added["MASTER_PORT"] = str(_free_port())
+    os.environ.update(added)
+    try:
+        yield int(os.environ["RANK"])
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+
+
 @contextmanager
 def torch_threads_kept() -> Iterator[int]:
     """Keep torch's intra-op thread count, and its setter, across building a vLLM engine.
@@ -447,10 +472,6 @@ class VLLMEngine(RolloutEngine):
         # One engine per training process, driven in-process, so the weight reload reaches the
         # model directly (no engine subprocess, no copy of the weights between processes).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
-            os.environ.setdefault(key, value)
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
         from vllm import LLM
 
         if self.platform == "cpu":
@@ -469,8 +490,7 @@ class VLLMEngine(RolloutEngine):
             extra |= {"enable_lora": True, "max_lora_rank": self.adapter_rank, "max_loras": 1}
         if self.sleep_mode:
             extra["enable_sleep_mode"] = True
-        rank = int(os.environ["RANK"])
-        with torch_threads_kept():
+        with torch_threads_kept(), launcher_env() as rank:
             return LLM(
                 # On CPU vLLM compiles the model with inductor at start: 48 s for the 3M-parameter
                 # test model on 2 cores, against 13 s eager, at no measured gain in tokens/s.
