@@ -2,8 +2,8 @@
 
 They measure nothing here (a tiny random model on a shared machine); they only keep the scripts
 from rotting. TRL is a dev dependency, so the training-step benchmark runs its real peer. Each
-starts a process that imports torch, transformers and often TRL (5-16 s): all but the rollout's
-are slow tests, which CI runs (`make test-slow`).
+starts a process that imports torch, transformers and often TRL (5-33 s): all are slow tests,
+which CI runs (`make test-slow`; the vLLM ones in `make test-vllm`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def _run(script: str, *extra: str, timeout: float = 600) -> dict[str, float]:
     return ratios
 
 
+@pytest.mark.slow  # 33 s, the slowest of the default run on a Zen 2 core
 def test_rollout_benchmark_prints_its_ratios() -> None:
     ratios = _run("rollout.py", "--batch-sizes", "8")
     want = {
