@@ -86,19 +86,19 @@ class Rollout:
         batch = scored.rollout
         truncated = [reason == "length" and mask_truncated for reason in batch.finish_reason]
         return cls(
-            scored.expanded_prompt_ids(),
-            batch.completion_ids,
-            advantages,
-            torch.tensor([0.0 if masked else 1.0 for masked in truncated]),
-            batch.logprobs,
-            batch.tool_mask,
-            batch.ref_logprobs,
-            scored,
-            advantages,
-            epoch,
-            position,
-            indices,
-            metrics,
+            prompt_ids=scored.expanded_prompt_ids(),
+            completion_ids=batch.completion_ids,
+            advantages=advantages,
+            loss_mask_rows=torch.tensor([0.0 if masked else 1.0 for masked in truncated]),
+            sampler_logps=batch.logprobs,
+            tool_mask=batch.tool_mask,
+            ref_logps=batch.ref_logprobs,
+            scored=scored,
+            scored_advantages=advantages,
+            epoch=epoch,
+            position=position,
+            indices=indices,
+            metrics=metrics,
         )
 
     def __len__(self) -> int:
