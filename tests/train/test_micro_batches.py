@@ -52,6 +52,39 @@ def test_packed_split_counts_the_rows_own_tokens() -> None:
     assert len(split) < len(exp.micro_batch_rows(4, token_budget=24))
 
 
+def test_train_batch_lays_out_what_the_loss_counts() -> None:
+    """A micro-batch of rows 1-2 of three: completions right-padded to the longest, the loss mask
+    the product of the completion mask, the row mask (row 2 truncated and masked) and the tool
+    mask (row 1's middle token is a tool message's); per-token values padded with 0 as the
+    completions are; the advantages of those rows."""
+    rollout = Rollout(
+        prompt_ids=[[1, 2], [1, 2], [3]],
+        completion_ids=[[5], [6, 7, 8], [9, 10]],
+        advantages=torch.tensor([0.5, -1.0, 2.0]),
+        loss_mask_rows=torch.tensor([1.0, 1.0, 0.0]),
+        sampler_logps=[
+            torch.tensor([-0.1]),
+            torch.tensor([-0.2, -0.3, -0.4]),
+            torch.tensor([-0.5, -0.6]),
+        ],
+        tool_mask=[[1], [1, 0, 1], [1, 1]],
+    )
+    batch = rollout.train_batch(slice(1, 3), pad_token_id=0)
+    assert len(batch) == 2 and batch.old_logps is None and batch.ref_logps is None
+    assert batch.tokens.completion_ids.tolist() == [[6, 7, 8], [9, 10, 0]]
+    assert batch.loss_mask.tolist() == [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    assert batch.advantages.tolist() == [-1.0, 2.0]
+    assert batch.sampler_logps is not None
+    assert torch.equal(batch.sampler_logps, torch.tensor([[-0.2, -0.3, -0.4], [-0.5, -0.6, 0.0]]))
+    without_tools = Rollout(**{**rollout.__dict__, "tool_mask": None, "sampler_logps": None})
+    plain = without_tools.train_batch(slice(1, 3), pad_token_id=0)
+    assert plain.loss_mask.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]
+    assert plain.sampler_logps is None
+    batches = rollout.train_batches(2, pad_token_id=0)
+    assert [len(b) for b in batches] == [2, 1]
+    assert batches[1].loss_mask.tolist() == [[0.0, 0.0]]
+
+
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_budgeted_update_equals_row_sized_update(
     make_config: Callable[..., GRPOKitConfig],

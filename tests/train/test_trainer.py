@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grpokit.config import GRPOKitConfig
+from grpokit.train.rollout_record import TrainBatch
 from grpokit.train.run import resume_run
 from grpokit.train.step_metrics import step_summary
 from grpokit.train.trainer import GRPOTrainer
@@ -329,14 +330,14 @@ def _check_reference_from_the_engine(trainer: GRPOTrainer, monkeypatch: pytest.M
     assert during[-1]
     exp = trainer.collect()
     assert exp is not None and exp.ref_logps is not None
-    rows = [slice(0, len(exp))]
+    batch = exp.train_batch(slice(0, len(exp)), trainer.pad_token_id)
     with torch.no_grad():
-        want = trainer._frozen_logprobs(trainer.policy.reference_model(), exp, rows)[0]
+        want = trainer.frozen_logprobs(trainer.policy.reference_model(), [batch])[0]
         model = contextlib.nullcontext(trainer.policy.model)
-        policy = trainer._frozen_logprobs(model, exp, rows)[0]
-    got = exp.ref_logprobs(rows[0])
+        policy = trainer.frozen_logprobs(model, [batch])[0]
+    got = batch.ref_logps
     assert want is not None and got is not None and policy is not None
-    mask = exp.micro_batch(rows[0], trainer.pad_token_id).completion_mask.bool()
+    mask = batch.tokens.completion_mask.bool()
     assert float((got - want)[mask].abs().max()) < 2e-4
     assert float((policy - want)[mask].abs().max()) > 1e-2  # the adapter is on
 
@@ -356,13 +357,12 @@ def test_top_p_and_top_k_ratios_on_the_distribution_drawn_from(
     trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
     exp = trainer.collect()
     assert exp is not None
-    rows = [slice(0, len(exp))]
-    batch = exp.micro_batch(rows[0], trainer.pad_token_id).to(trainer.device)
-    mask = batch.completion_mask.bool()
+    batch = exp.train_batch(slice(0, len(exp)), trainer.pad_token_id).to(trainer.device)
+    mask = batch.tokens.completion_mask.bool()
     with torch.no_grad():
-        old = trainer._frozen_logprobs(contextlib.nullcontext(trainer.policy.model), exp, rows)[0]
-    logp, _, log_kept = trainer._logprobs(trainer.policy.model, batch, with_entropy=True)
-    sampler = exp.sampler_logprobs(rows[0])
+        old = trainer.frozen_logprobs(contextlib.nullcontext(trainer.policy.model), [batch])[0]
+    logp, _, log_kept = trainer._logprobs(trainer.policy.model, batch.tokens, with_entropy=True)
+    sampler = batch.sampler_logps
     assert old is not None and sampler is not None
     gap = (sampler.to(logp.device) - logp.detach())[mask]
     if truncated:
@@ -414,12 +414,12 @@ def test_steps_per_generation_takes_several_steps_on_slices_of_one_generation(
     trainer = GRPOTrainer(cfg, progress=False, log=lambda m: None)
     assert trainer.total_steps == 8
     assert trainer.loss.needs.old_logp  # pi_old is taken apart from the first step on
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[tuple[int, ...], int]] = []
     own = trainer._loss_and_backward
 
-    def recording(exp: Any, rows: slice, *args: Any) -> None:
-        seen.append((id(exp), len(exp)))
-        own(exp, rows, *args)
+    def recording(batch: TrainBatch, *args: Any) -> None:
+        seen.append((tuple(batch.tokens.input_ids.flatten().tolist()), len(batch)))
+        own(batch, *args)
 
     monkeypatch.setattr(trainer, "_loss_and_backward", recording)
     result = trainer.train()
@@ -427,9 +427,9 @@ def test_steps_per_generation_takes_several_steps_on_slices_of_one_generation(
     assert [h["step"] for h in result.history] == list(range(1, 9))
     # 8 rows per step (2 micro-batches of 4), slice a, b, a, b per generation
     per_step = [seen[i : i + 2] for i in range(0, len(seen), 2)]
-    assert len(per_step) == 8 and all(len(set(s)) == 1 and s[0][1] == 8 for s in per_step)
-    a, b, a2, b2 = (s[0][0] for s in per_step[:4])
-    assert a != b and (a, b) == (a2, b2)
+    assert len(per_step) == 8 and all(len(s) == 2 and s[0][1] == s[1][1] == 4 for s in per_step)
+    a, b, a2, b2 = per_step[:4]
+    assert not set(a) & set(b) and (a, b) == (a2, b2)
     assert all(math.isfinite(h["loss"]) for h in result.history)
 
 

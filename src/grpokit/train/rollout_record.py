@@ -1,5 +1,6 @@
-"""One step's rollout: what the update trains on and what the step reports, in one record; and
-its split into micro-batches."""
+"""The two records of a step: a :class:`Rollout` (what collection produced: what the update
+trains on and what the step reports) and the :class:`TrainBatch` micro-batches the loss consumes,
+which the rollout is split into."""
 
 from __future__ import annotations
 
@@ -156,32 +157,33 @@ class Rollout:
             start = end
         return out
 
-    def micro_batch(self, rows: slice, pad_token_id: int) -> TokenBatch:
-        return pack(self.prompt_ids[rows], self.completion_ids[rows], pad_token_id)
-
-    def sampler_logprobs(self, rows: slice) -> torch.Tensor | None:
-        """(B, C) the sampler's log-probs of a micro-batch's completions, right-padded with 0 as
-        :func:`~grpokit.train.forward.pack` lays the completions out; None without them."""
-        if self.sampler_logps is None:
-            return None
-        return right_padded(self.sampler_logps[rows], 0.0)
-
-    def ref_logprobs(self, rows: slice) -> torch.Tensor | None:
-        """(B, C) the engine's reference log-probs of a micro-batch's completions, laid out as
-        :meth:`sampler_logprobs`; None without them."""
-        if self.ref_logps is None:
-            return None
-        return right_padded(self.ref_logps[rows], 0.0)
-
-    def tool_mask_of(self, rows: slice) -> torch.Tensor | None:
-        """(B, C) float: a micro-batch's tool masks, laid out as :func:`~grpokit.train.forward.pack`
-        lays its completions out (1 on the right padding, which the completion mask zeroes);
-        None without tools."""
-        if self.tool_mask is None:
-            return None
-        return right_padded(
-            [torch.tensor(m, dtype=torch.float32) for m in self.tool_mask[rows]], 1.0
+    def train_batch(self, rows: slice, pad_token_id: int) -> TrainBatch:
+        """The micro-batch of ``rows``, laid out as :func:`~grpokit.train.forward.pack` lays
+        them out; pi_old and the trainer's pi_ref are not in it yet."""
+        tokens = pack(self.prompt_ids[rows], self.completion_ids[rows], pad_token_id)
+        mask = tokens.completion_mask * self.loss_mask_rows[rows][:, None]
+        if self.tool_mask is not None:  # tool messages stay in the context, out of loss and KL
+            tools = [torch.tensor(m, dtype=torch.float32) for m in self.tool_mask[rows]]
+            mask = mask * right_padded(tools, 1.0)
+        return TrainBatch(
+            tokens=tokens,
+            advantages=self.advantages[rows],
+            loss_mask=mask,
+            sampler_logps=_padded(self.sampler_logps, rows),
+            ref_logps=_padded(self.ref_logps, rows),
         )
+
+    def train_batches(
+        self,
+        size: int,
+        token_budget: int | None = None,
+        *,
+        packed: bool = False,
+        pad_token_id: int,
+    ) -> list[TrainBatch]:
+        """The rollout as micro-batches of :meth:`micro_batch_rows`, in row order."""
+        rows = self.micro_batch_rows(size, token_budget, packed=packed)
+        return [self.train_batch(r, pad_token_id) for r in rows]
 
     def active_tokens(self) -> int:
         """Completion tokens the loss counts: rows not masked out, model-sampled tokens only."""
@@ -190,6 +192,48 @@ class Rollout:
         else:
             lengths = torch.tensor([float(sum(m)) for m in self.tool_mask])
         return int((lengths * self.loss_mask_rows).sum().item())
+
+
+@dataclass
+class TrainBatch:
+    """One micro-batch as the loss consumes it: B rows of a :class:`Rollout`, C the longest
+    completion among them (at least 1).
+
+    tokens: the rows' prompt + completion token ids and masks
+        (:class:`~grpokit.train.forward.TokenBatch`: (B, P + C) and (B, C)).
+    advantages: (B,) float32.
+    loss_mask: (B, C) float32, 1 on the tokens that count: completion tokens (not padding) of
+        rows not masked out, sampled by the model (tool messages' tokens are 0).
+    sampler_logps: (B, C) float32, the sampler's log-probs of the completions, 0 on padding;
+        None without them.
+    ref_logps: (B, C) float32, pi_ref's (the engine's, or the trainer's before the update);
+        None where the loss needs none.
+    old_logps: (B, C) float32, pi_old's, taken before the update where the loss needs them
+        (several optimizer steps per generation); None otherwise (the ratio is then 1 in value).
+    """
+
+    tokens: TokenBatch
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    sampler_logps: torch.Tensor | None = None
+    ref_logps: torch.Tensor | None = None
+    old_logps: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.advantages.shape[0])
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return TrainBatch(
+            tokens=self.tokens.to(device),
+            advantages=self.advantages.to(device),
+            loss_mask=self.loss_mask.to(device),
+            sampler_logps=moved(self.sampler_logps),
+            ref_logps=moved(self.ref_logps),
+            old_logps=moved(self.old_logps),
+        )
 
 
 def right_padded(rows: list[torch.Tensor], fill: float) -> torch.Tensor:
@@ -225,6 +269,11 @@ def topped_up(
         position=rounds[-1].position,
         metrics=metrics,
     )
+
+
+def _padded(rows: list[torch.Tensor] | None, at: slice) -> torch.Tensor | None:
+    """(B, C) a micro-batch's per-token values, right-padded with 0 as the completions are."""
+    return None if rows is None else right_padded(rows[at], 0.0)
 
 
 def _picked(rows: list[_Row] | None, index: list[int]) -> list[_Row] | None:

@@ -82,7 +82,7 @@ from grpokit.train.failures import (
 from grpokit.train.forward import Scores, TokenBatch, completion_scores
 from grpokit.train.fsdp import LockStep, full_state, gathered
 from grpokit.train.no_signal import Advice, NoSignalWatch, no_signal_warning
-from grpokit.train.rollout_record import Rollout, topped_up
+from grpokit.train.rollout_record import Rollout, TrainBatch, topped_up
 from grpokit.train.rollouts import Rollouts
 from grpokit.train.setup import (
     build_engine,
@@ -131,13 +131,10 @@ def heldout_metric_names(rewards: RewardSet) -> list[str]:
 
 @dataclass(frozen=True)
 class _StepPlan:
-    """One optimizer step's slice of a rollout, its micro-batches, the log-probs that stay fixed
-    during the update (pi_old, pi_ref; None where not needed) and its counts."""
+    """One optimizer step's micro-batches, with the log-probs that stay fixed during the update
+    in them, and its counts."""
 
-    part: Rollout
-    micro_batches: list[slice]
-    old_logps: list[torch.Tensor | None]
-    ref_logps: list[torch.Tensor | None]
+    batches: list[TrainBatch]
     counts: StepCounts
 
 
@@ -480,42 +477,36 @@ class GRPOTrainer:
         metrics |= generation_rate(generated, metrics["time/generate"])
         return topped_up(rounds, kept, metrics)
 
-    def _fixed_logprobs(
-        self, rollout: Rollout, micro_batches: list[slice]
-    ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """The log-probs that stay fixed during the update, those the loss needs: pi_old (several
-        optimizer steps per generation) and pi_ref (a KL penalty; the engine's where it scored
-        the tokens under the reference model as it generated them); None where it needs
-        neither."""
+    def _fixed_logprobs(self, batches: list[TrainBatch]) -> list[TrainBatch]:
+        """The micro-batches with the log-probs that stay fixed during the update, those the loss
+        needs: pi_old (several optimizer steps per generation) and pi_ref (a KL penalty; the
+        engine's where it scored the tokens under the reference model as it generated them)."""
         needs = self.loss.needs
-        nothing: list[torch.Tensor | None] = [None] * len(micro_batches)
-        policy = contextlib.nullcontext(self.policy.model)
-        old = self._frozen_logprobs(policy, rollout, micro_batches) if needs.old_logp else nothing
+        if needs.old_logp:
+            old = self.frozen_logprobs(contextlib.nullcontext(self.policy.model), batches)
+            batches = [replace(b, old_logps=o) for b, o in zip(batches, old, strict=True)]
         if not needs.ref_logp:
-            ref = nothing
-        elif rollout.ref_logps is not None:
-            engine_ref = [rollout.ref_logprobs(rows) for rows in micro_batches]
-            ref = [None if r is None else r.to(self.device) for r in engine_ref]
-        else:  # the KL's: untruncated, as the engine's reference log-probs are
-            reference = self.policy.reference_model()
-            ref = self._frozen_logprobs(reference, rollout, micro_batches, truncated=False)
-        return old, ref
+            return [replace(b, ref_logps=None) for b in batches]
+        if all(b.ref_logps is not None for b in batches):
+            return batches
+        # The KL's: untruncated, as the engine's reference log-probs are.
+        ref = self.frozen_logprobs(self.policy.reference_model(), batches, truncated=False)
+        return [replace(b, ref_logps=r) for b, r in zip(batches, ref, strict=True)]
 
-    def _frozen_logprobs(
+    def frozen_logprobs(
         self,
         model_context: AbstractContextManager[torch.nn.Module],
-        rollout: Rollout,
-        micro_batches: list[slice],
+        batches: list[TrainBatch],
         truncated: bool = True,
-    ) -> list[torch.Tensor | None]:
+    ) -> list[torch.Tensor]:
+        """(B, C) each micro-batch's log-probs of its completions under the model the context
+        gives (the policy for pi_old, :meth:`Policy.reference_model` for pi_ref), without
+        gradients; ``truncated``: of the truncated sampling distribution where
+        :attr:`truncation` says so."""
         with torch.no_grad(), model_context as model:
-            out: list[torch.Tensor | None] = [
-                self._logprobs(
-                    model,
-                    rollout.micro_batch(rows, self.pad_token_id).to(self.device),
-                    truncated=truncated,
-                )[0]
-                for rows in micro_batches
+            out = [
+                self._logprobs(model, b.tokens.to(self.device), truncated=truncated)[0]
+                for b in batches
             ]
             self.lockstep.finish(model, backward=False)
         return out
@@ -566,33 +557,31 @@ class GRPOTrainer:
         with frozen_casts_kept(self.policy.model):
             # pi_old of every slice before the first update: all were drawn from it.
             for part in rollout.split(a.updates_per_generation):
-                micro_batches = part.micro_batch_rows(
+                batches = part.train_batches(
                     a.per_device_train_batch_size,
                     a.max_tokens_per_micro_batch,
                     packed=a.padding_free,
+                    pad_token_id=self.pad_token_id,
                 )
-                self.lockstep.plan(len(micro_batches))
-                old_logps, ref_logps = self._fixed_logprobs(part, micro_batches)
+                self.lockstep.plan(len(batches))
+                batches = self._fixed_logprobs(batches)
                 # Global counts: each rank's loss is then its share of the global loss (grads
                 # are summed).
                 active, num_rows = all_reduce_scalars([part.active_tokens(), len(part)], self.dist)
                 counts = StepCounts(
                     max(1, int(active)), max(1, int(num_rows)), a.max_completion_length
                 )
-                steps.append(_StepPlan(part, micro_batches, old_logps, ref_logps, counts))
+                steps.append(_StepPlan(batches, counts))
             if not self.policy.model.training:  # the switch walks every module, even a no-op
                 self.policy.model.train()
             records = []
             for _ in range(a.num_iterations):
                 for step in steps:
-                    self.lockstep.plan(len(step.micro_batches))
+                    self.lockstep.plan(len(step.batches))
                     sums = LossSums(self.device)
                     entropy = EntropyStep.start(self.entropy_control, self.state)
-                    fixed = zip(step.micro_batches, step.old_logps, step.ref_logps, strict=True)
-                    for rows, old, ref in fixed:
-                        self._loss_and_backward(
-                            step.part, rows, old, ref, step.counts, sums, entropy
-                        )
+                    for batch in step.batches:
+                        self._loss_and_backward(batch, step.counts, sums, entropy)
                     self.lockstep.finish(self.policy.model, backward=True)
                     records.append(self._apply_gradients(sums))
                     if entropy.active:
@@ -602,45 +591,39 @@ class GRPOTrainer:
 
     def _loss_and_backward(
         self,
-        rollout: Rollout,
-        rows: slice,
-        old_logp: torch.Tensor | None,
-        ref_logp: torch.Tensor | None,
+        batch: TrainBatch,
         counts: StepCounts,
         sums: LossSums,
         entropy_step: EntropyStep,
     ) -> None:
         """Forward one micro-batch, add its share of the step's loss to the gradients."""
-        batch = rollout.micro_batch(rows, self.pad_token_id).to(self.device)
-        mask = batch.completion_mask * rollout.loss_mask_rows[rows].to(self.device)[:, None]
-        tool_mask = rollout.tool_mask_of(rows)
-        if tool_mask is not None:  # tool messages stay in the context, out of loss, KL, entropy
-            mask = mask * tool_mask.to(self.device)
+        batch = batch.to(self.device)
+        mask = batch.loss_mask
         logp, entropy, log_kept = self._logprobs(
-            self.policy.model, batch, with_entropy=True, entropy_grad=entropy_step.entropy_grad
+            self.policy.model,
+            batch.tokens,
+            with_entropy=True,
+            entropy_grad=entropy_step.entropy_grad,
         )
         assert entropy is not None
         ent = entropy_step.micro_batch(entropy, mask, counts.num_active_tokens)
-        advantages = rollout.advantages[rows].to(self.device)
-        sampler = rollout.sampler_logprobs(rows)
-        sampler_logp = None if sampler is None else sampler.to(self.device)
         # Truncated sampling: the ratios on the truncated distribution, the KL on the full one.
         kl_logp = None if log_kept is None else logp + log_kept
         out = self.loss(
             LossInputs(
                 logp,
-                old_logp,
-                advantages,
+                batch.old_logps,
+                batch.advantages,
                 mask,
-                ref_logp,
+                batch.ref_logps,
                 counts,
-                sampler_logp,
+                batch.sampler_logps,
                 kl_logp,
                 policy_mask=ent.policy_mask,
             )
         )
         assert counts.num_sequences is not None
-        weight = self.loss.micro_batch_weight(rows.stop - rows.start, counts.num_sequences)
+        weight = self.loss.micro_batch_weight(len(batch), counts.num_sequences)
         # The bonus is already this micro-batch's share of the step's (divided by the step's
         # tokens), so it takes no micro-batch weight.
         loss = out.loss * weight if ent.bonus is None else out.loss * weight - ent.bonus
