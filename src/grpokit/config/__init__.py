@@ -7,6 +7,8 @@ article's GRPOConfig).
 - :mod:`~grpokit.config.sections`: ``model:`` and ``data:``;
 - :mod:`~grpokit.config.training`: ``training:`` (TRL's names, grouped);
 - :mod:`~grpokit.config.root`: the whole config and its cross-checks;
+- :mod:`~grpokit.config.trl_forms`: TRL's and transformers' ways of writing ``training:``
+  settings, read as grpokit's;
 - :mod:`~grpokit.config.loading`: reading the YAML file, ``--set`` overrides, error messages;
   reading the prompt rows a config names and checking this machine can run it.
 """
