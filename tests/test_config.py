@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpokit.config import load_config
+from grpokit.config import check_machine, load_config
 from grpokit.errors import UserError
 from grpokit.rollout.base import SamplingParams
 
@@ -250,7 +250,7 @@ def test_device_is_checked_by_name_and_on_this_machine(tmp_path: Path) -> None:
     cfg = load_config(_write(tmp_path, BASE), ["model.device=cuda"])  # loads anywhere
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="model.device 'cuda': this machine has no CUDA"):
-            cfg.check_machine()
+            check_machine(cfg)
 
 
 def test_heldout_watch_must_name_a_reward(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import datasets
 import pytest
 import yaml
 
-from grpokit.config import load_config
+from grpokit.config import load_config, load_prompt_rows
 from grpokit.data import encode_prompt, load_prompts
 from grpokit.data.sources import DatasetSource
 from grpokit.errors import UserError
@@ -116,13 +116,13 @@ def test_config_mapping_form_slices_and_columns(tmp_path: Path) -> None:
     }
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(doc))
     cfg = load_config(tmp_path / "config.yaml")
-    assert [r.prompt for r in cfg.prompts("train")] == ["1+1?", "2+3?"]
-    assert [r.columns for r in cfg.prompts("heldout")] == [{"answer": "8"}]
+    assert [r.prompt for r in load_prompt_rows(cfg, "train")] == ["1+1?", "2+3?"]
+    assert [r.columns for r in load_prompt_rows(cfg, "heldout")] == [{"answer": "8"}]
     # The string form keeps working and resolves against the config's directory.
     cfg = load_config(tmp_path / "config.yaml", ["data.train=p.csv", "data.heldout=null"])
-    assert len(cfg.prompts("train")) == 3
+    assert len(load_prompt_rows(cfg, "train")) == 3
     with pytest.raises(UserError, match="data.heldout is not set"):
-        cfg.prompts("heldout")
+        load_prompt_rows(cfg, "heldout")
 
 
 def test_conversational_and_plain_prompts_in_any_format(tmp_path: Path) -> None:
@@ -207,10 +207,10 @@ def test_hub_name_offline_names_the_dataset(tmp_path: Path) -> None:
         "rewards:\n  - type: xml_format\n"
     )
     code = (
-        "from grpokit.config import load_config\n"
+        "from grpokit.config import load_config, load_prompt_rows\n"
         "from grpokit.errors import UserError\n"
         "try:\n"
-        f"    load_config({str(tmp_path / 'config.yaml')!r}).prompts('train')\n"
+        f"    load_prompt_rows(load_config({str(tmp_path / 'config.yaml')!r}), 'train')\n"
         "except UserError as e:\n"
         "    print(e)\n"
     )

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from grpokit.config import GRPOKitConfig, load_config
+from grpokit.config import GRPOKitConfig, load_config, load_prompt_rows
 from grpokit.core.losses import LossInputs, LossOutput
 from grpokit.errors import UserError
 from grpokit.train.forward import completion_logprobs, pack
@@ -423,7 +423,7 @@ def test_eval_and_generate_sample_with_the_configs_tools(
     sampler = Sampler.from_config(cfg, rewards)
     assert sampler.tools is not None and sampler.tools.names == ["calculator", "broken"]
     sampler.engine = ScriptedEngine(sampler.policy.model, sampler.tokenizer, reply)
-    scored = sampler.score_prompts(cfg.prompts("train")[:1], 4, seed=0)
+    scored = sampler.score_prompts(load_prompt_rows(cfg, "train")[:1], 4, seed=0)
     assert [s.rewards["right"] for s in scored.samples("m")] == [1.0, 1.0, 0.0, 0.0]
     assert "<tool_response>42</tool_response>" in scored.samples("m")[0].text.replace("\n", "")
     transcript = scored.samples("m")[0].transcript  # what eval and generate write

@@ -7,14 +7,19 @@ article's GRPOConfig).
 - :mod:`~grpokit.config.sections`: ``model:`` and ``data:``;
 - :mod:`~grpokit.config.training`: ``training:`` (TRL's names, grouped);
 - :mod:`~grpokit.config.root`: the whole config and its cross-checks;
-- :mod:`~grpokit.config.loading`: reading the YAML file, ``--set`` overrides, error messages.
+- :mod:`~grpokit.config.trl_forms`: TRL's and transformers' ways of writing ``training:``
+  settings, read as grpokit's;
+- :mod:`~grpokit.config.loading`: reading the YAML file, ``--set`` overrides, error messages;
+  reading the prompt rows a config names and checking this machine can run it.
 """
 
 from __future__ import annotations
 
 from grpokit.config.loading import (
+    check_machine,
     format_validation_error,
     load_config,
+    load_prompt_rows,
     load_reward_specs,
     read_config_data,
     validate_config,
@@ -49,8 +54,10 @@ __all__ = [
     "ModelConfig",
     "ToolSpec",
     "TrainingConfig",
+    "check_machine",
     "format_validation_error",
     "load_config",
+    "load_prompt_rows",
     "load_reward_specs",
     "read_config_data",
     "validate_config",

@@ -1,12 +1,14 @@
-"""Reading a YAML config: line numbers for every error, --set overrides, one message per problem."""
+"""Reading a YAML config: line numbers for every error, --set overrides, one message per problem;
+then what a run reads with it (its prompt rows) and checks against this machine."""
 
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -16,6 +18,7 @@ from pydantic import (
 
 from grpokit.config.root import GRPOKitConfig
 from grpokit.config.training import TrainingConfig
+from grpokit.data.prompts import PromptRow, load_prompts
 from grpokit.errors import UserError, read_utf8
 from grpokit.rewards.spec import RewardSpec, parse_reward_specs
 from grpokit.trl_fields import TRL_FIELDS, TRL_SCRIPT_KEYS
@@ -246,6 +249,29 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> GRPOKit
     path = Path(path)
     data, lines = read_config_data(path)
     return validate_config(data, path, lines, overrides, config_dir=run_config_dir(path))
+
+
+def load_prompt_rows(cfg: GRPOKitConfig, which: Literal["train", "heldout"]) -> list[PromptRow]:
+    """The training or held-out prompt rows of ``cfg``, read as data.train / data.heldout say
+    (relative paths against the config's directory); a problem with the data is a UserError."""
+    return load_prompts(
+        cfg.data.source(which),
+        prompt_column=cfg.data.prompt_column,
+        columns=cfg.data.columns,
+        base_dir=cfg.config_dir,
+    )
+
+
+def check_machine(cfg: GRPOKitConfig) -> None:
+    """Fail before any loading when this machine cannot run ``cfg``: model.device names
+    hardware it lacks, or training.optim needs a package it lacks. Loading a config checks
+    neither, so that a config written for a GPU machine still loads elsewhere."""
+    cfg.model.check_device()
+    if cfg.training.adamw_8bit and importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError(
+            f"training.optim: {cfg.training.optim} needs bitsandbytes "
+            "(pip install bitsandbytes); or use adamw_torch_fused"
+        )
 
 
 def load_reward_specs(path: Path) -> tuple[list[RewardSpec], Path]:

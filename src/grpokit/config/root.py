@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import (
@@ -17,8 +16,7 @@ from pydantic import (
 
 from grpokit.config.sections import DataConfig, ModelConfig, ToolSpec, _Strict
 from grpokit.config.training import TrainingConfig
-from grpokit.data.prompts import PromptRow
-from grpokit.errors import UserError, read_utf8
+from grpokit.errors import read_utf8
 from grpokit.monitor.config import MonitorConfig
 from grpokit.rewards.builtin.python_fn import FUNCTION_PATH
 from grpokit.rewards.spec import RewardSpec, validate_reward_specs
@@ -160,27 +158,6 @@ class GRPOKitConfig(_Strict):
             for spec, weight in zip(self.rewards, weights, strict=True):
                 spec.weight = weight
         return self
-
-    def prompts(self, which: Literal["train", "heldout"]) -> list[PromptRow]:
-        """The training or held-out prompt rows, read as data.train / data.heldout say."""
-        from grpokit.data.prompts import load_prompts
-
-        return load_prompts(
-            self.data.source(which),
-            prompt_column=self.data.prompt_column,
-            columns=self.data.columns,
-            base_dir=self.config_dir,
-        )
-
-    def check_machine(self) -> None:
-        """Fail before any loading when this machine cannot run the config: model.device
-        names hardware it lacks, or training.optim needs a package it lacks."""
-        self.model.check_device()
-        if self.training.adamw_8bit and importlib.util.find_spec("bitsandbytes") is None:
-            raise UserError(
-                f"training.optim: {self.training.optim} needs bitsandbytes "
-                "(pip install bitsandbytes); or use adamw_torch_fused"
-            )
 
     @property
     def config_dir(self) -> Path:

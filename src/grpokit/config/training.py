@@ -24,35 +24,13 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
+from grpokit.config.trl_forms import from_trl_forms, legacy_fsdp
 from grpokit.core.advantages import MultiObjectiveAggregation
 from grpokit.core.curriculum import Curriculum
 from grpokit.core.entropy import EntropyControl
 from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
 from grpokit.rollout.base import SamplingParams
 from grpokit.rollout.tool_calls import check_pattern
-from grpokit.trl_fields import drop_accepted_trl_fields
-
-_FSDP_OPTIONS = ("full_shard", "shard_grad_op", "offload", "auto_wrap")
-
-
-def _legacy_fsdp(value: str) -> dict[str, bool]:
-    """transformers' legacy ``fsdp`` string ("full_shard offload", ...) as fsdp_config settings,
-    translated the way TrainingArguments translates it for FSDP2."""
-    items = value.split()
-    unknown = [x for x in items if x not in _FSDP_OPTIONS]
-    if unknown:
-        raise ValueError(
-            f"unknown FSDP option {unknown[0]!r}: use true, or transformers' options "
-            f"{', '.join(_FSDP_OPTIONS)} (space-separated)"
-        )
-    if "full_shard" in items and "shard_grad_op" in items:
-        raise ValueError("choose one of full_shard and shard_grad_op")
-    settings: dict[str, bool] = {}
-    if "full_shard" in items or "shard_grad_op" in items:
-        settings["reshard_after_forward"] = "full_shard" in items
-    if "offload" in items:
-        settings["cpu_offload"] = True
-    return settings  # auto_wrap: decoder layers are always wrapped one by one
 
 
 class FSDPConfig(_Strict):
@@ -844,64 +822,17 @@ class TrainingConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _legacy_values(cls, data: Any) -> Any:
-        # TRL accepted scale_rewards: true/false before it took a string.
-        if isinstance(data, dict) and isinstance(data.get("scale_rewards"), bool):
-            data = dict(data)
-            data["scale_rewards"] = "group" if data["scale_rewards"] else "none"
-        # transformers' legacy fsdp strings; an explicit fsdp_config key wins, as in transformers.
-        # An invalid string is left for the fsdp field's own check, which names its line.
-        if isinstance(data, dict) and isinstance(data.get("fsdp"), str):
-            try:
-                settings = _legacy_fsdp(data["fsdp"])
-            except ValueError:
-                return data
-            data = dict(data)
-            explicit = data.get("fsdp_config")
-            data["fsdp_config"] = (
-                settings | explicit if isinstance(explicit, dict) else explicit or settings
-            )
-            data["fsdp"] = bool(data["fsdp"].split())
-        return data
+    def _trl_forms(cls, data: Any) -> Any:
+        """TRL's and transformers' ways of writing these settings, read as grpokit's
+        (grpokit.config.trl_forms); a ValueError there is reported at the training: section."""
+        return from_trl_forms(data) if isinstance(data, dict) else data
 
     @field_validator("fsdp", mode="before")
     @classmethod
     def _fsdp_option(cls, value: Any) -> Any:
         if isinstance(value, str):
-            _legacy_fsdp(value)  # raises the reason it was not translated
+            legacy_fsdp(value)  # raises the reason it was not translated
         return value
-
-    @model_validator(mode="before")
-    @classmethod
-    def _trl_forms(cls, data: Any) -> Any:
-        """TRL's and transformers' ways of writing these settings, and TRL fields that change
-        nothing here (grpokit.trl_fields)."""
-        if not isinstance(data, dict):
-            return data
-        data = drop_accepted_trl_fields(data)
-        renamed = data.get("activation_checkpointing")
-        if renamed is not None:
-            if data.get("gradient_checkpointing") not in (None, renamed):
-                raise ValueError(
-                    "activation_checkpointing and gradient_checkpointing (its older name) differ; "
-                    "set one"
-                )
-            data["gradient_checkpointing"] = renamed
-        if "fsdp" in data and data["fsdp"] is None:  # transformers' "off"
-            data["fsdp"] = False
-        if "fsdp_config" in data and data["fsdp_config"] is None:
-            del data["fsdp_config"]
-        warmup = data.get("warmup_steps")
-        if isinstance(warmup, float) and 0 < warmup < 1:  # transformers 5: a share of the run
-            if data.get("warmup_ratio"):
-                raise ValueError(
-                    "warmup_steps below 1 is a share of the run, as warmup_ratio is; set one"
-                )
-            data["warmup_ratio"], data["warmup_steps"] = warmup, 0
-        # eval_steps alone turns the periodic eval on, as it did before eval_strategy existed.
-        if "eval_strategy" not in data and data.get("eval_steps"):
-            data["eval_strategy"] = "steps"
-        return data
 
     @field_validator("logging_steps", "save_steps", "eval_steps", "warmup_steps", mode="before")
     @classmethod
@@ -1001,8 +932,7 @@ class TrainingConfig(_Strict):
                 f"e.g. gradient_accumulation_steps: "
                 f"{_fix_accumulation(self.per_device_train_batch_size * self.num_processes, self.num_generations)}"
             )
-        _ = self.loss_settings  # its checks (delta, cispo's cap) name the fields
-        _ = self.entropy_control  # its checks (the coefficient's bounds) name the fields
+        self._check_loss_settings()
         if self.max_staleness:
             self._check_generating_ahead()
         if self.fsdp and self.cast_lm_head_to_fp32:
@@ -1078,6 +1008,13 @@ class TrainingConfig(_Strict):
                 f"of gradient_accumulation_steps {self.gradient_accumulation_steps}: each "
                 "generation feeds whole optimizer steps"
             )
+
+    def _check_loss_settings(self) -> None:
+        """Build the loss's and the entropy control's settings, which check their values as they
+        are built (delta, cispo's cap, the entropy coefficient's bounds) and raise ValueError
+        naming the field: a bad value stops the config as it loads, not the run's first step."""
+        _ = self.loss_settings
+        _ = self.entropy_control
 
     def _check_generating_ahead(self) -> None:
         """What max_staleness > 0 needs: a generation that runs beside the trainer, whose older

@@ -369,6 +369,7 @@ def fidelity_prompts(
 ) -> tuple[list[Prompt], str | None, list[str] | None]:
     """Up to ``n`` prompts for the check (the run's held-out prompts, else its training prompts,
     else :data:`FALLBACK_PROMPTS`), its system prompt and its xml_format tags."""
+    from grpokit.config import load_prompt_rows
     from grpokit.rewards.audit.common import format_tags
 
     if run_config is None:
@@ -376,7 +377,7 @@ def fidelity_prompts(
     rows = []
     for which in ("heldout", "train"):
         try:
-            rows = run_config.prompts(which)
+            rows = load_prompt_rows(run_config, which)
         except UserError:
             continue
         if rows:

@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from grpokit.config import GRPOKitConfig
+from grpokit.config import GRPOKitConfig, load_prompt_rows
 from grpokit.data.prompts import PromptRow, check_columns
 from grpokit.errors import UserError
 from grpokit.progress import progress
@@ -43,7 +43,7 @@ def open_sampler(
     too (for SFT), otherwise the bare model (for sampling only). The caller closes
     ``sampler.rewards``.
     """
-    rows = cfg.prompts("train")
+    rows = load_prompt_rows(cfg, "train")
     rewards = build_reward_set(
         cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=None, seed=cfg.training.seed)
     )

@@ -17,7 +17,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpokit.config import GRPOKitConfig, load_config, read_config_data, validate_config
+from grpokit.config import (
+    GRPOKitConfig,
+    check_machine,
+    load_config,
+    read_config_data,
+    validate_config,
+)
 from grpokit.errors import UserError
 from grpokit.models.loading import check_context_length
 from grpokit.monitor.trackers import ReportBuilder
@@ -88,7 +94,7 @@ def _check_can_run(cfg: GRPOKitConfig, source: Path) -> None:
     """What fails for this machine or model before anything is loaded: the device, the
     optimizer's package, and lengths beyond the model's context."""
     try:
-        cfg.check_machine()
+        check_machine(cfg)
         check_context_length(
             cfg.model.name_or_path,
             max_prompt_length=cfg.training.max_prompt_length,

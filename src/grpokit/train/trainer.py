@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from grpokit.config import GRPOKitConfig
+from grpokit.config import GRPOKitConfig, load_prompt_rows
 from grpokit.core.advantages import MULTI_OBJECTIVE_AGGREGATIONS
 from grpokit.core.curriculum import PromptRecord
 from grpokit.core.losses import LossInputs, StepCounts
@@ -208,8 +208,8 @@ class GRPOTrainer:
     def _load_data_and_rewards(self) -> tuple[RewardSet, str | None]:
         """Prompts, system prompt, the run directory, tools and rewards: their errors are cheap
         to find and must come before the model loads."""
-        self.rows = self.cfg.prompts("train")
-        self.heldout = self.cfg.prompts("heldout") if self.cfg.data.heldout else []
+        self.rows = load_prompt_rows(self.cfg, "train")
+        self.heldout = load_prompt_rows(self.cfg, "heldout") if self.cfg.data.heldout else []
         system_prompt = self.cfg.system_prompt
         self.run_dir.mkdir(parents=True, exist_ok=True)
         check_shared_run_dir(self.run_dir, self.dist)  # several machines: one directory for all
