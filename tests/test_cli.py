@@ -177,6 +177,7 @@ def test_user_errors_exit_2_with_one_message(tmp_path: Path, tiny_model_dir: Pat
     assert out.returncode == 2 and "train.jsonl:2: not valid JSON" in out.stderr
 
 
+@pytest.mark.slow  # torchrun and two trainers: 11 s on 2 cores
 def test_train_nproc_runs_two_data_parallel_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
     # 2 prompts x 2 generations per step: one whole group per process.
     config = _tiny_config(tmp_path, tiny_model_dir, per_device_train_batch_size=2)

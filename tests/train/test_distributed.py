@@ -366,6 +366,7 @@ def _assert_same_files(a: Path, b: Path) -> None:
             torch.testing.assert_close(value, y["state"][i][key], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # two torchrun launches and a resume: 12 s each on 2 cores
 @pytest.mark.parametrize("model", [{}, {"lora": {"r": 4, "alpha": 8}}], ids=["full", "lora"])
 def test_fsdp_two_processes_update_like_one_and_resume(
     make_config: Callable[..., GRPOKitConfig], model: dict, tmp_path: Path
@@ -600,6 +601,7 @@ def test_launch_command_runs_grpokit_under_torchrun() -> None:
         launch_command(1, ["train"], Nodes(2, 2, "h"))
 
 
+@pytest.mark.slow  # two torchrun nodes on localhost: 9 s on 2 cores
 def test_two_nodes_refuse_run_directories_that_differ(
     config: GRPOKitConfig, tmp_path: Path
 ) -> None:
