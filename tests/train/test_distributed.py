@@ -312,6 +312,7 @@ def config(make_config: Callable[..., GRPOKitConfig]) -> GRPOKitConfig:
     return make_config(**TRAINING)
 
 
+@pytest.mark.slow  # torchrun with two processes: 10 s on 2 cores (FSDP's case stays default)
 def test_two_processes_update_like_one(
     config: GRPOKitConfig, float64: Callable[[GRPOTrainer], GRPOTrainer], tmp_path: Path
 ) -> None:
@@ -366,8 +367,13 @@ def _assert_same_files(a: Path, b: Path) -> None:
             torch.testing.assert_close(value, y["state"][i][key], rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.slow  # two torchrun launches and a resume: 12 s each on 2 cores
-@pytest.mark.parametrize("model", [{}, {"lora": {"r": 4, "alpha": 8}}], ids=["full", "lora"])
+# The default run keeps one FSDP case: every forward there is a collective, so a rank that runs
+# one forward fewer than the others (one with no rows, say) hangs the group, as nothing else shows.
+@pytest.mark.parametrize(
+    "model",
+    [{}, pytest.param({"lora": {"r": 4, "alpha": 8}}, marks=pytest.mark.slow)],
+    ids=["full", "lora"],
+)  # two torchrun launches and a resume: 12 s each on 2 cores
 def test_fsdp_two_processes_update_like_one_and_resume(
     make_config: Callable[..., GRPOKitConfig], model: dict, tmp_path: Path
 ) -> None:

@@ -477,17 +477,21 @@ class GRPOTrainer:
         metrics |= generation_rate(generated, metrics["time/generate"])
         return topped_up(rounds, kept, metrics)
 
-    def _fixed_logprobs(self, batches: list[TrainBatch]) -> list[TrainBatch]:
-        """The micro-batches with the log-probs that stay fixed during the update, those the loss
-        needs: pi_old (several optimizer steps per generation) and pi_ref (a KL penalty; the
-        engine's where it scored the tokens under the reference model as it generated them)."""
+    def _fixed_logprobs(self, part: Rollout, batches: list[TrainBatch]) -> list[TrainBatch]:
+        """``part``'s micro-batches with the log-probs that stay fixed during the update, those
+        the loss needs: pi_old (several optimizer steps per generation) and pi_ref (a KL penalty;
+        the engine's where it scored the tokens under the reference model as it generated
+        them)."""
         needs = self.loss.needs
         if needs.old_logp:
             old = self.frozen_logprobs(contextlib.nullcontext(self.policy.model), batches)
             batches = [replace(b, old_logps=o) for b, o in zip(batches, old, strict=True)]
         if not needs.ref_logp:
             return [replace(b, ref_logps=None) for b in batches]
-        if all(b.ref_logps is not None for b in batches):
+        # Decided on the rollout, not on its micro-batches: a rank with no rows has none, and
+        # must still take part in the reference forward (under FSDP a collective) as the
+        # others do.
+        if part.ref_logps is not None:
             return batches
         # The KL's: untruncated, as the engine's reference log-probs are.
         ref = self.frozen_logprobs(self.policy.reference_model(), batches, truncated=False)
@@ -564,7 +568,7 @@ class GRPOTrainer:
                     pad_token_id=self.pad_token_id,
                 )
                 self.lockstep.plan(len(batches))
-                batches = self._fixed_logprobs(batches)
+                batches = self._fixed_logprobs(part, batches)
                 # Global counts: each rank's loss is then its share of the global loss (grads
                 # are summed).
                 active, num_rows = all_reduce_scalars([part.active_tokens(), len(part)], self.dist)
