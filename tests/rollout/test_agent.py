@@ -17,8 +17,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from grpokit.data.chat import encode_prompt
 from grpokit.errors import UserError
 from grpokit.models.tiny import TOKENIZER_FAMILIES, make_tiny_model_dir, make_tiny_tokenizer_dir
-from grpokit.rollout.agent import ToolMessageTokens, ToolRollout, check_tool_template, transcript
-from grpokit.rollout.base import SamplingParams
+from grpokit.rollout.agent import (
+    ToolEngine,
+    ToolMessageTokens,
+    ToolRollout,
+    check_tool_template,
+    transcript,
+    with_tools,
+)
+from grpokit.rollout.base import EngineCapabilities, SamplingParams
+from grpokit.rollout.environments import Environments
 from grpokit.rollout.tool_calls import parse_hermes, parse_llama3
 from grpokit.rollout.tools import ToolCall, ToolResult, ToolRunner, load_tools
 from grpokit.rollout.torch_engine import TorchEngine
@@ -216,6 +224,51 @@ def test_iteration_limit_stops_a_model_that_keeps_calling(setup: Any) -> None:
         assert [len(t.calls) for t in turns] == [1, 1, 0]
     assert out.finish_reason == ["eos", "eos"]
     assert tool_metrics(out)["tools/call_frequency"] == 2.0
+
+
+class _Counted(ScriptedEngine):
+    """A scripted engine that counts the weight syncs and closes reaching it, and offers the
+    reference rows and generating ahead (which a tool engine must not pass on)."""
+
+    capabilities = EngineCapabilities(reference_logprobs=True, prefetch=True)
+    syncs = closes = 0
+
+    def sync_weights(self) -> None:
+        self.syncs += 1
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def test_a_tool_engine_is_the_loop_behind_the_engine_interface(setup: Any) -> None:
+    model, tokenizer, tools = setup
+
+    def reply(context: str, j: int) -> str:
+        return "It is 42." if "<|im_start|>tool" in context else hermes_call("calculator", a=6, b=7)
+
+    inner = _Counted(model, tokenizer, reply)
+    rollout = _rollout(tokenizer, tools)
+    engine = with_tools(inner, rollout)
+    assert isinstance(engine, ToolEngine) and engine.tools is rollout
+    assert with_tools(inner, None) is inner
+    # None of the inner engine's offers: reference rows would cover the first turn only, and a
+    # turn's prompt is not known before the last turn's calls have run.
+    assert engine.capabilities == EngineCapabilities()
+    prompt = encode_prompt(tokenizer, "What is 6 times 7?", tools=rollout.schemas)
+    params = SamplingParams(max_completion_length=200)
+    out = engine.generate([prompt], 2, params)
+    direct = rollout.generate(ScriptedEngine(model, tokenizer, reply), [prompt], 2, params)
+    assert out.completion_ids == direct.completion_ids and out.tool_mask == direct.tool_mask
+    assert [len(t) for t in out.turns or []] == [2, 2]
+    engine.sync_weights()
+    engine.close()
+    assert (inner.syncs, inner.closes) == (1, 1)
+    with pytest.raises(NotImplementedError, match="runs no tools"):
+        inner.with_environments([object()])
+    envs = Environments(object, [], object())
+    with_env = ToolRollout(rollout.runner, rollout.parser, rollout.messages, None, envs)
+    with pytest.raises(ValueError, match="with_environments"):
+        ToolEngine(inner, with_env).generate([prompt], 1, params)
 
 
 def test_budget_rolls_back_a_result_that_overflows_and_cuts_a_long_turn(setup: Any) -> None:

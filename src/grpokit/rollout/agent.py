@@ -32,6 +32,7 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.rollout.base import (
+    EngineCapabilities,
     FinishReason,
     RolloutBatch,
     RolloutEngine,
@@ -263,21 +264,14 @@ class ToolRollout:
         *,
         generator: torch.Generator | None = None,
         environments: Sequence[Any] | None = None,
-        row_prompt_ids: list[list[int]] | None = None,
     ) -> RolloutBatch:
         """``n`` multi-turn completions per prompt, group-major, with ``tool_mask`` and ``turns``.
 
         environments: one environment instance per rollout (B), whose methods its calls use.
-        row_prompt_ids: each rollout's own prompt (B), where an environment's reset made the
-            prompts of a group differ; ``prompt_ids`` then holds each group's first.
         """
         budget = params.max_completion_length
-        if row_prompt_ids is None:
-            contexts = [p for p in prompt_ids for _ in range(n)]
-            first = engine.generate(prompt_ids, n, params, generator=generator)
-        else:
-            contexts = row_prompt_ids
-            first = engine.generate(row_prompt_ids, 1, params, generator=generator)
+        contexts = [p for p in prompt_ids for _ in range(n)]
+        first = engine.generate(prompt_ids, n, params, generator=generator)
         tools: list[Mapping[str, Tool]] | None = None
         if environments is not None and self.environments is not None:
             tools = [self.runner.tools | self.environments.tools_of(e) for e in environments]
@@ -374,6 +368,60 @@ class ToolRollout:
             ids, logps = out.completion_ids[i], out.logprobs[i].tolist()
             finish = out.finish_reason[i] if len(ids) <= left[i] else "length"
             row.add_turn(ids[: left[i]], logps[: left[i]], finish)
+
+
+class ToolEngine(RolloutEngine):
+    """An engine whose completions may call tools: ``inner`` samples every turn, ``tools`` reads
+    the calls, runs them and appends their results (:meth:`ToolRollout.generate`).
+
+    It declares none of the capabilities, whatever ``inner`` offers: reference log-probs scored
+    while sampling would cover the first turn only; generating ahead needs each next prompt
+    now, and a turn's prompt holds the results of the last turn's calls.
+    """
+
+    capabilities = EngineCapabilities()
+
+    def __init__(
+        self,
+        inner: RolloutEngine,
+        tools: ToolRollout,
+        environments: Sequence[Any] | None = None,
+    ) -> None:
+        self.inner = inner
+        self.tools: ToolRollout = tools
+        self.environments = environments
+        """Bound by :meth:`with_environments`: one instance per completion row (B)."""
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        if self.tools.environments is not None and self.environments is None:
+            raise ValueError(
+                "an environment's tools need their instances: generate through "
+                "with_environments(the batch's reset instances)"
+            )
+        return self.tools.generate(
+            self.inner, prompt_ids, n, params, generator=generator, environments=self.environments
+        )
+
+    def with_environments(self, environments: Sequence[Any]) -> ToolEngine:
+        return ToolEngine(self.inner, self.tools, list(environments))
+
+    def sync_weights(self) -> None:
+        self.inner.sync_weights()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def with_tools(engine: RolloutEngine, tools: ToolRollout | None) -> RolloutEngine:
+    """``engine`` whose completions may call ``tools`` (itself without any)."""
+    return engine if tools is None else ToolEngine(engine, tools)
 
 
 def transcript(

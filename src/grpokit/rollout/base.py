@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from grpokit.rollout.agent import ToolRollout
 
 FinishReason = Literal["eos", "length"]
 
@@ -176,7 +179,9 @@ class RolloutEngine(ABC):
     ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
     the weights (vLLM) takes the policy's new ones; an engine that reads the policy's own
     modules has nothing to do. ``close`` is called once when training ends (an engine generating
-    ahead has a thread to stop). What else an engine offers it declares in ``capabilities``.
+    ahead has a thread to stop). What else an engine offers it declares in ``capabilities``;
+    an engine whose completions call tools (:class:`grpokit.rollout.agent.ToolEngine`) declares
+    them in ``tools``.
     """
 
     capabilities: EngineCapabilities = EngineCapabilities()
@@ -186,6 +191,9 @@ class RolloutEngine(ABC):
     weight_version: int | None = None
     """Weight pushes asked for so far (the trainer's weight version), where
     ``capabilities.weight_version``; None elsewhere."""
+    tools: ToolRollout | None = None
+    """The tools (and environment) the model may call in this engine's completions, which then
+    span several turns; None for single-turn completions. Prompts must show these tools."""
 
     @abstractmethod
     def generate(
@@ -206,6 +214,12 @@ class RolloutEngine(ABC):
     def prefetch(self, prompt_ids: list[list[int]], n: int, params: SamplingParams) -> None:
         """Queue a generation (where ``capabilities.prefetch``)."""
         raise NotImplementedError(f"{type(self).__name__} does not generate ahead")
+
+    def with_environments(self, environments: Sequence[Any]) -> RolloutEngine:
+        """This engine for one batch whose completion ``b`` calls the methods of
+        ``environments[b]`` (where ``tools`` has an environment; their reset needs the prompt
+        rows, which ``generate`` does not get, so the sampler resets them and binds them here)."""
+        raise NotImplementedError(f"{type(self).__name__} runs no tools, so no environments")
 
 
 @contextmanager

@@ -38,6 +38,7 @@ from grpokit.rollout.agent import (
     ToolRollout,
     check_tool_template,
     template_text,
+    with_tools,
 )
 from grpokit.rollout.base import RolloutEngine, SamplingParams, without_reference_logprobs
 from grpokit.rollout.environments import load_environments
@@ -367,11 +368,17 @@ class Sampler:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         return self.policy.tokenizer
 
+    @property
+    def rollout_engine(self) -> RolloutEngine:
+        """What completions come from: ``engine``, whose turns a tool engine strings together
+        where there are ``tools``."""
+        return with_tools(self.engine, self.tools)
+
     def prefetch(self, rows: list[PromptRow], num_generations: int) -> None:
         """Hand the rows' prompts to an engine that generates ahead (grpokit.rollout.ahead), so
         that a later :meth:`sample` of the same rows finds its generation under way. Other
         engines, and multi-turn rollouts (a turn's prompt depends on the last), skip it."""
-        if not self.engine.capabilities.prefetch or self.tools is not None:
+        if not self.rollout_engine.capabilities.prefetch:
             return
         prompt_ids = [
             encode_prompt(
@@ -390,7 +397,7 @@ class Sampler:
     ) -> ScoredBatch:
         """``num_generations`` scored completions for each row, group-major."""
         return sample_and_score(
-            self.engine,
+            self.rollout_engine,
             self.policy.tokenizer,
             rows,
             self.rewards,
@@ -400,7 +407,6 @@ class Sampler:
             max_prompt_length=self.max_prompt_length,
             generator=generator,
             chat_template_kwargs=self.chat_template_kwargs,
-            tools=self.tools,
         )
 
     def chunks(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ import torch
 from grpokit.data.chat import encode_prompt
 from grpokit.data.prompts import PromptRow, columns_of
 from grpokit.rewards.compose import RewardScores, RewardSet
-from grpokit.rollout.agent import ToolRollout, transcript
+from grpokit.rollout.agent import transcript
 from grpokit.rollout.base import RolloutBatch, RolloutEngine, SamplingParams
 from grpokit.rollout.environments import with_observation
 
@@ -138,12 +138,15 @@ def sample_and_score(
     max_prompt_length: int | None,
     generator: torch.Generator | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
-    tools: ToolRollout | None = None,
 ) -> ScoredBatch:
-    """``num_generations`` completions of each row's prompt, decoded and scored by the set; with
-    ``tools``, multi-turn completions in which the model may call them (and, with an environment,
-    one instance per rollout, reset with its row, passed to the rewards as ``environments``)."""
+    """``num_generations`` completions of each row's prompt, decoded and scored by the set.
+
+    With an engine that runs tools (``engine.tools``), the prompts show them and completions
+    span several turns; with an environment, one instance per rollout is reset with its row,
+    bound to the engine for this batch and passed to the rewards as ``environments``.
+    """
     g = num_generations
+    tools = engine.tools
     schemas = tools.schemas if tools is not None else None
 
     def encode(prompt: Any) -> list[int]:
@@ -168,21 +171,15 @@ def sample_and_score(
         prompt_ids = per_row[::g]
         if any(ids != prompt_ids[b // g] for b, ids in enumerate(per_row)):
             row_prompt_ids = per_row  # resets that differ within a group: a prompt per rollout
+        engine = engine.with_environments(environments)
     else:
         prompt_ids = [encode(r.prompt) for r in rows]
     t0 = time.perf_counter()
-    if tools is None:
+    if row_prompt_ids is None:
         rollout = engine.generate(prompt_ids, g, sampling, generator=generator)
-    else:
-        rollout = tools.generate(
-            engine,
-            prompt_ids,
-            g,
-            sampling,
-            generator=generator,
-            environments=environments,
-            row_prompt_ids=row_prompt_ids,
-        )
+    else:  # one completion of each rollout's own prompt, labelled with its group's first
+        own = engine.generate(row_prompt_ids, 1, sampling, generator=generator)
+        rollout = replace(own, prompt_ids=[list(p) for p in prompt_ids], group_size=g)
     t1 = time.perf_counter()
     texts = tokenizer.batch_decode(rollout.completion_ids, skip_special_tokens=True)
     messages = None
