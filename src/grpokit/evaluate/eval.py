@@ -18,6 +18,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -520,6 +521,28 @@ def _score_model(
     )
 
 
+@dataclass(frozen=True)
+class _EvalSetup:
+    """What sampling and tabulating share once the arguments are read: the models (the base
+    first), the config, the held-out rows, the rewards that score the samples, their names and
+    each reward's pass threshold."""
+
+    specs: list[ModelSpec]
+    cfg: GRPOKitConfig
+    rows: list[PromptRow]
+    reward_set: RewardSet
+    names: list[str]
+    limits: dict[str, float]
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    """Every model's scored samples, model after model, and the seconds each model took."""
+
+    samples: list[Sample]
+    seconds: dict[str, float]
+
+
 def run_eval(
     models: Sequence[str],
     prompts_path: Path,
@@ -540,28 +563,77 @@ def run_eval(
         raise UserError("give at least one --model (the base model first)")
     if samples < 1:
         raise UserError("--samples must be at least 1")
+    setup = _set_up(
+        models, prompts_path, out_dir, config=config, seed=seed, max_prompts=max_prompts,
+        thresholds=thresholds, among=among, log=log,
+    )  # fmt: skip
+    dev = resolve_device(device or setup.cfg.model.device)
+    sampled = _sample_models(
+        setup, samples=samples, seed=seed, device=dev, batch_size=batch_size, log=log
+    )
+    result = _tabulate(
+        setup, sampled, samples=samples, seed=seed, heldout=str(prompts_path), among=among
+    )
+    _write_outputs(out_dir, result, sampled.samples)
+    return result
+
+
+def _set_up(
+    models: Sequence[str],
+    prompts_path: Path,
+    out_dir: Path,
+    *,
+    config: Path | None,
+    seed: int,
+    max_prompts: int | None,
+    thresholds: Sequence[str],
+    among: Sequence[str],
+    log: Callable[[str], None],
+) -> _EvalSetup:
+    """Resolve the models, read the config and the held-out rows, build the rewards and set the
+    pass thresholds: the arguments that do not fit the config or the prompts fail here, before
+    any model samples."""
     specs = unique_labels([resolve_model(m) for m in models])
-    if config is None:
-        found = next((s.run_dir / "config.yaml" for s in specs if s.run_dir is not None), None)
-        if found is None:
-            raise UserError(
-                "give --config CONFIG.yaml (its rewards score the samples, its training section "
-                "sets the sampling), or a --model from a run directory, whose config.yaml is used"
-            )
-        config = found
-        log(f"using the rewards and sampling of {config}")
-    cfg = load_config(config)
+    cfg = load_config(_config_path(specs, config, log))
     rows = load_prompts(
         prompts_path, prompt_column=cfg.data.prompt_column, columns=cfg.data.columns
     )
     if max_prompts is not None:
         rows = rows[:max_prompts]
+    # Before the rewards: a judge reward keeps its cache under the output directory.
     out_dir.mkdir(parents=True, exist_ok=True)
     reward_set = build_reward_set(
         cfg.rewards, BuildContext(base_dir=cfg.config_dir, run_dir=out_dir, seed=seed)
     )
     names = list(reward_set.names)
     check_columns(rows, reward_set.required_columns, str(prompts_path))
+    limits = _pass_limits(reward_set, names, thresholds, among)
+    return _EvalSetup(specs, cfg, rows, reward_set, names, limits)
+
+
+def _config_path(
+    specs: Sequence[ModelSpec], config: Path | None, log: Callable[[str], None]
+) -> Path:
+    """The config given, else the config.yaml of the first model that comes from a run
+    directory, so that a trained model is scored and sampled as it was trained."""
+    if config is not None:
+        return config
+    found = next((s.run_dir / "config.yaml" for s in specs if s.run_dir is not None), None)
+    if found is None:
+        raise UserError(
+            "give --config CONFIG.yaml (its rewards score the samples, its training section "
+            "sets the sampling), or a --model from a run directory, whose config.yaml is used"
+        )
+    log(f"using the rewards and sampling of {found}")
+    return found
+
+
+def _pass_limits(
+    reward_set: RewardSet, names: list[str], thresholds: Sequence[str], among: Sequence[str]
+) -> dict[str, float]:
+    """Each reward's pass threshold: its maximum value where it has one, or what ``--pass`` sets.
+    An ``--among`` reward needs one, since its passing samples are the ones compared; the rewards
+    are closed before that error, as nothing will sample with them."""
     limits = {
         n: float(m) for n, m in zip(names, reward_set.max_values, strict=True) if m is not None
     }
@@ -573,65 +645,99 @@ def run_eval(
                 f"--among {name!r}: expected a reward with a pass threshold, one of "
                 f"{', '.join(limits) or '(none: give one with --pass REWARD=VALUE)'}"
             )
-    dev = resolve_device(device or cfg.model.device)
+    return limits
+
+
+def _sample_models(
+    setup: _EvalSetup,
+    *,
+    samples: int,
+    seed: int,
+    device: torch.device,
+    batch_size: int,
+    log: Callable[[str], None],
+) -> _Sampled:
+    """Every model answers every row ``samples`` times with the same seed, timed model by model;
+    the rewards are closed after the last model, or when sampling fails."""
     all_samples: list[Sample] = []
     seconds: dict[str, float] = {}
     try:
-        for spec in specs:
-            log(f"{spec.label}: {len(rows)} prompts x {samples} samples ({spec.given})")
+        for spec in setup.specs:
+            log(f"{spec.label}: {len(setup.rows)} prompts x {samples} samples ({spec.given})")
             t0 = time.perf_counter()
             all_samples += _score_model(
-                spec, rows, reward_set, cfg, samples=samples, seed=seed, device=dev,
-                batch_size=batch_size, log=log,
+                spec, setup.rows, setup.reward_set, setup.cfg, samples=samples, seed=seed,
+                device=device, batch_size=batch_size, log=log,
             )  # fmt: skip
             seconds[spec.label] = time.perf_counter() - t0
     finally:
-        reward_set.close()
-    result = summarize_eval(
-        all_samples,
-        labels=[s.label for s in specs],
-        paths={s.label: s.given for s in specs},
-        prompts=[prompt_text(r.prompt) for r in rows],
+        setup.reward_set.close()
+    return _Sampled(all_samples, seconds)
+
+
+def _tabulate(
+    setup: _EvalSetup,
+    sampled: _Sampled,
+    *,
+    samples: int,
+    seed: int,
+    heldout: str,
+    among: Sequence[str],
+) -> EvalResult:
+    """The tables (:func:`summarize_eval`) of the scored samples, with the config's sampling
+    settings and monitors, so that eval.json says how the samples were drawn."""
+    training = setup.cfg.training
+    return summarize_eval(
+        sampled.samples,
+        labels=[s.label for s in setup.specs],
+        paths={s.label: s.given for s in setup.specs},
+        prompts=[prompt_text(r.prompt) for r in setup.rows],
         samples_per_prompt=samples,
-        reward_names=names,
-        thresholds=limits,
+        reward_names=setup.names,
+        thresholds=setup.limits,
         seed=seed,
         sampling={
-            "temperature": cfg.training.temperature,
-            "top_p": cfg.training.top_p,
-            "top_k": cfg.training.top_k,
-            "max_completion_length": cfg.training.max_completion_length,
+            "temperature": training.temperature,
+            "top_p": training.top_p,
+            "top_k": training.top_k,
+            "max_completion_length": training.max_completion_length,
         },
-        heldout=str(prompts_path),
-        monitors=cfg.monitors,
-        seconds=seconds,
-        part_names=reward_set.part_names,
+        heldout=heldout,
+        monitors=setup.cfg.monitors,
+        seconds=sampled.seconds,
+        part_names=setup.reward_set.part_names,
         among=among,
     )
+
+
+def _write_outputs(out_dir: Path, result: EvalResult, samples: Sequence[Sample]) -> None:
+    """completions.jsonl (every sample), eval.md and eval.json, each written atomically."""
     lines = "".join(
-        json.dumps(
-            {
-                "model": s.model,
-                "prompt_index": s.prompt_index,
-                "sample": s.sample,
-                "prompt": result.prompts[s.prompt_index].prompt,
-                "completion": s.text,
-                "reward": s.total,
-                "rewards": s.rewards,
-                "length": s.length,
-                "truncated": s.truncated,
-                **({"parts": s.parts} if s.parts else {}),
-                **({"transcript": s.transcript} if s.transcript is not None else {}),
-            },
-            ensure_ascii=False,
-        )
+        json.dumps(_completion_record(s, result.prompts[s.prompt_index].prompt), ensure_ascii=False)
         + "\n"
-        for s in all_samples
+        for s in samples
     )
     write_atomic(out_dir / "completions.jsonl", lines)
     write_atomic(out_dir / "eval.md", render_markdown(result))
     write_atomic(out_dir / "eval.json", result.model_dump_json(indent=1))
-    return result
+
+
+def _completion_record(s: Sample, prompt: str) -> dict[str, Any]:
+    """One line of completions.jsonl: a sample with its prompt's text; its parts only where a
+    reward reported some, its transcript only where it has one (with tools)."""
+    return {
+        "model": s.model,
+        "prompt_index": s.prompt_index,
+        "sample": s.sample,
+        "prompt": prompt,
+        "completion": s.text,
+        "reward": s.total,
+        "rewards": s.rewards,
+        "length": s.length,
+        "truncated": s.truncated,
+        **({"parts": s.parts} if s.parts else {}),
+        **({"transcript": s.transcript} if s.transcript is not None else {}),
+    }
 
 
 def render_markdown(result: EvalResult) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -287,6 +288,22 @@ def _figure(name: str, fig: Figure | None, report_dir: Path, written: list[Path]
     return img(data, alt)
 
 
+@dataclass(frozen=True)
+class _Report:
+    """What every section of one report reads: the run, its monitor alerts and reward names, and
+    where the plots go (``pngs`` collects the PNG files written, in order)."""
+
+    run: RunData
+    alerts: list[dict[str, Any]]
+    names: list[str]
+    report_dir: Path
+    pngs: list[Path] = field(default_factory=list)
+
+    def figure(self, name: str, fig: Figure | None, alt: str) -> str:
+        """A plot for the page (empty without one), its PNG written to the report directory."""
+        return _figure(name, fig, self.report_dir, self.pngs, alt)
+
+
 def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | None = None) -> Path:
     """Write the HTML report of a run and its plots as PNG files; returns the HTML path.
 
@@ -298,17 +315,29 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
     """
     run_dir = Path(run_dir)
     run = load_run(run_dir)
+    # Read first: a bad --eval fails before any PNG is written.
     evaluation = load_eval(eval_dir) if eval_dir is not None else None
     report_dir = run_dir / "report"
     out = Path(out) if out is not None else report_dir / "report.html"
-    alerts = run.alerts()
-    names = run.reward_names()
-    pngs: list[Path] = []
-    parts: list[str] = []
+    report = _Report(run, run.alerts(), run.reward_names(), report_dir)
+    parts = [
+        *_heading(run, run_dir),
+        _run_section(report),
+        *_training_sections(report),
+        *_outcome_sections(report, run_dir, evaluation),
+    ]
+    write_atomic(out, page(f"grpokit report: {run.name}", "".join(parts)).encode("utf-8"))
+    return out
 
+
+def _heading(run: RunData, run_dir: Path) -> list[str]:
+    """The title, where the run is and when the page was made, then what could not be read: the
+    warnings come first so that a reader knows, before any number, that the page shows a part."""
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    parts.append(f"<h1>grpokit run report: {esc(run.name)}</h1>")
-    parts.append(f'<p class="muted">{esc(run_dir.resolve())} · generated {generated}</p>')
+    parts = [
+        f"<h1>grpokit run report: {esc(run.name)}</h1>",
+        f'<p class="muted">{esc(run_dir.resolve())} · generated {generated}</p>',
+    ]
     if run.skipped:
         listed = "".join(f"<li>{esc(s)}</li>" for s in run.skipped[:10])
         more = f"<li>… and {len(run.skipped) - 10} more</li>" if len(run.skipped) > 10 else ""
@@ -316,9 +345,14 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
             f'<div class="warn"><b>Skipped {len(run.skipped)} unreadable line(s)</b>; the report '
             f"shows the rest.<ul>{listed}{more}</ul></div>"
         )
-    for note in run.notes:
-        parts.append(f'<div class="warn">{esc(note)}</div>')
+    parts += [f'<div class="warn">{esc(note)}</div>' for note in run.notes]
+    return parts
 
+
+def _run_section(report: _Report) -> str:
+    """The run at a glance: the key numbers beside the package versions, then the config, each
+    with a note in its place when the run directory lacks the file."""
+    run = report.run
     versions = (
         table(["package", "version"], sorted(run.versions.items()))
         if run.versions
@@ -329,79 +363,93 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
         if run.config_text is not None
         else '<p class="muted">no config.yaml</p>'
     )
-    parts.append(
-        section(
-            "run",
-            "Run: summary, versions, config",
-            f'<div class="cols"><div>{table(["metric", "value"], summary_rows(run, alerts))}</div>'
-            f"<div>{versions}</div></div>{config}",
-        )
+    summary = table(["metric", "value"], summary_rows(run, report.alerts))
+    return section(
+        "run",
+        "Run: summary, versions, config",
+        f'<div class="cols"><div>{summary}</div><div>{versions}</div></div>{config}',
     )
-    parts.append(
+
+
+def _training_sections(report: _Report) -> list[str]:
+    """The curves over the training steps: rewards, dynamics and completions always; time per
+    phase, pass rates and held-out checks only when the run logged what they plot."""
+    run, alerts = report.run, report.alerts
+    parts = [
         section(
             "rewards",
             "Rewards",
-            _figure("rewards", plots.fig_rewards(run, alerts), report_dir, pngs, "rewards")
+            report.figure("rewards", plots.fig_rewards(run, alerts), "rewards")
             + '<p class="muted">Faint: per step; bold: exponential moving average.</p>',
-        )
-    )
-    parts.append(
+        ),
         section(
             "dynamics",
             "KL, entropy, equal-reward groups, clipping",
-            _figure("dynamics", plots.fig_dynamics(run, alerts), report_dir, pngs, "dynamics")
+            report.figure("dynamics", plots.fig_dynamics(run, alerts), "dynamics")
             + '<p class="muted">A share of equal-reward groups near 1 means no learning signal '
             "(all completions of a prompt scored alike).</p>",
-        )
-    )
-    parts.append(
+        ),
         section(
             "completions",
             "Completions: length, truncation, repetition",
-            _figure("completions", plots.fig_lengths(run, alerts), report_dir, pngs, "lengths"),
-        )
+            report.figure("completions", plots.fig_lengths(run, alerts), "lengths"),
+        ),
+    ]
+    optional = (_timing_section(report), _forecast_section(report), _heldout_section(report))
+    return parts + [part for part in optional if part is not None]
+
+
+def _timing_section(report: _Report) -> str | None:
+    """Seconds per phase, plotted and totalled; None when the run logs no phase times."""
+    timing = plots.fig_timing(report.run)
+    if timing is None:
+        return None
+    return section(
+        "timing",
+        "Time per phase",
+        report.figure("timing", timing, "time per phase")
+        + table(["phase", "seconds", "share"], timing_rows(report.run)),
     )
-    timing = plots.fig_timing(run)
-    if timing is not None:
-        parts.append(
-            section(
-                "timing",
-                "Time per phase",
-                _figure("timing", timing, report_dir, pngs, "time per phase")
-                + table(["phase", "seconds", "share"], timing_rows(run)),
-            )
-        )
-    forecast = plots.fig_pass_rates(run, names)
-    pre = run.preflight
-    if forecast is not None or pre is not None:
-        content = _figure("pass_rates", forecast, report_dir, pngs, "pass rates vs forecast")
-        rows = forecast_rows(run, names)
-        if rows:
-            content += table(
-                [
-                    "reward",
-                    "forecast",
-                    "observed, first step",
-                    "observed, last 20%",
-                    "held-out, last",
-                ],
-                rows,
-            )
-        if pre is not None:
-            content += "<h3>preflight.json</h3>" + table(["key", "value"], _flatten(pre)[:40])
-        parts.append(section("forecast", "Pass rate against the preflight forecast", content))
-    heldout = plots.fig_heldout(run, names, alerts)
-    if heldout is not None:
-        parts.append(
-            section(
-                "heldout",
-                "Held-out checks during training",
-                _figure("heldout", heldout, report_dir, pngs, "held-out"),
-            )
-        )
+
+
+def _forecast_section(report: _Report) -> str | None:
+    """Observed pass rates against the preflight forecast, and preflight.json itself; None when
+    the run has neither pass rates to plot nor a preflight."""
+    forecast = plots.fig_pass_rates(report.run, report.names)
+    pre = report.run.preflight
+    if forecast is None and pre is None:
+        return None
+    content = report.figure("pass_rates", forecast, "pass rates vs forecast")
+    rows = forecast_rows(report.run, report.names)
+    if rows:
+        header = ["reward", "forecast", "observed, first step", "observed, last 20%",
+                  "held-out, last"]  # fmt: skip
+        content += table(header, rows)
+    if pre is not None:
+        content += "<h3>preflight.json</h3>" + table(["key", "value"], _flatten(pre)[:40])
+    return section("forecast", "Pass rate against the preflight forecast", content)
+
+
+def _heldout_section(report: _Report) -> str | None:
+    """The held-out checks run during training; None when there were none."""
+    heldout = plots.fig_heldout(report.run, report.names, report.alerts)
+    if heldout is None:
+        return None
+    return section(
+        "heldout",
+        "Held-out checks during training",
+        report.figure("heldout", heldout, "held-out"),
+    )
+
+
+def _outcome_sections(report: _Report, run_dir: Path, evaluation: EvalResult | None) -> list[str]:
+    """What came of the run: the alerts (with the eval's warnings), samples early vs late, the
+    person's review when there is one and the eval tables when ``--eval`` gave them."""
     eval_alerts = evaluation.alerts if evaluation is not None else []
-    parts.append(section("alerts", "Monitor alerts", alerts_html(alerts, eval_alerts)))
-    parts.append(section("samples", "Samples: early vs late", samples_html(run.completions)))
+    parts = [
+        section("alerts", "Monitor alerts", alerts_html(report.alerts, eval_alerts)),
+        section("samples", "Samples: early vs late", samples_html(report.run.completions)),
+    ]
     review = review_section(run_dir)
     if review is not None:
         parts.append(section("review", "Human review against the rewards", review))
@@ -413,5 +461,4 @@ def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | Non
                 to_html(eval_tables(evaluation)) + transcripts_html(evaluation),
             )
         )
-    write_atomic(out, page(f"grpokit report: {run.name}", "".join(parts)).encode("utf-8"))
-    return out
+    return parts
