@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from grpokit.evaluate import transcripts
 from grpokit.evaluate.html import esc, table
-from grpokit.evaluate.schema import EvalResult, RewardSummary, TranscriptSample
+from grpokit.evaluate.schema import EvalResult, PairedComparison, RewardSummary, TranscriptSample
 
 INTERVAL_NOTES = {
     "wilson": "95% intervals: Wilson over all samples as if independent (too narrow when the "
@@ -52,9 +52,18 @@ def _reward_cell(r: RewardSummary) -> str:
 
 def eval_tables(result: EvalResult) -> list[Table]:
     """Per-prompt table, per-model summary, pass@k and the paired comparison."""
+    tables = [_per_prompt_table(result), _summary_table(result)]
+    # The later tables appear only where the eval has something to put in them.
+    optional = (_pass_at_k_table(result), _checklist_table(result), _paired_table(result))
+    tables += [t for t in optional if t is not None]
+    return tables
+
+
+def _per_prompt_table(result: EvalResult) -> Table:
+    """How many of each prompt's samples every model got compliant, so that a reader sees which
+    prompts a model gains or loses on, not only its overall rate."""
     labels = [m.label for m in result.models]
-    k = result.samples_per_prompt
-    per_prompt = Table(
+    return Table(
         title="Per prompt: compliant samples per model",
         header=["#", "prompt", "samples", *labels],
         rows=[
@@ -65,14 +74,27 @@ def eval_tables(result: EvalResult) -> list[Table]:
             ]
             for p in result.prompts
         ],
-        note="compliant: every reward with a pass threshold reached it ("
+        note=_compliant_note(result.thresholds),
+    )
+
+
+def _compliant_note(thresholds: dict[str, float]) -> str:
+    """The per-prompt table's footnote: what 'compliant' means for this eval (the thresholds it
+    applied), or how to set one where no reward has any."""
+    return (
+        "compliant: every reward with a pass threshold reached it ("
         + (
-            ", ".join(f"{n} >= {t:g}" for n, t in result.thresholds.items())
+            ", ".join(f"{n} >= {t:g}" for n, t in thresholds.items())
             or "no reward has a threshold; set one with --pass NAME=VALUE"
         )
-        + ")",
+        + ")"
     )
-    summary = Table(
+
+
+def _summary_table(result: EvalResult) -> Table:
+    """One row a model: compliant rate, each reward's mean and pass rate, length and truncation;
+    the footnote says how many samples stand behind it and how the intervals were computed."""
+    return Table(
         title="Per model: reward means and pass rates (95% intervals)",
         header=["model", "compliant", *result.rewards, "mean length", "truncated"],
         rows=[
@@ -81,78 +103,93 @@ def eval_tables(result: EvalResult) -> list[Table]:
             + [f"{m.mean_length:.1f}", pct(m.truncated_frac)]
             for m in result.models
         ],
-        note=f"{k} samples per prompt, {len(result.prompts)} prompts, seed {result.seed}; "
-        + INTERVAL_NOTES[result.intervals],
+        note=f"{result.samples_per_prompt} samples per prompt, {len(result.prompts)} prompts, "
+        f"seed {result.seed}; " + INTERVAL_NOTES[result.intervals],
     )
-    tables = [per_prompt, summary]
+
+
+def _pass_at_k_table(result: EvalResult) -> Table | None:
+    """pass@k of each model and binary reward (one with pass@k values) for every k any reward
+    reported; None when no reward has pass@k."""
     ks = sorted({kk for m in result.models for r in m.rewards.values() for kk in r.pass_at_k})
     binary = [
         r
         for r in result.rewards
         if any(m.rewards.get(r) and m.rewards[r].pass_at_k for m in result.models)
     ]
-    if ks and binary:
-        rows = []
-        for m in result.models:
-            for r in binary:
-                s = m.rewards.get(r)
-                rows.append(
-                    [m.label, r] + [pct(s.pass_at_k.get(kk)) if s is not None else "–" for kk in ks]
-                )
-        tables.append(Table("pass@k", ["model", "reward", *[f"pass@{kk}" for kk in ks]], rows))
+    if not (ks and binary):
+        return None
+    rows = []
+    for m in result.models:
+        for r in binary:
+            s = m.rewards.get(r)
+            rows.append(
+                [m.label, r] + [pct(s.pass_at_k.get(kk)) if s is not None else "–" for kk in ks]
+            )
+    return Table("pass@k", ["model", "reward", *[f"pass@{kk}" for kk in ks]], rows)
+
+
+def _checklist_table(result: EvalResult) -> Table | None:
+    """Each checklist item's pass rate per model, items in the order the models first report
+    them; None when no model has a checklist."""
     items = list(dict.fromkeys(key for m in result.models for key in m.checklist))
-    if items:
-        tables.append(
-            Table(
-                title="Checklist items: pass rate per model (95% intervals)",
-                header=["item", *labels],
-                rows=[
-                    [item]
-                    + [
-                        pct(m.checklist[item].pass_rate, m.checklist[item].ci)
-                        if item in m.checklist
-                        else "–"
-                        for m in result.models
-                    ]
-                    for item in items
-                ],
-                note="pass rate: the mean of the item's 0/1 successes or probabilities of "
-                "success; per-prompt (cluster) intervals; the paired comparison below has "
-                "each model's difference from the first",
-            )
-        )
-    if result.paired:
-        tables.append(
-            Table(
-                title="Paired comparison against the first model (per-prompt means)",
-                header=[
-                    "metric",
-                    "model",
-                    "difference",
-                    "95% interval",
-                    "at equal length",
-                    "prompts",
-                ],
-                rows=[
-                    [
-                        c.metric if c.among is None else f"{c.metric}, where {c.among} passes",
-                        f"{c.other} - {c.base}",
-                        f"{c.diff:+.3g}",
-                        f"[{c.ci[0]:+.3g}, {c.ci[1]:+.3g}]" if c.ci else "–",
-                        _at_equal_length_cell(c.at_equal_length),
-                        str(c.n_prompts),
-                    ]
-                    for c in result.paired
-                ],
-                note="95% t intervals over per-prompt means (prompts are the independent units); "
-                "an interval that excludes 0 is a difference the prompts support. At equal "
-                "length: the difference among answers of the same length (least squares on the "
-                "model and the length, prompts resampled): a gain that is only longer answers "
-                "vanishes there. 'Where X passes': over the samples that pass X's threshold "
-                "only; a prompt where either model has none drops out",
-            )
-        )
-    return tables
+    if not items:
+        return None
+    return Table(
+        title="Checklist items: pass rate per model (95% intervals)",
+        header=["item", *[m.label for m in result.models]],
+        rows=[
+            [item]
+            + [
+                pct(m.checklist[item].pass_rate, m.checklist[item].ci)
+                if item in m.checklist
+                else "–"
+                for m in result.models
+            ]
+            for item in items
+        ],
+        note="pass rate: the mean of the item's 0/1 successes or probabilities of "
+        "success; per-prompt (cluster) intervals; the paired comparison below has "
+        "each model's difference from the first",
+    )
+
+
+def _paired_table(result: EvalResult) -> Table | None:
+    """Each later model's per-prompt difference from the first, with its interval and the
+    difference at equal length; None when the eval has none (as with a single model)."""
+    if not result.paired:
+        return None
+    return Table(
+        title="Paired comparison against the first model (per-prompt means)",
+        header=[
+            "metric",
+            "model",
+            "difference",
+            "95% interval",
+            "at equal length",
+            "prompts",
+        ],
+        rows=[_paired_row(c) for c in result.paired],
+        note="95% t intervals over per-prompt means (prompts are the independent units); "
+        "an interval that excludes 0 is a difference the prompts support. At equal "
+        "length: the difference among answers of the same length (least squares on the "
+        "model and the length, prompts resampled): a gain that is only longer answers "
+        "vanishes there. 'Where X passes': over the samples that pass X's threshold "
+        "only; a prompt where either model has none drops out",
+    )
+
+
+def _paired_row(c: PairedComparison) -> list[str]:
+    """One comparison as a row: the metric (restricted to the samples that pass ``among`` where
+    set), which models, the difference, its interval, at equal length and how many prompts."""
+    return [
+        c.metric if c.among is None else f"{c.metric}, where {c.among} passes",
+        f"{c.other} - {c.base}",
+        f"{c.diff:+.3g}",
+        f"[{c.ci[0]:+.3g}, {c.ci[1]:+.3g}]" if c.ci else "–",
+        _at_equal_length_cell(c.at_equal_length),
+        str(c.n_prompts),
+    ]
 
 
 def _at_equal_length_cell(value: tuple[float, float, float] | None) -> str:

@@ -401,27 +401,76 @@ def load_policy(
 
     The returned model is in train mode; the reference (a copy) is in eval mode and frozen.
     """
+    weights_dtype = _weights_dtype(dtype)
+    bf16 = dtype == "auto" and bf16_compute_applies(torch.device(device), cpu_matmul)
+    start = _load_start(name_or_path, init_from, weights_dtype, device)
+    # Copied before checkpointing and LoRA change the model: the starting weights, on the device.
+    reference = _frozen_copy(start.model) if need_reference and lora is None else None
+    model = _trainable(start.model, lora, gradient_checkpointing=gradient_checkpointing)
+    _set_compute(model, reference, cpu_matmul, bf16=bf16)
+    model.train()
+    return Policy(
+        model=model,
+        tokenizer=start.tokenizer,
+        reference=reference,
+        uses_adapter=lora is not None,
+        base_name_or_path=name_or_path,
+        init_from=start.init_from,
+    )
+
+
+def _weights_dtype(dtype: DType) -> torch.dtype:
+    """The dtype the weights load in: float32 under "auto" (bfloat16, where it applies, is a
+    compute dtype, not a storage one). An unknown name fails here, before any weights load."""
     if dtype not in _DTYPES and dtype != "auto":
         raise UserError(f"dtype '{dtype}' is not supported; use auto or one of {sorted(_DTYPES)}.")
-    torch_dtype = _DTYPES["float32" if dtype == "auto" else dtype]
-    bf16 = dtype == "auto" and bf16_compute_applies(torch.device(device), cpu_matmul)
+    return _DTYPES["float32" if dtype == "auto" else dtype]
+
+
+@dataclass(frozen=True)
+class _Start:
+    """The weights training starts from (on the device), their tokenizer, and the warm start
+    they came from (the resolved path :attr:`Policy.init_from` records) or None."""
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    init_from: str | None
+
+
+def _load_start(
+    name_or_path: str, init_from: str | Path | None, dtype: torch.dtype, device: str | torch.device
+) -> _Start:
+    """Load the base model, or the ``init_from`` checkpoint when given (:func:`_apply_init_from`),
+    so that the policy and its reference start from the warm start; then the tokenizer that
+    goes with those weights, and move the model to the device."""
     if init_from is not None:
         init_path = Path(init_from).expanduser()
-        model, tokenizer_dir = _apply_init_from(name_or_path, init_path, torch_dtype)
+        model, tokenizer_dir = _apply_init_from(name_or_path, init_path, dtype)
         init_str: str | None = str(init_path.resolve())
     else:
         tokenizer_dir = resolve_model_path(name_or_path)
-        model = _load_causal_lm(name_or_path, tokenizer_dir, torch_dtype)
+        model = _load_causal_lm(name_or_path, tokenizer_dir, dtype)
         init_str = None
     tokenizer = load_tokenizer(tokenizer_dir)
     model.to(device)
+    return _Start(model, tokenizer, init_str)
 
-    reference: torch.nn.Module | None = None
-    if need_reference and lora is None:
-        reference = copy.deepcopy(model)
-        reference.eval()
-        reference.requires_grad_(False)
 
+def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode without gradients: the reference of full fine-tuning,
+    which must stay at the starting weights while the policy trains."""
+    reference = copy.deepcopy(model)
+    reference.eval()
+    reference.requires_grad_(False)
+    return reference
+
+
+def _trainable(
+    model: torch.nn.Module, lora: LoraSettings | None, *, gradient_checkpointing: bool
+) -> torch.nn.Module:
+    """The model to train: with gradient checkpointing switched on when asked, then wrapped in
+    a fresh LoRA adapter (base frozen) when ``lora`` is given; bad target modules are a
+    UserError."""
     if gradient_checkpointing:
         # Non-reentrant checkpointing needs no input that requires grad, which LoRA lacks (the
         # embeddings are frozen).
@@ -432,34 +481,35 @@ def load_policy(
             model.gradient_checkpointing_enable(  # type: ignore[operator]
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-    if lora is not None:
-        from peft import LoraConfig, get_peft_model
+    if lora is None:
+        return model
+    from peft import LoraConfig, get_peft_model
 
-        peft_config = LoraConfig(
-            r=lora.r,
-            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # annotated int; any scale works
-            lora_dropout=lora.dropout,
-            target_modules=lora.target_modules,
-            task_type="CAUSAL_LM",
-        )
-        try:
-            model = get_peft_model(model, peft_config)
-        except ValueError as exc:
-            raise UserError(f"LoRA target_modules {lora.target_modules!r}: {exc}") from exc
+    peft_config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # annotated int; any scale works
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, peft_config)
+    except ValueError as exc:
+        raise UserError(f"LoRA target_modules {lora.target_modules!r}: {exc}") from exc
+
+
+def _set_compute(
+    model: torch.nn.Module, reference: torch.nn.Module | None, cpu_matmul: CpuMatmul, *, bf16: bool
+) -> None:
+    """Give the policy and its frozen copy (if any) the same linear layers' library and compute
+    dtype, so that reference log-probs are computed as the policy's are; then the policy's
+    attention its float32 backward, after the dtype mark that
+    :func:`use_float32_attention_backward` reads (only the policy runs a backward)."""
     for module in (model, reference):
         if module is not None:
             use_onednn_linears(module, cpu_matmul)
             set_compute_dtype(module, torch.bfloat16 if bf16 else None)
     use_float32_attention_backward(model)
-    model.train()
-    return Policy(
-        model=model,
-        tokenizer=tokenizer,
-        reference=reference,
-        uses_adapter=lora is not None,
-        base_name_or_path=name_or_path,
-        init_from=init_str,
-    )
 
 
 _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
