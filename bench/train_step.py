@@ -54,6 +54,7 @@ from _common import (  # noqa: E402
     peak_gpu_mib,
     peak_rss_mib,
     print_paired,
+    run_child,
     run_children_in_lockstep,
     spread,
     turn_done,
@@ -296,6 +297,14 @@ def _setting_pairs(
     return pairs
 
 
+def _alone(script: Path, args: list[str]) -> dict[str, Any] | RuntimeError:
+    """One child run to its end with nothing else of the benchmark alive beside it."""
+    try:
+        return run_child(script, args, timeout=3600)
+    except RuntimeError as e:
+        return e
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=None, help="model dir or name (default: embedded SmolLM2)")
@@ -321,6 +330,14 @@ def main() -> None:
     )
     ap.add_argument(
         "--top-k", type=int, default=1, help="1: greedy, equal work on both sides; 0: sampling"
+    )
+    ap.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run the peers one after the other, each alone in memory, instead of alive together "
+        "taking turns: for settings two of which do not fit the machine together (full "
+        "fine-tuning of a 0.5B model in float32 on 24 GiB); a drift of the machine's speed is "
+        "then not paired away",
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
@@ -368,11 +385,11 @@ def main() -> None:
     script = Path(__file__).resolve()
     for name in args.settings:
         results: dict[str, dict[str, Any]] = {}
-        runs = run_children_in_lockstep(
-            script,
-            {peer: [*common, f"--child={peer}", f"--setting={name}"] for peer in peers},
-            steps=args.steps + 1,  # the warm-up step too
-        )
+        children = {peer: [*common, f"--child={peer}", f"--setting={name}"] for peer in peers}
+        if args.one_at_a_time:
+            runs = {peer: _alone(script, child_args) for peer, child_args in children.items()}
+        else:
+            runs = run_children_in_lockstep(script, children, steps=args.steps + 1)  # + warm-up
         for peer, r in runs.items():
             if isinstance(r, RuntimeError):
                 if peer != "trl-bf16":
