@@ -26,6 +26,7 @@ from typing import Any
 
 from grpokit.errors import UserError
 from grpokit.files import cache_root, set_default_mode
+from grpokit.hub.gguf_header import read_header
 
 MARKER_FILE = "grpokit_source.json"
 """Written last into a converted directory; it records where the weights came from (the GGUF path
@@ -66,12 +67,12 @@ def _bits_per_weight(gguf_path: Path, names: tuple[str, ...]) -> dict[str, float
     """Bits per weight of the named tensors as the file stores them."""
     import gguf
 
-    reader = gguf.GGUFReader(gguf_path)
+    types = read_header(gguf_path).tensor_types
     out: dict[str, float] = {}
-    for tensor in reader.tensors:
-        if tensor.name in names:
-            block, size = gguf.GGML_QUANT_SIZES[tensor.tensor_type]
-            out[tensor.name] = 8.0 * size / block
+    for name in names:
+        if name in types:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(types[name])]
+            out[name] = 8.0 * size / block
     return out
 
 

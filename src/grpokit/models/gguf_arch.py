@@ -33,24 +33,11 @@ import numpy as np
 import torch
 
 from grpokit.errors import UserError
-
-# Value types of the gguf format (gguf.GGUFValueType), by number, so that signatures here do not
-# need the gguf package at import time.
-UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY = 4, 5, 6, 7, 8, 9
+from grpokit.hub.gguf_header import ARRAY, BOOL, FLOAT32, KV, STRING, UINT32
 
 _CONVERT = (
     "Export with --format hf and convert the directory with llama.cpp's convert_hf_to_gguf.py."
 )
-
-
-@dataclass(frozen=True)
-class KV:
-    """One GGUF metadata entry. ``vtype`` / ``sub_type`` are gguf.GGUFValueType numbers."""
-
-    key: str
-    value: Any
-    vtype: int
-    sub_type: int | None = None
 
 
 @dataclass(frozen=True)

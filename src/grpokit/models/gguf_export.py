@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -33,9 +32,15 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.files import set_default_mode
+from grpokit.hub.gguf_header import ARRAY as _ARRAY
+from grpokit.hub.gguf_header import BOOL as _BOOL
+from grpokit.hub.gguf_header import FLOAT32 as _FLOAT32
+from grpokit.hub.gguf_header import INT32 as _INT32
+from grpokit.hub.gguf_header import KV, read_metadata
+from grpokit.hub.gguf_header import STRING as _STRING
+from grpokit.hub.gguf_header import UINT32 as _UINT32
 from grpokit.models.gguf_arch import (
     ARCHITECTURES,
-    KV,
     ArchSpec,
     arch_spec,
     gguf_tensors,
@@ -43,12 +48,6 @@ from grpokit.models.gguf_arch import (
     rotate_pairs_layout,
     text_config,
 )
-from grpokit.models.gguf_arch import ARRAY as _ARRAY
-from grpokit.models.gguf_arch import BOOL as _BOOL
-from grpokit.models.gguf_arch import FLOAT32 as _FLOAT32
-from grpokit.models.gguf_arch import INT32 as _INT32
-from grpokit.models.gguf_arch import STRING as _STRING
-from grpokit.models.gguf_arch import UINT32 as _UINT32
 from grpokit.models.gguf_pretokenizer import pre_tokenizer_name
 from grpokit.models.gguf_quantize import (
     OUTTYPE_OPTION,
@@ -228,85 +227,6 @@ def tokenizer_metadata(tokenizer: Any, n_vocab: int) -> list[KV]:
     if kvs[0].value != "gpt2":  # SentencePiece: llama.cpp has one way of cutting text
         return kvs
     return [kvs[0], pre_tokenizer_kv(tokenizer), *kvs[1:]]
-
-
-_SCALARS: dict[int, str] = {
-    0: "<B",
-    1: "<b",
-    2: "<H",
-    3: "<h",
-    4: "<I",
-    5: "<i",
-    6: "<f",
-    7: "<?",
-    10: "<Q",
-    11: "<q",
-    12: "<d",
-}
-
-
-class _HeaderReader:
-    """Sequential little-endian reads over a GGUF header held in memory."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-
-    def scalar(self, fmt: str) -> Any:
-        (value,) = struct.unpack_from(fmt, self.data, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def string(self) -> str:
-        size = self.scalar("<Q")
-        raw = self.data[self.pos : self.pos + size]
-        self.pos += size
-        return raw.decode("utf-8", errors="replace")
-
-    def value(self, vtype: int) -> Any:
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            sub, count = self.scalar("<I"), self.scalar("<Q")
-            return [self.value(sub) for _ in range(count)]
-        if vtype not in _SCALARS:
-            raise ValueError(f"unknown GGUF value type {vtype}")
-        return self.scalar(_SCALARS[vtype])
-
-
-def read_metadata(path: Path) -> dict[str, KV]:
-    """Every metadata entry of a GGUF file (version 2 or 3), tensors not read.
-
-    The header is parsed here rather than with ``gguf.GGUFReader``, which maps the whole file and
-    takes seconds over a tokenizer's hundred thousand strings.
-    """
-    with open(path, "rb") as handle:
-        head = handle.read(24)
-        if len(head) < 24 or head[:4] != b"GGUF":
-            raise UserError(f"{path} is not a GGUF file (no GGUF magic number).")
-        version, _, kv_count = struct.unpack_from("<IQQ", head, 4)
-        if version not in (2, 3):
-            raise UserError(f"{path}: GGUF version {version} is not supported (2 and 3 are).")
-        # The metadata sits before the tensor data; read in growing chunks until it parses.
-        size = 1 << 22
-        while True:
-            handle.seek(24)
-            data = handle.read(size)
-            reader = _HeaderReader(data)
-            try:
-                out: dict[str, KV] = {}
-                for _ in range(kv_count):
-                    key = reader.string()
-                    vtype = reader.scalar("<I")
-                    sub = None
-                    if vtype == _ARRAY:
-                        sub = struct.unpack_from("<I", data, reader.pos)[0]
-                    out[key] = KV(key, reader.value(vtype), vtype, sub)
-                return out
-            except struct.error:
-                if len(data) < size:
-                    raise UserError(f"{path}: the GGUF metadata is truncated.") from None
-                size *= 4
 
 
 def _same_tokenizer(ours: list[KV], theirs: Mapping[str, KV]) -> bool:
