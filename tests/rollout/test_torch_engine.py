@@ -531,3 +531,40 @@ def test_a_lora_base_stored_in_bf16_decodes_as_its_float32_weights_did(
     # Measured here (512 tokens each): 0.073 after against 0.089 before, the bfloat16 base
     # closer to the training forward (which adds the adapter to the bfloat16 base's product).
     assert off_training(after) <= 1.25 * off_training(before)
+
+
+@pytest.mark.parametrize("keep_packed", [True, False])
+def test_the_packed_base_is_kept_between_rollouts_only_when_asked(
+    peaked_model_dir: Path, keep_packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A LoRA base packed for one rollout serves the next (keep_packed, the default); without it
+    (model.return_freed_memory) every rollout packs it again and keeps nothing after, and
+    samples the same tokens with the same log-probs."""
+    policy = lora_policy(peaked_model_dir, scale=0.3)
+    params = SamplingParams(max_completion_length=8, temperature=0.7)
+    packed: list[int] = []
+    original = decoders._packed
+    monkeypatch.setattr(decoders, "_packed", lambda *a: packed.append(1) or original(*a))
+
+    def sample(engine: TorchEngine) -> Any:
+        return engine.generate(PROMPTS, 2, params, generator=torch.Generator().manual_seed(3))
+
+    kept = TorchEngine(policy.model, eos_token_ids=[EOS], pad_token_id=EOS, decoder="static")
+    want = sample(kept)
+    per_rollout = len(packed)
+    assert per_rollout > 0
+    engine = TorchEngine(
+        policy.model,
+        eos_token_ids=[EOS],
+        pad_token_id=EOS,
+        decoder="static",
+        keep_packed=keep_packed,
+    )
+    assert (engine.pack_cache is not None) is keep_packed
+    packed.clear()
+    first, second = sample(engine), sample(engine)
+    # Kept: the second rollout packs nothing of the base. Not kept: it packs all of it again.
+    assert len(packed) == (per_rollout if keep_packed else 2 * per_rollout)
+    for got in (first, second):
+        assert got.completion_ids == want.completion_ids
+        assert all(torch.equal(a, b) for a, b in zip(got.logprobs, want.logprobs, strict=True))

@@ -95,7 +95,10 @@ class ModelConfig(_Strict):
             "logprob_chunk_size 256: peak 4.48 -> 3.48 GiB (bench/memory.py). The price is page "
             "faults on every new large tensor: on the embedded model's short steps LoRA ran at "
             "the same speed, full fine-tuning, which allocates its gradients afresh each step, "
-            "1.16-1.28x slower (two runs). Process-wide; left alone when MALLOC_MMAP_THRESHOLD_ is set."
+            "1.16-1.28x slower (two runs). Process-wide; left alone when MALLOC_MMAP_THRESHOLD_ is set. "
+            "The rollout also packs LoRA's frozen base afresh each time instead of keeping its "
+            "packed copy for the next rollout, so the update runs without it (on AVX2-only "
+            "CPUs a float32 copy as large as the base)."
         ),
     )
     chat_template: str | None = Field(

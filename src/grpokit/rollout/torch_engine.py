@@ -161,6 +161,12 @@ class TorchEngine(RolloutEngine):
             the CPU the same fixed-shape step runs uncaptured. Finished rows then stay in the
             batch to the end (their tokens unrecorded), since a graph's shapes are fixed. Off
             by default until whole rollouts are measured on a GPU (bench/gpu_check.sh).
+        keep_packed: keep the static decoder's packed copy of frozen weights (LoRA's base)
+            from one rollout to the next (:class:`~grpokit.native.decoders.PackCache`); False
+            packs them afresh each rollout and frees the copy with the rollout, so that the
+            update runs without it (``model.return_freed_memory``). On the AVX2-only CPUs the
+            copy is float32, as large as the base: 2 GiB for a 0.5B model, held through the
+            update, where a LoRA step's peak memory is.
     """
 
     capabilities = EngineCapabilities(reference_logprobs=True)
@@ -177,6 +183,7 @@ class TorchEngine(RolloutEngine):
         fused_kernels: bool = True,
         reference_logprobs: bool = False,
         cuda_graphs: bool = False,
+        keep_packed: bool = True,
     ) -> None:
         if not eos_token_ids:
             raise ValueError("TorchEngine needs at least one EOS token id")
@@ -187,7 +194,7 @@ class TorchEngine(RolloutEngine):
         self.fused_kernels = fused_kernels
         self.reference_logprobs = reference_logprobs
         self.cuda_graphs = cuda_graphs
-        self.pack_cache = PackCache()
+        self.pack_cache: PackCache | None = PackCache() if keep_packed else None
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
 

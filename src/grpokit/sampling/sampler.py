@@ -114,7 +114,11 @@ def _resolve(base_dir: Path, path: str) -> Path:
 
 
 def torch_engine(
-    policy: Policy, cpu_matmul: CpuMatmul, *, reference_logprobs: bool = False
+    policy: Policy,
+    cpu_matmul: CpuMatmul,
+    *,
+    reference_logprobs: bool = False,
+    keep_packed: bool = True,
 ) -> TorchEngine:
     """The torch rollout engine over the policy's own weights; ``reference_logprobs``: score the
     sampled tokens under a LoRA policy's base too (see :class:`TorchEngine`)."""
@@ -124,6 +128,7 @@ def torch_engine(
         pad_token_id=policy.pad_token_id,
         cpu_matmul=cpu_matmul,
         reference_logprobs=reference_logprobs,
+        keep_packed=keep_packed,
     )
 
 
@@ -324,7 +329,9 @@ class Sampler:
         )
         if not trainable:
             policy.model.eval()
-        engine = torch_engine(policy, settings.cpu_matmul)
+        engine = torch_engine(
+            policy, settings.cpu_matmul, keep_packed=not settings.return_freed_memory
+        )
         return cls(
             policy,
             engine,

@@ -108,7 +108,12 @@ def build_engine(cfg: GRPOKitConfig, policy: Policy, *, sharded: bool) -> Rollou
             and not sharded
             and not (cfg.tools or cfg.environment_factory)
         )
-        local = torch_engine(policy, cfg.model.cpu_matmul, reference_logprobs=reference)
+        local = torch_engine(
+            policy,
+            cfg.model.cpu_matmul,
+            reference_logprobs=reference,
+            keep_packed=not cfg.model.return_freed_memory,
+        )
         return GatheredEngine(local, policy.model) if sharded else local
     from grpokit.hub.resolve import resolve_model_path
     from grpokit.rollout.vllm_engine import VLLMEngine
