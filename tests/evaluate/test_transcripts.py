@@ -173,7 +173,7 @@ def tool_config(
     config.write_text(yaml.safe_dump(doc))
     monkeypatch.setattr(
         "grpokit.sampling.sampler.torch_engine",
-        lambda policy, cpu_matmul: ScriptedEngine(policy.model, policy.tokenizer, reply),
+        lambda policy, cpu_matmul, **_: ScriptedEngine(policy.model, policy.tokenizer, reply),
     )
     return config, prompts
 
