@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -278,30 +278,23 @@ def alerts_html(
     return "".join(parts) or '<p class="muted">No monitor fired.</p>'
 
 
-def _figure(name: str, fig: Figure | None, report_dir: Path, written: list[Path], alt: str) -> str:
-    if fig is None:
-        return ""
-    data = plots.png_bytes(fig)
-    path = report_dir / f"{name}.png"
-    write_atomic(path, data)
-    written.append(path)
-    return img(data, alt)
-
-
 @dataclass(frozen=True)
 class _Report:
     """What every section of one report reads: the run, its monitor alerts and reward names, and
-    where the plots go (``pngs`` collects the PNG files written, in order)."""
+    where the plots go."""
 
     run: RunData
     alerts: list[dict[str, Any]]
     names: list[str]
     report_dir: Path
-    pngs: list[Path] = field(default_factory=list)
 
     def figure(self, name: str, fig: Figure | None, alt: str) -> str:
         """A plot for the page (empty without one), its PNG written to the report directory."""
-        return _figure(name, fig, self.report_dir, self.pngs, alt)
+        if fig is None:
+            return ""
+        data = plots.png_bytes(fig)
+        write_atomic(self.report_dir / f"{name}.png", data)
+        return img(data, alt)
 
 
 def build_report(run_dir: Path, *, eval_dir: Path | None = None, out: Path | None = None) -> Path:
