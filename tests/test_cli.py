@@ -177,6 +177,34 @@ def test_user_errors_exit_2_with_one_message(tmp_path: Path, tiny_model_dir: Pat
     assert out.returncode == 2 and "train.jsonl:2: not valid JSON" in out.stderr
 
 
+def test_train_refuses_a_bad_config_before_importing_torch(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A mistyped key, a bad value or a wrong path is reported in a fraction of a second: train
+    validates the config and the run directory before it imports the trainer (torch and
+    transformers, seconds)."""
+    config = _tiny_config(tmp_path, tiny_model_dir)
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from grpokit.cli import main\n"
+        "result = CliRunner().invoke(main, ['train', *sys.argv[1:]])\n"
+        "assert result.exit_code == 2, result.output\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+    )
+    for args in (
+        [str(tmp_path / "nope.yaml")],
+        [str(config), "--set", "training.bata=0.1"],
+        [str(config), "--set", "training.loss_type=grpoo"],
+        [str(tmp_path)],
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, (args, out.stderr)
+        assert out.stdout.strip() == "[]", args
+
+
 @pytest.mark.slow  # torchrun and two trainers: 11 s on 2 cores
 def test_train_nproc_runs_two_data_parallel_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
     # 2 prompts x 2 generations per step: one whole group per process.

@@ -9,12 +9,16 @@ import traceback
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import click
 
 from grpokit.cli_options import overrides_option, seed_option
 from grpokit.errors import RunFailed, RunStopped, UserError
+
+if TYPE_CHECKING:
+    from grpokit.config import GRPOKitConfig
+    from grpokit.sampling import Sampler, ScoredBatch
 
 # peft still calls transformers' renamed gradient-checkpointing helpers; the warning is theirs to
 # fix and says nothing to a grpokit user.
@@ -41,6 +45,21 @@ class _Group(click.Group):
         except KeyboardInterrupt as e:
             click.secho(str(e) or "interrupted", fg="yellow", err=True)
             sys.exit(130)
+
+
+def _build_report(run_dir: Path) -> Path:
+    """The report builder `train` hands the trainer, imported when a report is first written:
+    a run whose config or data fails its checks never pays for importing the plotting."""
+    from grpokit.evaluate.report import build_report
+
+    return build_report(run_dir)
+
+
+def _advice_on_steps(cfg: GRPOKitConfig, sampler: Sampler, batches: list[ScoredBatch]) -> list[str]:
+    """preflight's advice for steps without a learning signal, imported when first needed."""
+    from grpokit.preflight.run import advice_on_steps
+
+    return advice_on_steps(cfg, sampler, batches)
 
 
 def _debug() -> bool:
@@ -179,8 +198,6 @@ def train(
         nodes = Nodes(nnodes or 1, node_rank, master_addr, master_port)
         sys.exit(launch(nproc or 1, args, nodes))
 
-    from grpokit.evaluate.report import build_report
-    from grpokit.preflight.run import advice_on_steps
     from grpokit.train.run import resume_run, train_from_config
 
     if config.is_dir():
@@ -188,8 +205,8 @@ def train(
             config,
             list(overrides),
             progress=not no_progress,
-            build_report=build_report,
-            advise=advice_on_steps,
+            build_report=_build_report,
+            advise=_advice_on_steps,
         )
     else:
         result = train_from_config(
@@ -197,8 +214,8 @@ def train(
             list(overrides),
             output_dir=output_dir,
             progress=not no_progress,
-            build_report=build_report,
-            advise=advice_on_steps,
+            build_report=_build_report,
+            advise=_advice_on_steps,
         )
     click.echo(f"done: {result.global_step} steps; checkpoint {result.checkpoint}")
     click.echo(f"metrics: {result.run_dir / 'metrics.jsonl'}")

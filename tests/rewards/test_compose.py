@@ -12,8 +12,8 @@ import torch
 
 from grpokit.errors import UserError
 from grpokit.rewards import BuildContext, RewardSpec, build_reward_set
+from grpokit.rewards._base import RewardError
 from grpokit.rewards.builtin.python_fn import load_function
-from grpokit.rewards.compose import RewardError
 
 USER_REWARDS = """
 CALLS = []
@@ -43,6 +43,10 @@ def raises(prompts, completions, **columns):
 def returns_tensor(prompts, completions, **columns):
     import torch
     return torch.ones(len(completions))
+
+def returns_array(prompts, completions, **columns):
+    import numpy
+    return numpy.array([0.5, numpy.nan])[: len(completions)]
 
 class Reporting:
     # A reward that reports metrics about itself, as the judge does.
@@ -211,6 +215,11 @@ def test_misbehaving_rewards_are_named(ctx: BuildContext, function: str, message
 def test_tensor_result_is_accepted(ctx: BuildContext) -> None:
     reward_set = build_reward_set(specs(py("returns_tensor")), ctx)
     assert reward_set(["p"], ["a"], {}).column("returns_tensor") == [1.0]
+
+
+def test_numpy_result_is_accepted_with_nan_as_none(ctx: BuildContext) -> None:
+    reward_set = build_reward_set(specs(py("returns_array")), ctx)
+    assert reward_set(["p", "p"], ["a", "b"], {}).column("returns_array") == [0.5, None]
 
 
 def test_required_columns_and_check(ctx: BuildContext) -> None:

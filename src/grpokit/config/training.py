@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     Field,
@@ -25,12 +25,14 @@ from pydantic.config import JsonDict
 
 from grpokit.config.sections import _Strict
 from grpokit.config.trl_forms import from_trl_forms, legacy_fsdp
-from grpokit.core.advantages import MultiObjectiveAggregation
-from grpokit.core.curriculum import Curriculum
-from grpokit.core.entropy import EntropyControl
-from grpokit.core.losses import LossSettings, LossTypeName, MismatchCorrection, MismatchMode
-from grpokit.rollout.base import SamplingParams
+from grpokit.core.names import LossTypeName, MismatchMode, MultiObjectiveAggregation
 from grpokit.rollout.tool_calls import check_pattern
+
+if TYPE_CHECKING:  # torch: imported where these are built, so a config validates without it
+    from grpokit.core.curriculum import Curriculum
+    from grpokit.core.entropy import EntropyControl
+    from grpokit.core.losses import LossSettings
+    from grpokit.rollout.base import SamplingParams
 
 
 class FSDPConfig(_Strict):
@@ -1038,6 +1040,8 @@ class TrainingConfig(_Strict):
     @property
     def loss_settings(self) -> LossSettings:
         """The policy loss's hyperparameters (raises ValueError naming a bad one)."""
+        from grpokit.core.losses import LossSettings, MismatchCorrection
+
         return LossSettings(
             loss_type=self.loss_type,
             epsilon_low=self.epsilon,
@@ -1062,6 +1066,8 @@ class TrainingConfig(_Strict):
     @property
     def curriculum_settings(self) -> Curriculum | None:
         """The curriculum's settings (None: off)."""
+        from grpokit.core.curriculum import Curriculum
+
         c = self.curriculum
         if c is None:
             return None
@@ -1070,6 +1076,8 @@ class TrainingConfig(_Strict):
     @property
     def entropy_control(self) -> EntropyControl:
         """The entropy settings (raises ValueError naming a bad one)."""
+        from grpokit.core.entropy import EntropyControl
+
         return EntropyControl(
             top_entropy_quantile=self.top_entropy_quantile,
             entropy_coef=self.entropy_coef,
@@ -1150,6 +1158,8 @@ class TrainingConfig(_Strict):
         } | dict(self.generation_kwargs or {})
         # generation_kwargs are checked as their fields are but kept as written (an int for a
         # float, a null for top_k or min_p): cast here.
+        from grpokit.rollout.base import SamplingParams
+
         return SamplingParams(
             max_completion_length=self.max_completion_length,
             temperature=float(s["temperature"]),

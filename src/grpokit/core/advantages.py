@@ -32,6 +32,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from grpokit.core.names import MultiObjectiveAggregation
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AdvantageEstimator",
@@ -49,7 +51,6 @@ __all__ = [
 
 AdvantageEstimator = Literal["grpo", "rloo"]
 RewardScale = Literal["group", "batch", "none"]
-MultiObjectiveAggregation = Literal["sum_then_normalize", "normalize_then_sum"]
 
 # (grouped rewards (N, G) with NaN where invalid, valid (N, G) bool) -> centred values (N, G), 0
 # where invalid.

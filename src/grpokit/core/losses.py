@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 
 from grpokit.core.kl import k3
+from grpokit.core.names import LossTypeName, MismatchMode
 
 __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
@@ -77,10 +78,7 @@ __all__ = [
     "reduce",
 ]
 
-LossTypeName = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
-"""The registered loss types (:data:`LOSS_TYPES`), for the config's field type."""
 Normaliser = Literal["sequence", "tokens", "step_tokens", "fixed"]
-MismatchMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 
 def masked_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -14,6 +14,8 @@ the way in from outside: :meth:`Reward.__call__` builds the batch and returns it
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -196,3 +198,56 @@ def as_reward(fn: Reward | Callable[..., Any], *, name: str | None = None) -> Re
     if not callable(fn):
         raise TypeError(f"a reward must be callable, got {fn!r}")
     return FunctionReward(fn, name=name)
+
+
+class RewardError(RuntimeError):
+    """A reward function misbehaved (raised, or returned the wrong number or kind of values).
+
+    ``reward`` names it; ``inputs`` holds what it was called with, one record per completion
+    in the form ``grpokit rewards check --completions`` reads ({"prompt", "completion",
+    **columns}), so that a failed run can save the batch and the user can replay it.
+    """
+
+    def __init__(
+        self, message: str, *, reward: str = "", inputs: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reward = reward
+        self.inputs = inputs or []
+
+
+def check_result(name: str, result: Any, expected: int) -> list[float | None]:
+    """What reward ``name`` returned for ``expected`` completions, checked: one finite number
+    or None per completion (NaN read as None); a tensor or array is read as its list."""
+    if hasattr(result, "tolist") and not isinstance(result, (str, bytes)):
+        result = result.tolist()
+    if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
+        raise RewardError(
+            f"reward {name!r} returned {type(result).__name__}; it must return a list with one "
+            f"float (or None) per completion"
+        )
+    if len(result) != expected:
+        raise RewardError(
+            f"reward {name!r} returned {len(result)} values for {expected} completions; "
+            "it must return exactly one value (float or None) per completion"
+        )
+    checked: list[float | None] = []
+    for i, value in enumerate(result):
+        if value is None:
+            checked.append(None)
+            continue
+        if not isinstance(value, numbers.Real):
+            raise RewardError(
+                f"reward {name!r} returned {value!r} ({type(value).__name__}) at position {i}; "
+                "values must be numbers or None"
+            )
+        number = float(value)
+        if math.isnan(number):
+            checked.append(None)
+        elif math.isinf(number):
+            raise RewardError(
+                f"reward {name!r} returned {number} at position {i}; use a finite value"
+            )
+        else:
+            checked.append(number)
+    return checked

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,25 +17,16 @@ from typing import Any
 import torch
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward, RewardBatch, RewardResult, as_reward
+from grpokit.rewards._base import (
+    Reward,
+    RewardBatch,
+    RewardError,
+    RewardResult,
+    as_reward,
+    check_result,
+)
 from grpokit.rewards.registry import BuildContext, get_reward_type
 from grpokit.rewards.spec import RewardSpec, gate_order, validate_reward_specs
-
-
-class RewardError(RuntimeError):
-    """A reward function misbehaved (raised, or returned the wrong number or kind of values).
-
-    ``reward`` names it; ``inputs`` holds what it was called with, one record per completion
-    in the form ``grpokit rewards check --completions`` reads ({"prompt", "completion",
-    **columns}), so that a failed run can save the batch and the user can replay it.
-    """
-
-    def __init__(
-        self, message: str, *, reward: str = "", inputs: list[dict[str, Any]] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.reward = reward
-        self.inputs = inputs or []
 
 
 @dataclass
@@ -269,41 +259,6 @@ def _call_reward(entry: _Entry, batch: RewardBatch) -> tuple[list[float | None],
         return check_result(entry.name, result.values, len(batch.completions)), result
     except RewardError as exc:  # what came back is wrong: no exception of the reward's own
         raise RewardError(str(exc), reward=entry.name, inputs=batch.records()) from None
-
-
-def check_result(name: str, result: Any, expected: int) -> list[float | None]:
-    if isinstance(result, torch.Tensor):
-        result = result.tolist()
-    if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
-        raise RewardError(
-            f"reward {name!r} returned {type(result).__name__}; it must return a list with one "
-            f"float (or None) per completion"
-        )
-    if len(result) != expected:
-        raise RewardError(
-            f"reward {name!r} returned {len(result)} values for {expected} completions; "
-            "it must return exactly one value (float or None) per completion"
-        )
-    checked: list[float | None] = []
-    for i, value in enumerate(result):
-        if value is None:
-            checked.append(None)
-            continue
-        if not isinstance(value, numbers.Real):
-            raise RewardError(
-                f"reward {name!r} returned {value!r} ({type(value).__name__}) at position {i}; "
-                "values must be numbers or None"
-            )
-        number = float(value)
-        if math.isnan(number):
-            checked.append(None)
-        elif math.isinf(number):
-            raise RewardError(
-                f"reward {name!r} returned {number} at position {i}; use a finite value"
-            )
-        else:
-            checked.append(number)
-    return checked
 
 
 def _metrics(

@@ -7,7 +7,7 @@ import shutil
 import signal
 from pathlib import Path
 
-from grpokit.rewards.compose import RewardError
+from grpokit.rewards._base import RewardError
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 

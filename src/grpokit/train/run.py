@@ -15,7 +15,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpokit.config import (
     GRPOKitConfig,
@@ -25,11 +25,15 @@ from grpokit.config import (
     validate_config,
 )
 from grpokit.errors import UserError
-from grpokit.models.loading import check_context_length
-from grpokit.monitor.trackers import ReportBuilder
-from grpokit.train.no_signal import Advice
 from grpokit.train.run_lock import run_lock
-from grpokit.train.trainer import GRPOTrainer, TrainResult
+
+if TYPE_CHECKING:
+    from grpokit.monitor.trackers import ReportBuilder
+    from grpokit.train.no_signal import Advice
+    from grpokit.train.trainer import TrainResult
+
+# The trainer (torch, transformers: seconds to import) is imported once the config and the run
+# directory have passed their checks, so that a mistyped key or path fails at once.
 
 CHANGES_FILE = "config_changes.jsonl"
 
@@ -93,6 +97,8 @@ _FROZEN_WHY = (
 def _check_can_run(cfg: GRPOKitConfig, source: Path) -> None:
     """What fails for this machine or model before anything is loaded: the device, the
     optimizer's package, and lengths beyond the model's context."""
+    from grpokit.models.loading import check_context_length
+
     try:
         check_machine(cfg)
         check_context_length(
@@ -117,6 +123,8 @@ def train_from_config(
     ``advise`` says what to do when steps have no learning signal (see :class:`GRPOTrainer`)."""
     cfg = load_config(config, overrides)
     _check_can_run(cfg, config)
+    from grpokit.train.trainer import GRPOTrainer
+
     with run_lock((output_dir or cfg.output_dir).resolve()):
         trainer = GRPOTrainer(
             cfg, run_dir=output_dir, progress=progress, build_report=build_report, advise=advise
@@ -200,6 +208,8 @@ def resume_run(
             f"{run_dir}/checkpoint-N --output-dir NEW_DIR"
         )
     _check_can_run(cfg, cfg_path)
+    from grpokit.train.trainer import GRPOTrainer
+
     with run_lock(run_dir.resolve()):
         trainer = GRPOTrainer(
             cfg,

@@ -38,7 +38,8 @@ from grpokit.monitor import MonitorSet
 from grpokit.monitor.sinks import JsonlSink, MetricsSink, read_metrics
 from grpokit.monitor.trackers import ReportBuilder, missing_tracker_packages
 from grpokit.progress import Progress, eta_text, on_terminal, progress
-from grpokit.rewards.compose import RewardError, RewardSet, build_reward_set
+from grpokit.rewards._base import RewardError
+from grpokit.rewards.compose import RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rollout.base import RolloutEngine
 from grpokit.sampling import (

@@ -25,8 +25,9 @@ from rich.table import Table
 from rich.text import Text
 
 from grpokit.errors import UserError
+from grpokit.rewards._base import RewardError
 from grpokit.rewards.audit.common import read_numbered_completions
-from grpokit.rewards.compose import RewardError, RewardScores, RewardSet, build_reward_set
+from grpokit.rewards.compose import RewardScores, RewardSet, build_reward_set
 from grpokit.rewards.registry import BuildContext
 from grpokit.rewards.spec import RewardSpec
 from grpokit.rewards.text import completion_text, one_line

@@ -31,10 +31,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from grpokit.errors import UserError
-from grpokit.rewards._base import Reward, RewardBatch, RewardResult
+from grpokit.rewards._base import Reward, RewardBatch, RewardResult, check_result
 from grpokit.rewards.builtin.match import JsonSchema, JsonSchemaParams
 from grpokit.rewards.builtin.python_fn import load_function
-from grpokit.rewards.compose import check_result
 from grpokit.rewards.judge.backends.ahead import AskAheadBackend
 from grpokit.rewards.judge.config import JudgeSpec, OpenAIJudge
 from grpokit.rewards.judge.rubric import Rubric

@@ -20,15 +20,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpokit.errors import UserError
 from grpokit.rewards._base import Reward, RewardBatch, RewardResult
 from grpokit.rewards.registry import BuildContext, register_reward
 from grpokit.rewards.text import completion_text
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that compute: registering this type (which every config's
+# validation does) stays free of it, so a config error is reported before seconds of imports.
 
 Normalize = Literal["none", "batch"]
 
@@ -112,9 +117,12 @@ def normalise_scores(
     raw: (B,) -> (B,), same dtype. ``batch`` uses the population std; a batch without spread
     (or of one) gives zeros before the shift.
 
+    >>> import torch
     >>> normalise_scores(torch.tensor([1.0, 3.0]), "batch", scale=2.0, shift=1.0).tolist()
     [-1.0, 3.0]
     """
+    import torch
+
     values = raw
     if normalize == "batch" and raw.numel() > 0:
         centred = raw - raw.mean()
@@ -159,6 +167,8 @@ def render_text(tokenizer: Any, prompt: Any, completion: Any) -> str:
 
 def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ``input_ids`` and ``attention_mask``, both (len(rows), longest) long."""
+    import torch
+
     width = max((len(r) for r in rows), default=0)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(rows), width), dtype=torch.long)
@@ -174,6 +184,8 @@ def pad_right(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor,
 def pick_device(name: str, where: str) -> torch.device:
     """The torch device for ``device: auto|cpu|mps|cuda|cuda:N``; one that this machine lacks
     is a :class:`UserError` naming the field."""
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
@@ -224,6 +236,7 @@ def load_reward_model(
         UserError: a missing or unloadable model, or one without a trained classification head
             (a causal LM loaded as a classifier scores with a random head).
     """
+    import torch
     from transformers import AutoModelForSequenceClassification
 
     from grpokit.hub.resolve import load_tokenizer
@@ -333,10 +346,11 @@ class RewardModelReward(Reward):
             len(row) for row in self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
         ]
 
-    @torch.no_grad()
     def raw_scores(self, encoded: Sequence[Sequence[int]]) -> tuple[torch.Tensor, int]:
         """The model's score of each encoded text, (B,) float32 on cpu, and how many texts were
         truncated to ``max_length`` (their beginning dropped)."""
+        import torch
+
         if self.model is None:
             raise RuntimeError(f"reward {self.__name__!r} was closed")
         limit = self.max_length
@@ -353,9 +367,10 @@ class RewardModelReward(Reward):
         for start in range(0, len(order), size):
             chunk = order[start : start + size]
             input_ids, attention = pad_right([rows[i] for i in chunk], pad_id)
-            logits = self.model(
-                input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)
-            ).logits
+            with torch.no_grad():
+                logits = self.model(
+                    input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device)
+                ).logits
             scores[chunk] = logits[:, self.params.label_index].float().cpu()
         return scores, truncated
 
@@ -376,6 +391,8 @@ class RewardModelReward(Reward):
         if self.model is not None:
             self.model = None
             if self.device.type == "cuda":
+                import torch
+
                 torch.cuda.empty_cache()
 
 
