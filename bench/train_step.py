@@ -141,6 +141,11 @@ def grpokit_trainer(
             "log_completions": False,
             "output_dir": str(work / "run"),
             **({"logprob_chunk_size": LEAN_CHUNK} if lean else {}),
+            **(
+                {"max_tokens_per_micro_batch": args.micro_batch_tokens}
+                if getattr(args, "micro_batch_tokens", None)
+                else {}
+            ),
             **(training or {}),
         },
     }
@@ -329,6 +334,14 @@ def main() -> None:
         help="grpokit: logprob_chunk_size 256 and model.return_freed_memory",
     )
     ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="grpokit: training.max_tokens_per_micro_batch (the update's rows cut into "
+        "micro-batches of at most this many padded tokens; the same update, less activation "
+        "memory); TRL has no such setting",
+    )
+    ap.add_argument(
         "--top-k", type=int, default=1, help="1: greedy, equal work on both sides; 0: sampling"
     )
     ap.add_argument(
@@ -374,6 +387,8 @@ def main() -> None:
         f"--device={args.device}",
     ] + (["--gradient-checkpointing"] if args.gradient_checkpointing else [])
     common += ["--lean-memory"] if args.lean_memory else []
+    if args.micro_batch_tokens:
+        common += [f"--micro-batch-tokens={args.micro_batch_tokens}"]
     common += ["--bf16"] if args.bf16 else []
     print(
         f"model {path}; {args.prompts} prompt(s) x {args.num_generations} generations, up to "
