@@ -219,7 +219,7 @@ class RewardError(RuntimeError):
 def check_result(name: str, result: Any, expected: int) -> list[float | None]:
     """What reward ``name`` returned for ``expected`` completions, checked: one finite number
     or None per completion (NaN read as None); a tensor or array is read as its list."""
-    if hasattr(result, "tolist") and not isinstance(result, (str, bytes)):
+    if hasattr(result, "tolist"):  # a tensor or numpy array (str and bytes have no tolist)
         result = result.tolist()
     if not isinstance(result, Sequence) or isinstance(result, (str, bytes)):
         raise RewardError(
